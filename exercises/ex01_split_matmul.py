@@ -1,0 +1,39 @@
+"""Exercise 1: split a matmul by columns and by rows (lessons/01_split_matmul.ipynb).
+
+Replace each `raise NotImplementedError(...)` with your code, then run
+    make grade            (or: pytest exercises -m ex01)
+Shapes: X (B, H), W (H, F), t devices. Use numpy only; no communication yet.
+"""
+import numpy as np
+
+
+def shard(array, world_size, axis):
+    """Split `array` into `world_size` equal, contiguous pieces along `axis` (rank 0 first).
+
+    Raise a ValueError that names the dimension, its size and the world size when the
+    size is not divisible, e.g. "dimension 1 of size 10 is not divisible by tp=4".
+    """
+    raise NotImplementedError("Exercise 1 (shard): see lessons/01_split_matmul.ipynb")
+
+
+def unshard(shards, axis):
+    """Glue the pieces back together along `axis`, in rank order: the inverse of `shard`."""
+    raise NotImplementedError("Exercise 1 (unshard): see lessons/01_split_matmul.ipynb")
+
+
+def column_parallel_matmul(x, w_shards):
+    """Device i computes X @ W_i. x: (B, H); w_shards: t blocks (H, F/t). Return the t blocks (B, F/t)."""
+    raise NotImplementedError("Exercise 1 (column_parallel_matmul): see lessons/01_split_matmul.ipynb")
+
+
+def row_parallel_matmul(x_shards, w_shards):
+    """Device i computes X_i @ W_i. x_shards: t blocks (B, H/t); w_shards: t blocks (H/t, F).
+
+    Return the t partial sums, each of shape (B, F).
+    """
+    raise NotImplementedError("Exercise 1 (row_parallel_matmul): see lessons/01_split_matmul.ipynb")
+
+
+def sum_partials(partials):
+    """Add the partial sums (rank 0 first): the value an all-reduce would give every device."""
+    raise NotImplementedError("Exercise 1 (sum_partials): see lessons/01_split_matmul.ipynb")

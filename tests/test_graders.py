@@ -1,0 +1,82 @@
+"""The graders are proven: they fail on the stubs and on known-wrong code, and pass the reference.
+
+For each exercise this runs its graders in a subprocess (exactly as `make grade` does):
+  * with the committed stubs: every test must fail with NotImplementedError;
+  * with TP_IMPL=reference: every test must pass;
+  * with each known-wrong implementation in tests/known_wrong/<exercise>/: something must fail
+    for a reason other than NotImplementedError.
+It also pins how many tests each exercise collects, so a grader that silently disappears
+(or is skipped) is caught.
+"""
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tp_from_scratch.grade import run_graders
+from tp_from_scratch.grading import EXERCISE_DIR, EXERCISES, REPO
+
+KNOWN_WRONG = Path(__file__).parent / "known_wrong"
+
+# exercise id -> number of graded tests it must collect
+EXPECTED_TESTS = {
+    "ex01": 31,
+}
+
+WRONG_CASES = sorted(
+    (exercise, path)
+    for exercise, (stem, _) in EXERCISES.items()
+    for path in (KNOWN_WRONG / stem).glob("*.py")
+)
+
+
+def test_every_exercise_is_pinned_and_has_known_wrong_implementations():
+    assert set(EXPECTED_TESTS) == set(EXERCISES)
+    for exercise, (stem, _) in EXERCISES.items():
+        wrong = list((KNOWN_WRONG / stem).glob("*.py"))
+        assert len(wrong) >= 3, f"{exercise} has only {len(wrong)} known-wrong implementations"
+
+
+@pytest.fixture(scope="module")
+def reference_results():
+    return run_graders("reference")
+
+
+@pytest.mark.timeout(900)
+def test_reference_passes_every_grader(reference_results):
+    for exercise, result in reference_results.items():
+        assert result.total == EXPECTED_TESTS[exercise], f"{exercise}: collected {result.total} tests"
+        assert result.status == "passed", f"{exercise}: {result.failures[:3]}"
+
+
+def _stubs_are_pristine():
+    changed = subprocess.run(["git", "status", "--porcelain", "--", str(EXERCISE_DIR)],
+                             cwd=REPO, capture_output=True, text=True)
+    return changed.returncode == 0 and not changed.stdout.strip()
+
+
+@pytest.mark.timeout(900)
+def test_stubs_fail_with_not_implemented(tmp_path):
+    # Grade copies of the committed stubs, so a learner's own work in exercises/ does not matter.
+    if not _stubs_are_pristine():
+        for stem, _ in EXERCISES.values():
+            show = subprocess.run(["git", "show", f"HEAD:exercises/{stem}.py"], cwd=REPO,
+                                  capture_output=True, text=True, check=True)
+            (tmp_path / f"{stem}.py").write_text(show.stdout)
+        target = str(tmp_path)
+    else:
+        target = ""
+    for exercise, result in run_graders(target).items():
+        assert result.total == EXPECTED_TESTS[exercise], f"{exercise}: collected {result.total} tests"
+        assert result.status == "not yet", f"{exercise}: {result.status}, {result.failures[:3]}"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("exercise,wrong", WRONG_CASES, ids=[f"{e}-{p.stem}" for e, p in WRONG_CASES])
+def test_known_wrong_implementation_fails(tmp_path, exercise, wrong):
+    stem, _ = EXERCISES[exercise]
+    shutil.copy(wrong, tmp_path / f"{stem}.py")
+    result = run_graders(str(tmp_path), [exercise])[exercise]
+    assert result.total == EXPECTED_TESTS[exercise]
+    assert result.status == "failing", f"the graders passed {wrong.name}: {result.status}"

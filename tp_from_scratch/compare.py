@@ -1,0 +1,108 @@
+"""The one place that decides whether a parallel result equals its single-device reference.
+
+Tolerance policy (also in the README and Lesson 1):
+
+* ``exact=True``: bit-for-bit equality. Use it where the parallel code performs the same
+  floating-point operations in the same order as the reference: moving data (shard,
+  unshard, all-gather, broadcast, all-to-all), element-wise functions applied to a shard,
+  and max-reductions. Also for any computation on *integer-valued* float data: small
+  integers add exactly in every order, so a sum split across ranks must reproduce the
+  reference to the last bit, and even a wrong summation order cannot hide a bug.
+* otherwise, a tight bound that only allows for a different *summation order*:
+
+      max |got - expected|  <=  TOLERANCE[dtype] * max(1, max |expected|)
+
+  A row-parallel matmul adds t partial sums instead of one long sum. Even a column split
+  is not bit-exact in general: numpy hands a narrower block to a different BLAS kernel,
+  which accumulates each dot product in another order (Lesson 1 measures it).
+  The bound is relative to the largest magnitude in the reference, not element-wise:
+  an element that cancels to ~0 still carries the rounding error of its large terms.
+  The values are a few thousand units of roundoff for float64 and about a hundred for
+  float32, enough for reordered sums of a few thousand terms and orders of magnitude
+  below any real bug (a missing all-reduce or a doubled bias is off by O(1)).
+
+Shapes and dtypes are compared exactly first: no broadcasting, no silent casts.
+"""
+import numpy as np
+
+# dtype name -> relative bound for a changed summation order
+TOLERANCE = {
+    "float64": 1e-12,
+    "float32": 1e-5,
+    "float16": 1e-2,
+    "bfloat16": 5e-2,
+}
+
+
+def to_numpy(x):
+    """(array, dtype name) for a numpy array, a number or a torch tensor on any device.
+
+    bfloat16 has no numpy dtype: its values come back as float32, its name as "bfloat16".
+    """
+    if hasattr(x, "detach"):  # a torch tensor; torch is only touched if the caller has one
+        t = x.detach().cpu()
+        name = str(t.dtype).replace("torch.", "")
+        return (t.float().numpy() if name == "bfloat16" else t.numpy()), name
+    a = np.asarray(x)
+    return a, a.dtype.name
+
+
+def _where(name, rank):
+    return f"{name}" if rank is None else f"{name} on rank {rank}"
+
+
+def max_error(got, expected):
+    """Largest absolute element-wise difference, as a Python float (0.0 for empty arrays)."""
+    g, _ = to_numpy(got)
+    e, _ = to_numpy(expected)
+    if g.size == 0:
+        return 0.0
+    return float(np.max(np.abs(g.astype(np.float64) - e.astype(np.float64))))
+
+
+def assert_matches_reference(got, expected, *, name="output", rank=None, exact=False, tol=None):
+    """Assert that ``got`` equals the single-device ``expected`` under the tolerance policy.
+
+    name, rank: printed in the failure message ("grad of w1 on rank 2 ...").
+    exact:      demand bit-for-bit equality (same operations in the same order).
+    tol:        override the per-dtype relative bound (rarely needed; say why where used).
+    Works on numpy arrays and torch tensors (compared on the CPU).
+    """
+    where = _where(name, rank)
+    g, gdt = to_numpy(got)
+    e, edt = to_numpy(expected)
+    if g.shape != e.shape:
+        raise AssertionError(f"{where}: shape {g.shape} does not match the reference shape {e.shape}")
+    if gdt != edt:
+        raise AssertionError(f"{where}: dtype {gdt} does not match the reference dtype {edt}")
+    if exact:
+        # array_equal with equal_nan: bitwise for finite values, NaN where the reference has NaN
+        if not np.array_equal(g, e, equal_nan=np.issubdtype(e.dtype, np.inexact)):
+            raise AssertionError(
+                f"{where}: not bit-exact; largest error {max_error(g, e):.3e} (tolerance 0, exact)"
+            )
+        return
+    if not np.issubdtype(e.dtype, np.inexact):
+        if not np.array_equal(g, e):
+            raise AssertionError(f"{where}: integer values differ from the reference")
+        return
+    if not np.array_equal(np.isfinite(g), np.isfinite(e)):
+        raise AssertionError(f"{where}: non-finite values (nan/inf) differ from the reference")
+    bound = (TOLERANCE[edt] if tol is None else tol)
+    finite = np.isfinite(e)
+    scale = max(1.0, float(np.max(np.abs(e[finite]))) if finite.any() else 1.0)
+    err = max_error(np.where(finite, g, 0), np.where(finite, e, 0))
+    if err > bound * scale:
+        raise AssertionError(
+            f"{where}: largest error {err:.3e} exceeds the tolerance {bound:.1e} x scale {scale:.3g}"
+            f" = {bound * scale:.3e} ({edt})"
+        )
+
+
+def assert_all_match(got: dict, expected: dict, *, rank=None, exact=False, tol=None):
+    """assert_matches_reference for every entry of two dicts with the same keys (e.g. gradients)."""
+    if set(got) != set(expected):
+        missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+        raise AssertionError(f"rank {rank}: missing entries {missing}, unexpected entries {extra}")
+    for key in expected:
+        assert_matches_reference(got[key], expected[key], name=key, rank=rank, exact=exact, tol=tol)

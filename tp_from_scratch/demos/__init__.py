@@ -1,0 +1,1 @@
+"""Runnable demos: python -m tp_from_scratch.demos.<name>."""

@@ -1,0 +1,78 @@
+"""Which implementation the exercise graders test, chosen by the TP_IMPL environment variable.
+
+    TP_IMPL unset         the learner's files in exercises/
+    TP_IMPL=reference     the library's own functions
+    TP_IMPL=/some/dir     files of the same names in that directory (an instructor
+                          grading a submission)
+
+An exercise is a stub file ``exercises/exNN_<name>.py`` whose public functions and
+classes raise NotImplementedError. The graders ``exercises/test_exNN_<name>.py`` call
+them through the ``impl`` fixture, which returns a namespace built by
+:func:`load_implementation`.
+"""
+import ast
+import importlib
+import importlib.util
+import os
+import types
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EXERCISE_DIR = REPO / "exercises"
+
+# exercise id -> (file stem in exercises/, library modules that hold the reference versions)
+EXERCISES = {
+    "ex01": ("ex01_split_matmul", ["tp_from_scratch.sharding", "tp_from_scratch.matmul"]),
+}
+
+
+def exercise_id_of(filename):
+    """'test_ex03_parallel_mlp.py' or 'ex03_parallel_mlp' -> 'ex03'."""
+    stem = Path(filename).stem.removeprefix("test_")
+    return stem.split("_", 1)[0]
+
+
+def public_names(stub_path):
+    """Names of the top-level functions and classes a stub file asks the learner to write."""
+    tree = ast.parse(Path(stub_path).read_text())
+    return [
+        node.name
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_")
+    ]
+
+
+def _load_file(path, module_name):
+    if not path.exists():
+        raise FileNotFoundError(f"no file {path} to grade (TP_IMPL={os.environ.get('TP_IMPL')!r})")
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _reference(exercise_id, names):
+    stem, modules = EXERCISES[exercise_id]
+    found = {}
+    for module_name in modules:
+        module = importlib.import_module(module_name)
+        found.update({n: getattr(module, n) for n in names if hasattr(module, n) and n not in found})
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise LookupError(f"{exercise_id}: no reference for {missing} in {modules}")
+    return types.SimpleNamespace(**found)
+
+
+def load_implementation(exercise_id, impl=None):
+    """A namespace with the exercise's functions, from the place TP_IMPL (or ``impl``) names."""
+    stem, _ = EXERCISES[exercise_id]
+    impl = os.environ.get("TP_IMPL", "") if impl is None else impl
+    names = public_names(EXERCISE_DIR / f"{stem}.py")
+    if impl == "reference":
+        return _reference(exercise_id, names)
+    directory = Path(impl) if impl else EXERCISE_DIR
+    module = _load_file(directory / f"{stem}.py", f"graded_{stem}")
+    missing = [n for n in names if not hasattr(module, n)]
+    if missing:
+        raise AttributeError(f"{directory / stem}.py does not define {missing}")
+    return types.SimpleNamespace(**{n: getattr(module, n) for n in names})
