@@ -4,6 +4,7 @@ Launchers never use a fixed port (``free_port`` asks the OS) and never wait with
 timeout (``run_command`` kills the whole process group when time is up).
 """
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -70,7 +71,7 @@ def torchrun_command(nproc, module, *args, nnodes=1, node_rank=0, port=None):
     """The argv for ``torchrun`` on localhost with a fresh port, running ``python -m module args``."""
     port = port or free_port()
     return [
-        str(VENV_BIN / "torchrun"), f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+        require_launcher("torchrun"), f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
         f"--node-rank={node_rank}", "--master-addr=127.0.0.1", f"--master-port={port}",
         "-m", module, *map(str, args),
     ]
@@ -78,5 +79,33 @@ def torchrun_command(nproc, module, *args, nnodes=1, node_rank=0, port=None):
 
 def mpiexec_command(nproc, module, *args):
     """The argv for ``mpiexec -n nproc python -m module args`` with the venv's mpiexec."""
-    mpiexec = VENV_BIN / "mpiexec"
-    return [str(mpiexec), "-n", str(nproc), sys.executable, "-m", module, *map(str, args)]
+    return [require_launcher("mpiexec"), "-n", str(nproc), sys.executable, "-m", module, *map(str, args)]
+
+
+# What to do when a launcher is missing (shown by require_launcher, doctor and the demos).
+LAUNCHER_FIX = {
+    "mpiexec": "pip install mpi4py mpich (the mpich wheel puts mpiexec inside the venv; "
+               "no system MPI needed), or run `make test`, which sets up .venv",
+    "torchrun": "pip install torch==2.13.0 (torchrun comes with torch), "
+                "or run `make test`, which sets up .venv",
+}
+
+
+class LauncherNotFoundError(RuntimeError):
+    """A process launcher (mpiexec, torchrun) is not installed; the message says how to get it."""
+
+
+def require_launcher(name):
+    """Path of the launcher ``name``: the venv's copy first, then PATH; a clear error otherwise.
+
+    The venv comes first because its mpiexec matches the MPI that mpi4py was built with.
+    Raises LauncherNotFoundError("mpiexec not found (...): pip install ...").
+    """
+    beside_python = VENV_BIN / name
+    if beside_python.is_file() and os.access(beside_python, os.X_OK):
+        return str(beside_python)
+    on_path = shutil.which(name)
+    if on_path:
+        return on_path
+    fix = LAUNCHER_FIX.get(name, f"install {name} and put it on PATH")
+    raise LauncherNotFoundError(f"{name} not found (looked in {VENV_BIN} and on PATH): {fix}")
