@@ -1,0 +1,342 @@
+"""A small GPT, on one device and tensor-parallel, and the conversion between the two.
+
+Both models run the same Block code; only the layers handed to it differ:
+
+    single device      nn.Linear             nn.Linear            nn.Embedding    F.cross_entropy
+    tensor-parallel    ColumnParallelLinear  RowParallelLinear    VocabParallel-  vocab_parallel_
+                       (q, k, v, fc)         (o, proj)            Embedding       cross_entropy
+
+so whatever the TP model computes differently is exactly the parallel layers' doing.
+Per block, with t TP ranks (Megatron's f / g pair):
+
+    x (B, T, H) Replicated --f--> q,k,v: Sharded heads (B, T, nh/t*hs) --attention, per head-->
+    (B, T, nh/t*hs) --o (row)--> Partial --g (all-reduce)--> (B, T, H) Replicated
+    x --f--> fc (column): (B, T, F/t) --GeLU--> proj (row): Partial --g--> (B, T, H) Replicated
+
+Weights use torch's layout, (out, in); a state dict has the same keys in both models, the
+TP one holding each rank's shard. ``shard_state_dict`` / ``unshard_state_dict`` convert.
+"""
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tp_from_scratch.nn import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
+                                copy_to_tp_region, vocab_parallel_cross_entropy)
+from tp_from_scratch.nn.mappings import tp_rank, tp_world_size
+from tp_from_scratch.sharding import check_divisible, shard_sizes
+
+
+@dataclass
+class GPTConfig:
+    """Model sizes. Defaults are tiny: the model trains in about a minute on 2 CPU cores."""
+    vocab_size: int = 67        # V; 67 is prime, so every tp > 1 splits the vocabulary unevenly
+    seq_len: int = 32           # T, the longest sequence (size of the position embedding)
+    n_layers: int = 2
+    hidden: int = 64            # H
+    n_heads: int = 8            # nh; head size hs = H / nh
+    n_kv_heads: int = 4         # grouped-query attention: nh / nkv query heads share a k, v head
+    ffn: int = 0                # F; 0 means 4 * H
+    tie_embeddings: bool = True  # the LM head reuses the token embedding's weight
+
+    def __post_init__(self):
+        if self.ffn == 0:
+            self.ffn = 4 * self.hidden
+
+    @property
+    def head_size(self):
+        return self.hidden // self.n_heads
+
+    def to_dict(self):
+        return asdict(self)
+
+    def validate(self, tp=1):
+        """Raise a ValueError naming the first size that is wrong on its own or for ``tp`` ranks."""
+        for name in ("vocab_size", "seq_len", "n_layers", "hidden", "n_heads", "n_kv_heads", "ffn"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.hidden % self.n_heads != 0:
+            raise ValueError(f"hidden size {self.hidden} is not divisible by n_heads {self.n_heads}")
+        if self.n_heads % self.n_kv_heads != 0:
+            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if tp < 1:
+            raise ValueError(f"tp must be at least 1, got {tp}")
+        for name, size in [("n_kv_heads", self.n_kv_heads), ("ffn size", self.ffn),
+                           ("vocab size", self.vocab_size), ("n_heads", self.n_heads),
+                           ("hidden size", self.hidden)]:
+            if tp > size:
+                raise ValueError(f"tp={tp} is larger than {name} {size}: every rank needs at least one")
+        check_divisible(self.hidden, tp, "hidden size")
+        check_divisible(self.n_heads, tp, "n_heads")
+        check_divisible(self.n_kv_heads, tp, "n_kv_heads")
+        check_divisible(self.ffn, tp, "ffn size")
+        # the vocabulary may split unevenly: see vocab_shard_sizes
+
+
+def causal_self_attention(q, k, v, head_size):
+    """softmax(q k^T / sqrt(hs) + causal mask) v for the heads this rank holds.
+
+    q (B, T, nq*hs), k and v (B, T, nkv*hs) -> (B, T, nq*hs). The head counts are read off
+    the shapes, so the same code serves the full model (nq = nh) and a TP shard (nh/t):
+    the q heads of a shard use exactly the kv heads of the same shard (Sharded by heads).
+    """
+    B, T, _ = q.shape
+    q = q.view(B, T, -1, head_size).transpose(1, 2)   # (B, nq, T, hs)
+    k = k.view(B, T, -1, head_size).transpose(1, 2)   # (B, nkv, T, hs)
+    v = v.view(B, T, -1, head_size).transpose(1, 2)   # (B, nkv, T, hs)
+    group = q.shape[1] // k.shape[1]
+    # GQA: q head j reads kv head j // group
+    k = k.repeat_interleave(group, dim=1)              # (B, nq, T, hs)
+    v = v.repeat_interleave(group, dim=1)              # (B, nq, T, hs)
+    att = (q @ k.transpose(-2, -1)) * head_size ** -0.5  # (B, nq, T, T)
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    y = att @ v                                        # (B, nq, T, hs)
+    return y.transpose(1, 2).reshape(B, T, -1)         # (B, T, nq*hs)
+
+
+class Attention(nn.Module):
+    """q, k, v projections (column-parallel in TP), attention per head, o projection (row)."""
+
+    def __init__(self, config, column, row):
+        super().__init__()
+        hs = config.head_size
+        self.head_size = hs
+        self.q = column(config.hidden, config.n_heads * hs)
+        # no key bias: it adds q.b_k to a whole row of scores, which softmax ignores, so its
+        # gradient is exactly zero and Adam would turn the roundoff left in it into real steps
+        self.k = column(config.hidden, config.n_kv_heads * hs, bias=False)
+        self.v = column(config.hidden, config.n_kv_heads * hs)
+        self.o = row(config.n_heads * hs, config.hidden)
+
+    def forward(self, x):                               # x (B, T, H)
+        y = causal_self_attention(self.q(x), self.k(x), self.v(x), self.head_size)
+        return self.o(y)                                # (B, T, H)
+
+
+class MLP(nn.Module):
+    """fc (column-parallel in TP) -> GeLU -> proj (row-parallel in TP)."""
+
+    def __init__(self, config, column, row):
+        super().__init__()
+        self.fc = column(config.hidden, config.ffn)
+        self.proj = row(config.ffn, config.hidden)
+
+    def forward(self, x):                               # x (B, T, H)
+        return self.proj(F.gelu(self.fc(x)))            # GeLU acts on (B, T, F/t) shards
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: x + attn(ln1(x)), then + mlp(ln2(x))."""
+
+    def __init__(self, config, column, row):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(config.hidden)
+        self.attn = Attention(config, column, row)
+        self.ln2 = nn.LayerNorm(config.hidden)
+        self.mlp = MLP(config, column, row)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """The single-device reference: returns (logits (B, T, V), mean cross-entropy or None)."""
+
+    def __init__(self, config):
+        super().__init__()
+        config.validate(1)
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.hidden)
+        self.wpe = nn.Embedding(config.seq_len, config.hidden)
+        self.blocks = nn.ModuleList(Block(config, nn.Linear, nn.Linear) for _ in range(config.n_layers))
+        self.ln_f = nn.LayerNorm(config.hidden)
+        if not config.tie_embeddings:
+            self.lm_head = nn.Linear(config.hidden, config.vocab_size, bias=False)
+
+    def head_weight(self):
+        return self.wte.weight if self.config.tie_embeddings else self.lm_head.weight  # (V, H)
+
+    def forward(self, idx, targets=None):               # idx (B, T) token ids
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))  # (B, T, H)
+        for block in self.blocks:
+            x = block(x)
+        logits = F.linear(self.ln_f(x), self.head_weight())  # (B, T, V)
+        if targets is None:
+            return logits, None
+        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def init_gpt(config, seed, dtype=torch.float32):
+    """A GPT with reproducible weights: N(0, 0.02), residual projections scaled by 1/sqrt(2 layers).
+
+    Draws from its own torch.Generator, so building a model never touches the global RNG.
+    """
+    model = GPT(config).to(dtype)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif ".ln" in name or name.startswith("ln_f"):
+                p.fill_(1.0)
+            else:
+                std = 0.02 / (2 * config.n_layers) ** 0.5 if name.endswith(("o.weight", "proj.weight")) else 0.02
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * std)
+    return model
+
+
+# ---------------------------------------------------------------------------------------
+# The tensor-parallel GPT: the same blocks on C1's parallel layers
+# ---------------------------------------------------------------------------------------
+
+class TensorParallelGPT(nn.Module):
+    """The GPT with its heads, ffn and vocabulary split over the ranks of ``group``.
+
+    forward(idx, targets) -> (local logits (B, T, V/t), loss). The loss is the full-vocabulary
+    mean cross-entropy, identical on every TP rank, computed without gathering the logits.
+    Build it from a single-device model with :func:`gpt_to_tp`; its own initial weights are
+    whatever the parallel layers start with.
+    """
+
+    def __init__(self, config, group=None, *, dtype=torch.float32, device=None):
+        super().__init__()
+        tp = tp_world_size(group)
+        config.validate(tp)
+        self.config, self.group = config, group
+        # init=False: the weights come from a single-device model (gpt_to_tp) or a checkpoint
+        kw = dict(group=group, dtype=dtype, device=device, init=False)
+
+        def column(n_in, n_out, bias=True):  # W[out_t, in]: output Sharded, input Replicated
+            return ColumnParallelLinear(n_in, n_out, bias=bias, gather_output=False, **kw)
+
+        def row(n_in, n_out):      # W[out, in_t]: input Sharded, output Partial -> all-reduced
+            return RowParallelLinear(n_in, n_out, bias=True, input_is_parallel=True, **kw)
+
+        local = dict(dtype=dtype, device=device)
+        self.wte = VocabParallelEmbedding(config.vocab_size, config.hidden, **kw)   # (V/t, H)
+        self.wpe = nn.Embedding(config.seq_len, config.hidden, **local)            # replicated
+        self.blocks = nn.ModuleList(Block(config, column, row) for _ in range(config.n_layers))
+        for block in self.blocks:
+            block.to(**local)  # the LayerNorms; the parallel layers already have dtype and device
+        self.ln_f = nn.LayerNorm(config.hidden, **local)
+        if not config.tie_embeddings:
+            # a local linear on this rank's vocabulary rows, the same rows as the embedding's
+            self.lm_head = nn.Linear(config.hidden, self.wte.weight.shape[0], bias=False, **local)
+
+    def head_weight(self):
+        return self.wte.weight if self.config.tie_embeddings else self.lm_head.weight  # (V/t, H)
+
+    def forward(self, idx, targets=None):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))  # (B, T, H)
+        for block in self.blocks:
+            x = block(x)
+        # f: forward identity; backward all-reduces the partial input grads of the vocab shards
+        h = copy_to_tp_region(self.ln_f(x), self.group)
+        logits = F.linear(h, self.head_weight())        # (B, T, V/t) Sharded(vocab)
+        if targets is None:
+            return logits, None
+        loss = vocab_parallel_cross_entropy(logits.flatten(0, 1), targets.flatten(), group=self.group)
+        return logits, loss
+
+
+# ---------------------------------------------------------------------------------------
+# Conversion through state dicts: one rule per parameter name says how it is split
+# ---------------------------------------------------------------------------------------
+
+_COLUMN = ("attn.q.weight", "attn.q.bias", "attn.k.weight",
+           "attn.v.weight", "attn.v.bias", "mlp.fc.weight", "mlp.fc.bias")
+_ROW = ("attn.o.weight", "mlp.proj.weight")
+_VOCAB = ("wte.weight", "lm_head.weight")
+
+
+def shard_axis(name):
+    """The axis of parameter ``name`` split across TP ranks, or None when it is replicated.
+
+    Column-parallel weights (out, in) and their biases split the out axis (0); row-parallel
+    weights split the in axis (1) and keep their bias whole (added once, after g); the token
+    embedding and LM head split the vocabulary rows (0). LayerNorms, the position embedding
+    and row biases are replicated.
+    """
+    if name in _VOCAB or name.endswith(_COLUMN):
+        return 0
+    if name.endswith(_ROW):
+        return 1
+    return None
+
+
+def vocab_shard_sizes(vocab_size, tp):
+    """Vocabulary rows per rank: uneven when tp does not divide V, the first ranks one row more."""
+    return shard_sizes(vocab_size, tp)
+
+
+def shard_tensor(name, full, tp, rank):
+    """This rank's piece of the full tensor ``full`` named ``name`` (a copy)."""
+    axis = shard_axis(name)
+    if axis is None:
+        return full.clone()
+    return torch.tensor_split(full, tp, dim=axis)[rank].clone()
+
+
+def unshard_tensor(name, pieces):
+    """The full tensor from every rank's piece, in rank order: the inverse of shard_tensor."""
+    axis = shard_axis(name)
+    return pieces[0].clone() if axis is None else torch.cat(pieces, dim=axis)
+
+
+def shard_state_dict(full, tp, rank):
+    """Single-device state dict -> rank ``rank``'s state dict of a TensorParallelGPT."""
+    return {name: shard_tensor(name, tensor, tp, rank) for name, tensor in full.items()}
+
+
+def unshard_state_dict(pieces):
+    """Every TP rank's state dict (a list in rank order) -> the single-device state dict."""
+    return {name: unshard_tensor(name, [p[name] for p in pieces]) for name in pieces[0]}
+
+
+def gpt_to_tp(model_or_state_dict, group=None, config=None):
+    """A TensorParallelGPT holding this rank's shard of a single-device GPT (or its state dict).
+
+    Every rank of ``group`` calls it with the same full weights; no communication.
+    """
+    if isinstance(model_or_state_dict, GPT):
+        config = model_or_state_dict.config
+        full = model_or_state_dict.state_dict()
+    elif config is None:
+        raise ValueError("gpt_to_tp needs config= when given a state dict")
+    else:
+        full = model_or_state_dict
+    tp, rank = tp_world_size(group), tp_rank(group)
+    first = next(iter(full.values()))
+    model = TensorParallelGPT(config, group, dtype=first.dtype, device=first.device)
+    model.load_state_dict(shard_state_dict(full, tp, rank))
+    return model
+
+
+def gather_state_dict(local_state_dict, group=None):
+    """Every TP rank's state dict gathered to all ranks and glued into the full one.
+
+    Collective over ``group`` (all_gather_object); tensors travel through the CPU.
+    """
+    tp = dist.get_world_size(group)
+    pieces = [None] * tp
+    cpu = {k: v.detach().cpu() for k, v in local_state_dict.items()}
+    dist.all_gather_object(pieces, cpu, group=group)
+    return unshard_state_dict(pieces)
+
+
+def tp_to_gpt(tp_model):
+    """The single-device GPT with the full weights of ``tp_model`` (collective over its group)."""
+    full = gather_state_dict(tp_model.state_dict(), tp_model.group)
+    model = GPT(tp_model.config).to(next(iter(full.values())).dtype)
+    model.load_state_dict(full)
+    return model
+
+
+def count_parameters(model):
+    """Number of parameter elements and their bytes in ``model`` (a rank counts only its shard)."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params)
