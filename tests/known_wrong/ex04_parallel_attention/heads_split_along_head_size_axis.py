@@ -1,0 +1,22 @@
+"""Known-wrong: the projections are split along the head-size axis instead of the head axis:
+every rank gets a 1/t slice of EVERY head. The local shapes are the right ones, so nothing
+crashes, but each rank's "heads" are fragments and the attention scores come out wrong."""
+from tp_from_scratch.layers.attention import attention_backward, attention_forward  # noqa: F401
+
+
+def _split_head_size(w, n, tp, rank, axis):
+    # w's `axis` is n heads of hs: view it as (n, hs) and keep slice `rank` of hs
+    moved = w if axis == 0 else w.T
+    heads = moved.reshape(n, -1, *moved.shape[1:])  # (n, hs, ...)
+    hs = heads.shape[1]
+    part = heads[:, rank * hs // tp:(rank + 1) * hs // tp].reshape(n * hs // tp, *moved.shape[1:])
+    return part if axis == 0 else part.T
+
+
+def shard_attention_params(params, n_heads, n_kv_heads, tp, rank):
+    local = {"bo": params["bo"].copy()}
+    for name, n in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):
+        local["w" + name] = _split_head_size(params["w" + name], n, tp, rank, axis=1).copy()
+        local["b" + name] = _split_head_size(params["b" + name], n, tp, rank, axis=0).copy()
+    local["wo"] = _split_head_size(params["wo"], n_heads, tp, rank, axis=0).copy()
+    return local
