@@ -1,0 +1,155 @@
+"""The communicator interface every backend implements: rank, world_size, send, recv, barrier.
+
+Backends (simulated threads, MPI, torch.distributed) implement ``_send``, ``_recv``,
+``barrier`` and ``_check_collective``; this base class validates arguments and feeds the
+meter, so the three backends count traffic identically.
+
+Two settings come from the environment, read when a communicator is created:
+
+    TP_TIMEOUT  seconds any blocking wait may last before it fails (default 30)
+    TP_DEBUG=1  MPI/torch: exchange a fingerprint (name, shape, dtype, root, op) before each
+                collective so that ranks in different collectives fail by name instead of
+                hanging (the simulator always checks)
+"""
+import os
+from contextlib import contextmanager
+
+import numpy as np
+
+from .errors import CollectiveMismatchError
+from .meter import Meter
+
+DEFAULT_TIMEOUT = 30.0
+
+
+def timeout_from_env(default=DEFAULT_TIMEOUT):
+    """Seconds a blocking wait may last: TP_TIMEOUT if set, else ``default``."""
+    value = os.environ.get("TP_TIMEOUT")
+    if not value:
+        return float(default)
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"TP_TIMEOUT must be a number of seconds, got {value!r}") from None
+    if seconds <= 0:
+        raise ValueError(f"TP_TIMEOUT must be positive, got {seconds}")
+    return seconds
+
+
+def debug_from_env():
+    """True when TP_DEBUG is set to something other than '', '0' or 'false'."""
+    return os.environ.get("TP_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
+
+
+class Fingerprint:
+    """What a rank says it is doing at a collective call: a name and its parameters.
+
+    Two ranks agree when name and parameters are equal; ``difference`` words the disagreement.
+    """
+
+    def __init__(self, name, **params):
+        self.name = name
+        self.params = {k: (tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in params.items()}
+
+    def __eq__(self, other):
+        return (self.name, self.params) == (other.name, other.params)
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+        return f"{self.name}({args})"
+
+    def as_text(self):
+        """A string that survives a trip between processes (parsed by ``from_text``)."""
+        return repr((self.name, sorted(self.params.items())))
+
+    @staticmethod
+    def from_text(text):
+        import ast
+        name, params = ast.literal_eval(text)
+        return Fingerprint(name, **dict(params))
+
+    def difference(self, rank, other, other_rank):
+        """'rank 2 is in all_reduce, rank 0 is in all_gather', or the differing parameters."""
+        if self.name != other.name:
+            return f"rank {rank} is in {self.name}, rank {other_rank} is in {other.name}"
+        keys = [k for k in {**self.params, **other.params}
+                if self.params.get(k) != other.params.get(k)]
+        mine = ", ".join(f"{k}={self.params.get(k)!r}" for k in keys)
+        theirs = ", ".join(f"{k}={other.params.get(k)!r}" for k in keys)
+        return (f"rank {rank} is in {self.name} with {mine}, "
+                f"rank {other_rank} is in {other.name} with {theirs}")
+
+
+def mismatch_error(call_index, fp, rank, other_fp, other_rank):
+    """The CollectiveMismatchError for two ranks that disagree at the same collective call."""
+    return CollectiveMismatchError(
+        f"collective mismatch at collective call #{call_index}: "
+        f"{fp.difference(rank, other_fp, other_rank)}")
+
+
+class Comm:
+    """A group of ``world_size`` ranks that exchange numpy arrays point to point.
+
+    send is buffered: it returns without waiting for the matching recv, so a ring step
+    ``send(x, right); recv(left)`` on every rank at once cannot deadlock.
+    """
+
+    rank: int
+    world_size: int
+
+    def __init__(self, rank, world_size):
+        self.rank = rank
+        self.world_size = world_size
+        self.meter = Meter()
+        self._collective_calls = 0  # outermost collectives entered: the k-th must agree across ranks
+
+    # ---- point to point --------------------------------------------------------------
+    def _check_peer(self, peer, what):
+        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.world_size:
+            raise ValueError(
+                f"rank {self.rank}: {what} rank {peer!r} does not exist (world_size is {self.world_size})")
+
+    def send(self, array, dst):
+        """Send a copy of ``array`` to rank ``dst``; returns at once (buffered)."""
+        self._check_peer(dst, "send to")
+        array = np.ascontiguousarray(array)
+        self._send(array, int(dst))
+        self.meter.record_send(array.nbytes)
+
+    def recv(self, src):
+        """Wait (at most TP_TIMEOUT seconds) for the next array sent by rank ``src`` and return it."""
+        self._check_peer(src, "recv from")
+        array = self._recv(int(src))
+        self.meter.record_recv(array.nbytes)
+        return array
+
+    def barrier(self):
+        """Wait until every rank has reached the barrier."""
+        raise NotImplementedError
+
+    def _send(self, array, dst):
+        raise NotImplementedError
+
+    def _recv(self, src):
+        raise NotImplementedError
+
+    # ---- collectives -----------------------------------------------------------------
+    @contextmanager
+    def collective(self, name, x=None, **params):
+        """Mark a collective call: checks that all ranks agree (outermost call only) and meters it.
+
+        ``params`` (shape, dtype, root, op, ...) form the fingerprint that must be equal on all
+        ranks. Collectives nested inside another one are neither checked nor metered separately.
+        """
+        if self.meter.current is None:
+            index = self._collective_calls
+            self._collective_calls += 1
+            self._check_collective(index, Fingerprint(name, **params))
+        with self.meter.collective(name, x):
+            yield
+
+    def _check_collective(self, index, fingerprint):
+        """Raise CollectiveMismatchError if ranks disagree; backends decide how (or whether) to check."""
+
+    def __repr__(self):
+        return f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size})"

@@ -1,0 +1,62 @@
+"""Starting a communicator in a launched process, and ending the whole job when one rank fails.
+
+    comm_from_env()   TorchComm under torchrun, MPIComm under mpiexec, else an error saying how
+                      to launch.
+    spmd_main(fn)     run fn(comm) in a script; on an exception print "rank R failed: ..." and
+                      bring every rank down quickly (MPI Abort, or a non-zero exit that makes
+                      torchrun stop the others).
+"""
+import os
+import sys
+import traceback
+
+_MPI_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+
+def launcher_from_env(environ=None):
+    """'torchrun', 'mpi' or None, from the variables the launchers set for each process."""
+    env = os.environ if environ is None else environ
+    if "TORCHELASTIC_RUN_ID" in env or all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
+        return "torchrun"
+    if any(k in env for k in _MPI_RANK_VARS):
+        return "mpi"
+    return None
+
+
+def comm_from_env():
+    """The communicator for this launched process: TorchComm under torchrun, MPIComm under mpiexec."""
+    launcher = launcher_from_env()
+    if launcher == "torchrun":
+        from .torch_comm import TorchComm
+        return TorchComm()
+    if launcher == "mpi":
+        from .mpi import MPIComm
+        return MPIComm()
+    raise RuntimeError(
+        "no launcher found (neither torchrun's RANK/WORLD_SIZE/MASTER_ADDR nor mpiexec's PMI_RANK"
+        " is set). Launch with `mpiexec -n 4 python -m <module>` or"
+        " `torchrun --nproc-per-node 4 -m <module>`, or use tp_from_scratch.comm.run_spmd to"
+        " simulate ranks in one process.")
+
+
+def spmd_main(fn):
+    """Run ``fn(comm)`` with comm_from_env(); if it raises, report the rank and end the whole job.
+
+    Returns fn's result on success. On failure prints "rank R failed: <traceback>" to stderr
+    and, under MPI, calls MPI Abort (mpiexec kills every rank); under torchrun exits with
+    status 1, on which torchrun stops the other workers.
+    """
+    comm = None
+    try:
+        comm = comm_from_env()
+        return fn(comm)
+    except BaseException as error:  # noqa: BLE001 - any failure must end the whole job
+        if isinstance(error, SystemExit) and error.code in (0, None):
+            raise
+        rank = "?" if comm is None else comm.rank
+        sys.stderr.write(f"rank {rank} failed: {traceback.format_exc()}")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        if comm is not None and hasattr(comm, "abort"):
+            comm.abort(1)
+        os._exit(1)  # skip atexit handlers that could wait on dead peers
