@@ -1,0 +1,321 @@
+"""Sharded training checkpoints: atomic, checksummed, loadable at any TP degree.
+
+Layout of a checkpoint root DIR (``--save DIR`` / ``--load DIR``):
+
+    DIR/latest                         name of the newest complete checkpoint (one line)
+    DIR/step_00000050-1a2b3c4d/
+        model_tp00_of02.pt             TP rank 0's shard: model, optimizer state, RNG state
+        model_tp01_of02.pt             TP rank 1's shard
+        meta.json                      config, tp, step, shapes, dtypes, sha256 of every shard
+
+Nothing is ever overwritten in place. Each save goes to a fresh directory; every file is
+written to a temporary name, flushed to disk and renamed (``os.replace`` is atomic);
+``meta.json`` is written only when every shard is on disk, and ``latest`` is switched last.
+A process killed at any moment leaves ``latest`` pointing at the previous complete
+checkpoint. Loading verifies the config and every shard's size and checksum.
+
+Resharding: a checkpoint saved at tp=a is loaded at tp=b by gluing the a shards into
+full tensors and cutting b new ones (``model.shard_state_dict``); the optimizer state is
+cut the same way, since AdamW's moments have their parameter's shape. Every rank reads
+all shards, which is fine for this course's sizes; a large model would read only the
+slices it needs. All ranks must see the same filesystem (one machine, or a shared disk).
+"""
+import hashlib
+import io
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import torch
+
+from tp_from_scratch.model import GPTConfig, shard_tensor, unshard_tensor
+
+FORMAT = "tp_from_scratch checkpoint v1"
+SINGLE_FORMAT = "tp_from_scratch single-device state dict v1"
+KEEP = 2  # complete checkpoints kept in a root; older ones are deleted after a save
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used: missing, corrupt, truncated or for another model."""
+
+
+# ---------------------------------------------------------------------------------------
+# Atomic files
+# ---------------------------------------------------------------------------------------
+
+def write_atomic(path, data):
+    """Write ``data`` (bytes) to ``path`` so that readers see the old file or the whole new one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())  # the bytes are on disk before the name points at them
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory):
+    # makes the rename itself durable; not supported everywhere (e.g. Windows), so best effort
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def _to_bytes(obj):
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------------------
+# Optimizer state keyed by parameter name (so it can be resharded like the parameters)
+# ---------------------------------------------------------------------------------------
+
+def optimizer_state_by_name(model, optimizer):
+    """{parameter name: {"exp_avg": ..., "step": ...}} for the parameters ``optimizer`` has state for."""
+    state = {}
+    for name, p in model.named_parameters():
+        if p in optimizer.state:
+            state[name] = {k: (v.detach().cpu().clone() if torch.is_tensor(v) else v)
+                           for k, v in optimizer.state[p].items()}
+    return state
+
+
+def load_optimizer_state_by_name(model, optimizer, state):
+    """Put ``state`` (as returned by optimizer_state_by_name, for this rank's shard) into ``optimizer``."""
+    for name, p in model.named_parameters():
+        if name in state:
+            optimizer.state[p] = {
+                k: (v.to(device=p.device, dtype=p.dtype if v.shape == p.shape else v.dtype).clone()
+                    if torch.is_tensor(v) else v)
+                for k, v in state[name].items()
+            }
+
+
+def _shard_entry(name, value, tp, rank):
+    # moments have the parameter's shape and are cut like it; scalars ("step") are copied
+    return shard_tensor(name, value, tp, rank) if torch.is_tensor(value) and value.ndim > 0 else value
+
+
+def _unshard_entry(name, pieces):
+    first = pieces[0]
+    return unshard_tensor(name, pieces) if torch.is_tensor(first) and first.ndim > 0 else first
+
+
+# ---------------------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------------------
+
+def shard_filename(tp_rank, tp):
+    return f"model_tp{tp_rank:02d}_of{tp:02d}.pt"
+
+
+def new_checkpoint_name(step):
+    """A fresh directory name for a save at ``step``: never the name of an existing one."""
+    return f"step_{step:08d}-{uuid.uuid4().hex[:8]}"
+
+
+def write_shard(root, name, tp_rank, tp, model_state, optimizer_state=None, rng_state=None):
+    """Write one TP rank's shard atomically; return its record for the metadata."""
+    directory = Path(root) / name
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = {"model": {k: v.detach().cpu() for k, v in model_state.items()},
+               "optimizer": optimizer_state or {}, "rng": rng_state}
+    data = _to_bytes(payload)
+    filename = shard_filename(tp_rank, tp)
+    write_atomic(directory / filename, data)
+    return {"file": filename, "tp_rank": tp_rank, "bytes": len(data), "sha256": sha256(data),
+            "shapes": {k: list(v.shape) for k, v in model_state.items()},
+            "dtypes": {k: str(v.dtype).replace("torch.", "") for k, v in model_state.items()}}
+
+
+def commit(root, name, config, tp, step, shard_records, extra=None, keep=KEEP):
+    """Write meta.json for a checkpoint whose shards are all on disk, then point ``latest`` at it."""
+    root = Path(root)
+    records = sorted(shard_records, key=lambda r: r["tp_rank"])
+    if [r["tp_rank"] for r in records] != list(range(tp)):
+        raise CheckpointError(f"commit of {name}: expected shards of tp ranks 0..{tp - 1}, "
+                              f"got {[r['tp_rank'] for r in records]}")
+    meta = {"format": FORMAT, "step": step, "tp": tp, "config": config.to_dict(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "shards": records, **(extra or {})}
+    write_atomic(root / name / "meta.json", json.dumps(meta, indent=1).encode())
+    write_atomic(root / "latest", f"{name}\n".encode())
+    _prune(root, keep)
+    return meta
+
+
+def _prune(root, keep):
+    complete = sorted(p for p in root.glob("step_*") if (p / "meta.json").exists())
+    current = (root / "latest").read_text().strip()
+    for old in complete[:-keep]:
+        if old.name != current:
+            shutil.rmtree(old, ignore_errors=True)
+    # directories of saves that never finished (a killed process) are garbage too, unless new
+    for partial in root.glob("step_*"):
+        if not (partial / "meta.json").exists() and partial.name < complete[-1].name:
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------------------
+
+def read_metadata(root):
+    """(checkpoint directory, metadata dict) of the newest complete checkpoint in ``root``.
+
+    ``root`` may also be one checkpoint directory (holding meta.json) itself.
+    """
+    root = Path(root)
+    if (root / "meta.json").exists():
+        directory = root
+    elif (root / "latest").exists():
+        directory = root / (root / "latest").read_text().strip()
+    elif root.exists():
+        raise CheckpointError(f"no checkpoint in {root}: neither a 'latest' file nor meta.json")
+    else:
+        raise CheckpointError(f"no checkpoint at {root}: the path does not exist")
+    path = directory / "meta.json"
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {directory} has no meta.json (an unfinished save?)") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"checkpoint metadata {path} is corrupt or truncated: {e}") from None
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a {FORMAT!r} file (format {meta.get('format')!r})")
+    return directory, meta
+
+
+def check_config(meta_config, config, where):
+    """Raise a CheckpointError listing every size in which the checkpoint and ``config`` differ."""
+    ours = config.to_dict()
+    diffs = [f"{k}={meta_config.get(k)!r} in the checkpoint, {v!r} in this run"
+             for k, v in ours.items() if meta_config.get(k) != v]
+    if diffs:
+        raise CheckpointError(f"checkpoint {where} was saved with a different model config: "
+                              + "; ".join(diffs))
+
+
+def read_shard(directory, record):
+    """One shard's payload, after checking its size and sha256 against the metadata."""
+    path = Path(directory) / record["file"]
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint file {path} is missing") from None
+    if len(data) != record["bytes"]:
+        raise CheckpointError(f"checkpoint file {path} is truncated or corrupt: "
+                              f"{len(data)} bytes, the metadata says {record['bytes']}")
+    if sha256(data) != record["sha256"]:
+        raise CheckpointError(f"checkpoint file {path} is corrupt: its sha256 does not match the metadata")
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def load_full(root, config=None):
+    """The whole checkpoint glued to single-device form.
+
+    Returns {"meta", "config", "step", "model": full state dict, "optimizer": full state by
+    name (may be empty), "rng": [per saved TP rank]}. ``root`` may also be a file written
+    by export_single_device (no optimizer state). With ``config``, a different model config
+    is an error naming every difference.
+    """
+    if Path(root).is_file():
+        return _load_single_device(root, config)
+    directory, meta = read_metadata(root)
+    if config is not None:
+        check_config(meta["config"], config, directory)
+    payloads = [read_shard(directory, r) for r in meta["shards"]]
+    model = {k: unshard_tensor(k, [p["model"][k] for p in payloads]) for k in payloads[0]["model"]}
+    optimizer = {}
+    for name, entries in payloads[0]["optimizer"].items():
+        optimizer[name] = {k: _unshard_entry(name, [p["optimizer"][name][k] for p in payloads])
+                           for k in entries}
+    return {"meta": meta, "config": GPTConfig(**meta["config"]), "step": meta["step"],
+            "model": model, "optimizer": optimizer, "rng": [p["rng"] for p in payloads]}
+
+
+def load_shard(root, config, tp, rank):
+    """This TP rank's model state, optimizer state and (same tp only) RNG state, and the step."""
+    full = load_full(root, config)
+    model = {k: shard_tensor(k, v, tp, rank) for k, v in full["model"].items()}
+    optimizer = {name: {k: _shard_entry(name, v, tp, rank) for k, v in entries.items()}
+                 for name, entries in full["optimizer"].items()}
+    rng = full["rng"][rank] if len(full["rng"]) == tp else None
+    return {"step": full["step"], "model": model, "optimizer": optimizer, "rng": rng,
+            "meta": full["meta"]}
+
+
+# ---------------------------------------------------------------------------------------
+# Single-device export / import
+# ---------------------------------------------------------------------------------------
+
+def export_single_device(root, path):
+    """Write the newest checkpoint in ``root`` as one single-device state dict file (atomically)."""
+    full = load_full(root)
+    write_atomic(path, _to_bytes({"format": SINGLE_FORMAT, "config": full["config"].to_dict(),
+                                  "step": full["step"], "model": full["model"]}))
+    return full
+
+
+def save_single_device(model, path, step=0):
+    """Write a single-device GPT's state dict with its config, in the export format."""
+    write_atomic(path, _to_bytes({"format": SINGLE_FORMAT, "config": model.config.to_dict(),
+                                  "step": step, "model": model.state_dict()}))
+
+
+def _load_single_device(path, config):
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for a damaged zip
+        raise CheckpointError(f"single-device state dict {path} is corrupt or truncated: {e}") from None
+    if not isinstance(obj, dict) or obj.get("format") != SINGLE_FORMAT:
+        raise CheckpointError(f"{path} is not a {SINGLE_FORMAT!r} file")
+    if config is not None:
+        check_config(obj["config"], config, path)
+    return {"meta": {"tp": 1, "step": obj["step"]}, "config": GPTConfig(**obj["config"]),
+            "step": obj["step"], "model": obj["model"], "optimizer": {}, "rng": [None]}
+
+
+def main(argv=None):
+    """python -m tp_from_scratch.checkpoint export CKPT_ROOT OUT.pt  |  info CKPT_ROOT"""
+    import argparse
+    parser = argparse.ArgumentParser(description="inspect or export tp_from_scratch checkpoints")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    ex = sub.add_parser("export", help="write the newest checkpoint as a single-device state dict")
+    ex.add_argument("root")
+    ex.add_argument("out")
+    info = sub.add_parser("info", help="print a checkpoint's metadata after verifying every shard")
+    info.add_argument("root")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "export":
+            full = export_single_device(args.root, args.out)
+            print(f"wrote {args.out}: step {full['step']}, {len(full['model'])} tensors, "
+                  f"from tp={full['meta']['tp']}")
+        else:
+            full = load_full(args.root)
+            meta = full["meta"]
+            print(json.dumps({k: meta[k] for k in ("step", "tp", "config")}, indent=1))
+            print(f"{len(meta['shards'])} shards verified (size and sha256)")
+    except CheckpointError as e:
+        parser.exit(1, f"error: {e}\n")
+
+
+if __name__ == "__main__":
+    main()

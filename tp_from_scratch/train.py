@@ -1,0 +1,442 @@
+"""Train the small GPT with tensor parallelism (and data parallelism), checked against one device.
+
+    # 2 CPU processes, tp=2, each step's loss next to the single-device loss, a loss plot
+    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.train --tp 2 --compare-single --plot runs/loss.png
+    # dp=2 x tp=2 on 4 processes; float64, the mode to debug in
+    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.train --tp 2 --dtype float64
+    # PyTorch's own TP (DTensor) on the same model and weights
+    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.train --tp 2 --impl dtensor
+    # save at tp=2, resume at tp=4
+    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.train --tp 2 --steps 20 --save runs/ckpt
+    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.train --tp 4 --steps 50 --load runs/ckpt
+    # one node with 8 GPUs: tp=8 (NCCL)
+    torchrun --standalone --nproc-per-node 8 -m tp_from_scratch.train --tp 8 --device cuda
+    # two nodes with 8 GPUs each: tp=8 inside a node, dp=2 across nodes; run on each node
+    torchrun --nnodes 2 --node-rank 0|1 --nproc-per-node 8 --master-addr NODE0 --master-port 29500 \\
+        -m tp_from_scratch.train --tp 8 --device cuda
+
+The world of ranks is a dp x tp mesh: rank = dp_index * tp + tp_index, so the ranks of one
+TP group are neighbours (on one node, where the bandwidth is). Gradients are averaged over
+each DP group (the ranks holding the same shard) after backward.
+
+Batches are a function of (seed, step) (tp_from_scratch.data); DP rank d takes rows
+d*B/dp .. (d+1)*B/dp of the global batch, so the global loss is the same at every dp and
+tp, and equals the single-device loss on the whole batch up to summation order.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tp_from_scratch import checkpoint as ckpt
+from tp_from_scratch.compare import TOLERANCE, assert_matches_reference
+from tp_from_scratch.data import global_batch, local_batch
+from tp_from_scratch.model import (GPTConfig, count_parameters, gpt_to_tp, init_gpt,
+                                   shard_tensor)
+from tp_from_scratch.traffic import CollectiveCounter
+
+
+# ---------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m tp_from_scratch.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree t (divides the world size)")
+    p.add_argument("--steps", type=int, default=50, help="train until this step (a resumed run continues)")
+    p.add_argument("--seed", type=int, default=0, help="weights and data")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--impl", choices=["scratch", "dtensor"], default="scratch",
+                   help="scratch: tp_from_scratch.nn layers; dtensor: PyTorch's parallelize_module")
+    p.add_argument("--collectives", choices=["native", "scratch"], default="native",
+                   help="collectives under the scratch layers: torch.distributed or the ring ones from scratch")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--metrics", metavar="PATH", help="JSON Lines, one object per step (rank 0 writes)")
+    p.add_argument("--save", metavar="DIR", help="write a sharded checkpoint at the end (and every --save-every)")
+    p.add_argument("--save-every", type=int, default=0, metavar="N")
+    p.add_argument("--load", metavar="DIR_OR_FILE",
+                   help="resume from a checkpoint (any tp), or start from an exported single-device .pt")
+    p.add_argument("--compare-single", action="store_true",
+                   help="rank 0 also trains the single-device GPT and prints each loss next to it")
+    p.add_argument("--plot", metavar="PNG", help="loss curves, TP against single-device (implies --compare-single)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds any collective may wait")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g = p.add_argument_group("optimizer and batch")
+    g.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    g.add_argument("--lr", type=float, default=None, help="default 3e-3 (adamw) or 0.3 (sgd)")
+    g.add_argument("--batch-size", type=int, default=8, help="global batch B (split over dp)")
+    g = p.add_argument_group("model size")
+    d = GPTConfig()
+    g.add_argument("--vocab-size", type=int, default=d.vocab_size)
+    g.add_argument("--seq-len", type=int, default=d.seq_len)
+    g.add_argument("--layers", type=int, default=d.n_layers)
+    g.add_argument("--hidden", type=int, default=d.hidden)
+    g.add_argument("--heads", type=int, default=d.n_heads)
+    g.add_argument("--kv-heads", type=int, default=d.n_kv_heads)
+    g.add_argument("--ffn", type=int, default=0, help="0: 4 x hidden")
+    g.add_argument("--untied", action="store_true", help="an LM head of its own instead of the embedding")
+    return p
+
+
+def config_from_args(args):
+    return GPTConfig(vocab_size=args.vocab_size, seq_len=args.seq_len, n_layers=args.layers,
+                     hidden=args.hidden, n_heads=args.heads, n_kv_heads=args.kv_heads,
+                     ffn=args.ffn, tie_embeddings=not args.untied)
+
+
+def validate(args, world_size):
+    """The first problem with the arguments for this world size, as a sentence; None if fine."""
+    if args.steps < 0:
+        return f"--steps must be 0 or more, got {args.steps}"
+    if args.tp < 1:
+        return f"--tp must be at least 1, got {args.tp}"
+    if world_size % args.tp != 0:
+        return (f"world size {world_size} is not divisible by tp={args.tp} "
+                f"(launch a multiple of {args.tp} processes: torchrun --nproc-per-node ...)")
+    dp = world_size // args.tp
+    if args.batch_size < 1 or args.batch_size % dp != 0:
+        return f"batch size {args.batch_size} is not divisible by dp={dp}"
+    if args.timeout <= 0:
+        return f"--timeout must be positive, got {args.timeout}"
+    if args.save_every < 0:
+        return f"--save-every must be 0 or more, got {args.save_every}"
+    if args.impl == "dtensor" and (args.save or args.load):
+        return "--save and --load work with --impl scratch only"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return "--device cuda was asked for, but torch sees no CUDA device"
+    try:
+        config_from_args(args).validate(args.tp)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def default_lr(args):
+    return args.lr if args.lr is not None else (3e-3 if args.optimizer == "adamw" else 0.3)
+
+
+def make_optimizer(params, args):
+    """AdamW (betas 0.9, 0.95, no weight decay) or SGD with momentum; element-wise, so TP-safe."""
+    lr = default_lr(args)
+    if args.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0, foreach=False)
+
+
+# ---------------------------------------------------------------------------------------
+# The process mesh
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class Mesh:
+    """This process's place in the dp x tp mesh and the groups it talks to."""
+    rank: int
+    world: int
+    tp: int
+    dp: int
+    tp_rank: int
+    dp_rank: int
+    tp_group: object
+    dp_group: object
+    device: torch.device
+    device_mesh: object = None  # only for --impl dtensor
+
+
+def setup_mesh(args):
+    """init_process_group (with a timeout) and one TP group and one DP group per rank.
+
+    Every rank creates every group, in the same order: new_group is collective.
+    """
+    timeout = timedelta(seconds=args.timeout)
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    if "RANK" not in os.environ:  # plain `python -m tp_from_scratch.train`: a world of one
+        from tp_from_scratch.testing import free_port
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",
+                                rank=0, world_size=1, timeout=timeout)
+    else:
+        dist.init_process_group(backend, timeout=timeout)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tp, dp = args.tp, world // args.tp
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    if args.impl == "dtensor":
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh(args.device, (dp, tp), mesh_dim_names=("dp", "tp"))
+        return Mesh(rank, world, tp, dp, rank % tp, rank // tp, mesh["tp"].get_group(),
+                    mesh["dp"].get_group(), device, mesh)
+    tp_group = dp_group = None
+    for d in range(dp):     # TP groups: consecutive ranks
+        g = dist.new_group([d * tp + i for i in range(tp)], timeout=timeout)
+        if d == rank // tp:
+            tp_group = g
+    for i in range(tp):     # DP groups: the ranks holding the same shard
+        g = dist.new_group([d * tp + i for d in range(dp)], timeout=timeout)
+        if i == rank % tp:
+            dp_group = g
+    return Mesh(rank, world, tp, dp, rank % tp, rank // tp, tp_group, dp_group, device)
+
+
+# ---------------------------------------------------------------------------------------
+# One training step, and the single-device reference
+# ---------------------------------------------------------------------------------------
+
+def average_gradients(params, group, dp):
+    """Data parallelism: every gradient becomes its mean over the DP group (one all-reduce)."""
+    grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat /= dp
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def train_step(model, optimizer, x, y, mesh):
+    """Forward, backward, DP gradient average, optimizer step; returns the global mean loss."""
+    optimizer.zero_grad(set_to_none=True)
+    _, loss = model(x, y)
+    loss.backward()
+    if mesh.dp > 1:
+        average_gradients([p for p in model.parameters() if p.grad is not None], mesh.dp_group, mesh.dp)
+    optimizer.step()
+    loss = loss.detach().clone()
+    if mesh.dp > 1:
+        dist.all_reduce(loss, group=mesh.dp_group)
+        loss /= mesh.dp
+    return loss
+
+
+def single_device_run(config, args, start=None):
+    """The reference: the single-device GPT trained on the whole global batch of every step.
+
+    A generator of (step, loss tensor). ``start``: a checkpoint.load_full() result to resume
+    from (weights, optimizer state, step); otherwise fresh weights from ``args.seed``.
+    """
+    dtype = getattr(torch, args.dtype)
+    model = init_gpt(config, args.seed, dtype)
+    optimizer = make_optimizer(model.parameters(), args)
+    step = 0
+    if start is not None:
+        model.load_state_dict(start["model"])
+        ckpt.load_optimizer_state_by_name(model, optimizer, start["optimizer"])
+        step = start["step"]
+    for step in range(step, args.steps):
+        x, y = global_batch(step, args.batch_size, config.seq_len, config.vocab_size, args.seed)
+        optimizer.zero_grad(set_to_none=True)
+        _, loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        yield step, loss.detach()
+    single_device_run.final_model = model  # for callers that want the trained weights
+
+
+def single_device_losses(argv, start=None):
+    """[loss per step] of the single-device reference for the same command line as train."""
+    args = build_parser().parse_args(argv)
+    full = ckpt.load_full(args.load, config_from_args(args)) if args.load and start is None else start
+    return [loss for _, loss in single_device_run(config_from_args(args), args, full)]
+
+
+# ---------------------------------------------------------------------------------------
+# Building the model on this rank
+# ---------------------------------------------------------------------------------------
+
+def build(args, config, mesh, start):
+    """(model, optimizer, first step): fresh from the seed, or resumed from ``start``."""
+    dtype = getattr(torch, args.dtype)
+    full = init_gpt(config, args.seed, dtype)   # the same weights on every rank
+    if start is not None:
+        full.load_state_dict(start["model"])
+    if args.impl == "dtensor":
+        from tp_from_scratch.dtensor_gpt import parallelize_gpt
+        model = parallelize_gpt(full.to(mesh.device), mesh.device_mesh["tp"])
+    else:
+        model = gpt_to_tp(full, mesh.tp_group).to(mesh.device)
+    optimizer = make_optimizer(model.parameters(), args)
+    step = 0
+    if start is not None:
+        local = {name: {k: shard_tensor(name, v, mesh.tp, mesh.tp_rank)
+                        if torch.is_tensor(v) and v.ndim > 0 else v for k, v in entries.items()}
+                 for name, entries in start["optimizer"].items()}
+        ckpt.load_optimizer_state_by_name(model, optimizer, local)
+        if len(start["rng"]) == mesh.tp and start["rng"][mesh.tp_rank] is not None:
+            torch.set_rng_state(start["rng"][mesh.tp_rank])
+        step = start["step"]
+    return model, optimizer, step
+
+
+def save(args, config, mesh, model, optimizer, step):
+    """A sharded checkpoint: the TP ranks of DP replica 0 write, rank 0 commits (collective)."""
+    names = [ckpt.new_checkpoint_name(step) if mesh.rank == 0 else None]
+    dist.broadcast_object_list(names, src=0)
+    record = None
+    if mesh.dp_rank == 0:
+        record = ckpt.write_shard(args.save, names[0], mesh.tp_rank, mesh.tp, model.state_dict(),
+                                  ckpt.optimizer_state_by_name(model, optimizer), torch.get_rng_state())
+    records = [None] * mesh.world
+    dist.all_gather_object(records, record)
+    if mesh.rank == 0:
+        extra = {"dtype": args.dtype, "optimizer": args.optimizer, "lr": default_lr(args),
+                 "seed": args.seed, "batch_size": args.batch_size}
+        ckpt.commit(args.save, names[0], config, mesh.tp, step, [r for r in records if r], extra)
+    dist.barrier()
+
+
+# ---------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------
+
+def report_memory(model, config, mesh):
+    n_local, bytes_local = count_parameters(model)
+    per_rank = [None] * mesh.world
+    dist.all_gather_object(per_rank, bytes_local)
+    if mesh.rank == 0:
+        n_full, bytes_full = count_parameters(init_gpt(config, 0, getattr(torch, "float32")))
+        print(f"GPT: {n_full:,} parameters ({config.n_layers} layers, H={config.hidden}, "
+              f"nh={config.n_heads}, nkv={config.n_kv_heads}, F={config.ffn}, V={config.vocab_size}); "
+              f"mesh dp={mesh.dp} x tp={mesh.tp}", flush=True)
+        for r, b in enumerate(per_rank):
+            print(f"  rank {r} (dp {r // mesh.tp}, tp {r % mesh.tp}): parameters {b / 2**10:,.1f} KiB",
+                  flush=True)
+
+
+def verdict(loss, ref, step):
+    try:
+        assert_matches_reference(loss, ref, name=f"loss at step {step}")
+        return True, "equal"
+    except AssertionError as e:
+        return False, f"DIFFERS: {e}"
+
+
+def run(args, config, mesh):
+    start = ckpt.load_full(args.load, config) if args.load else None
+    model, optimizer, first = build(args, config, mesh, start)
+    report_memory(model, config, mesh)
+    is_main = mesh.rank == 0
+    compare = (args.compare_single or args.plot) and is_main
+    reference = single_device_run(config, args, start) if compare else None
+    counter = CollectiveCounter({mesh.tp_group: "tp", mesh.dp_group: "dp"})
+    metrics = open(args.metrics, "w") if (args.metrics and is_main) else None
+    from tqdm import tqdm
+    bar = tqdm(total=args.steps - first, disable=not is_main or args.no_progress, desc="training",
+               unit="step", file=sys.stdout, dynamic_ncols=False, ncols=80)
+    losses, ref_losses, bad = [], [], 0
+    t_start = time.perf_counter()
+    try:
+        for step in range(first, args.steps):
+            x, y = local_batch(step, args.batch_size, config.seq_len, config.vocab_size, args.seed,
+                               mesh.dp_rank, mesh.dp)
+            t0 = time.perf_counter()
+            with counter.counting():
+                loss = train_step(model, optimizer, x.to(mesh.device), y.to(mesh.device), mesh)
+            dt = time.perf_counter() - t0
+            record = {"step": step, "loss": loss.item(), "time_s": dt}
+            if compare:
+                _, ref = next(reference)
+                ok, text = verdict(loss.cpu(), ref, step)
+                bad += not ok
+                record.update(single_loss=ref.item(), abs_diff=abs(loss.item() - ref.item()), equal=ok)
+                ref_losses.append(ref.item())
+                bar.write(f"step {step:4d}  loss {loss.item():.6f}  single-device {ref.item():.6f}  "
+                          f"|diff| {record['abs_diff']:.1e}  {text}")
+            losses.append(record["loss"])
+            if metrics:
+                metrics.write(json.dumps(record) + "\n")
+                metrics.flush()
+            bar.set_postfix(loss=f"{loss.item():.4f}")
+            bar.update(1)
+            if args.save and args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.steps:
+                save(args, config, mesh, model, optimizer, step + 1)
+    finally:
+        bar.close()
+        if metrics:
+            metrics.close()
+    elapsed = time.perf_counter() - t_start
+    if args.save:
+        save(args, config, mesh, model, optimizer, args.steps)
+    if is_main:
+        n = args.steps - first
+        print(f"\n{n} steps in {elapsed:.1f} s; final loss {losses[-1] if losses else float('nan'):.6f}")
+        print(f"communication per step on rank 0 ({args.impl}; payload bytes handed to torch.distributed):")
+        if args.impl == "dtensor":
+            print("  (DTensor calls functional collectives, which this counter does not see)")
+        print(counter.table(n))
+        if args.collectives == "scratch":
+            from tp_from_scratch.nn.mappings import scratch_comm
+            print("from-scratch ring traffic (TorchComm meter):")
+            print(scratch_comm(mesh.tp_group).meter.table())
+        if compare:
+            tol = TOLERANCE[args.dtype]
+            print(f"single-device comparison: {n - bad} of {n} steps equal "
+                  f"(tolerance {tol:.0e} x max(1, |loss|), {args.dtype})")
+        if args.plot:
+            plot_losses(args.plot, range(first, args.steps), losses, ref_losses, mesh, args)
+        if args.save:
+            print(f"checkpoint: {args.save} (step {args.steps}, tp={mesh.tp})")
+    return 1 if bad else 0
+
+
+def plot_losses(path, steps, losses, ref_losses, mesh, args):
+    """Two panels: both loss curves, and their absolute difference (log scale)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    steps = list(steps)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
+    a.plot(steps, ref_losses, label="single device", lw=3, alpha=0.5)
+    a.plot(steps, losses, "--", label=f"dp={mesh.dp} x tp={mesh.tp} ({args.impl})")
+    a.set(xlabel="step", ylabel="loss", title="training loss")
+    a.legend()
+    bound = TOLERANCE[args.dtype] * max(1.0, max(ref_losses))
+    floor = bound * 1e-6  # a bit-equal step (difference 0) is drawn on this line
+    diffs = [abs(p - q) for p, q in zip(losses, ref_losses)]
+    b.semilogy(steps, [max(d, floor) for d in diffs], ".-", label="|difference|")
+    zero = [s for s, d in zip(steps, diffs) if d == 0]
+    b.semilogy(zero, [floor] * len(zero), "g.", label="bit-equal (0)")
+    b.axhline(bound, color="r", ls=":", label="tolerance")
+    b.set_ylim(floor / 3, bound * 30)
+    b.set(xlabel="step", ylabel="|loss - single-device loss|", title=f"difference ({args.dtype})")
+    b.legend()
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    print(f"loss curves: {path}")
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    problem = validate(args, world)
+    if problem:
+        if int(os.environ.get("RANK", "0")) == 0:
+            parser.error(problem)  # prints usage and the message, exits with status 2
+        sys.exit(2)
+    config = config_from_args(args)
+    mesh = setup_mesh(args)
+    try:
+        if args.impl == "scratch":
+            from tp_from_scratch.nn import set_collective_impl
+            set_collective_impl(args.collectives)
+        status = run(args, config, mesh)
+    except ckpt.CheckpointError as e:
+        print(f"rank {mesh.rank}: error: {e}", file=sys.stderr, flush=True)
+        status = 1
+    finally:
+        dist.destroy_process_group()
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()
