@@ -1,0 +1,40 @@
+"""The seed's DTensor example runs for real (torchrun, 2 CPU ranks, gloo) and agrees with shard().
+
+Each rank asserts, bit-exactly, that its DTensor local shard equals our
+shard(x, t, axis)[rank]; the demo exits non-zero if any rank disagrees.
+"""
+import sys
+
+import pytest
+
+from tp_from_scratch import testing
+from tp_from_scratch.demos import dtensor_shard
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_dtensor_shard_1_equals_our_shard_along_axis_1():
+    # Lesson 1 runs the seed's Shard(0); here the other axis, on a shape that is not square
+    cmd = [sys.executable, "-m", "tp_from_scratch.demos.dtensor_shard", "--rows", "6", "--cols", "64", "--axis", "1"]
+    proc = testing.run_command(cmd, timeout=170)
+    assert proc.returncode == 0, proc.stdout
+    for rank in (0, 1):
+        assert (f"rank {rank}: Global shape: torch.Size([6, 64]), Local shape: torch.Size([6, 32]), "
+                f"placements (Shard(dim=1),); equals shard(x, 2, axis=1)[{rank}] bit-exactly") in proc.stdout
+
+
+def test_a_size_the_ranks_do_not_divide_is_refused_before_launching(capsys):
+    with pytest.raises(SystemExit) as stop:
+        dtensor_shard.main(["--rows", "5", "--axis", "0"])
+    assert stop.value.code == 2
+    assert "dimension 0 (rows) of size 5 is not divisible by tp=2" in capsys.readouterr().err
+
+
+def test_missing_torchrun_is_said_clearly(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(testing, "VENV_BIN", tmp_path)  # no venv launcher ...
+    monkeypatch.setenv("PATH", str(tmp_path))           # ... and nothing on PATH
+    monkeypatch.delenv("RANK", raising=False)           # not under torchrun: the demo must launch it
+    assert dtensor_shard.main([]) == 2
+    err = capsys.readouterr().err
+    assert "cannot run the DTensor demo: torchrun not found" in err
+    assert "pip install torch==2.13.0" in err

@@ -1,0 +1,117 @@
+"""The seed's PyTorch DTensor example, run for real on CPU, checked against our own shard().
+
+    python -m tp_from_scratch.demos.dtensor_shard                  # launches itself: torchrun, 2 ranks
+    torchrun --nproc-per-node 2 -m tp_from_scratch.demos.dtensor_shard [--rows 1024 --cols 1024 --axis 0]
+
+The seed builds a 1-D device mesh over 2 GPUs and calls
+``distribute_tensor(tensor, mesh, [Shard(0)])``: each GPU then holds a (512, 1024) block of
+rows. Here the mesh is "cpu" (gloo) instead of "cuda", so it runs on a laptop. Each rank
+then checks, bit-exactly, that its DTensor local shard is exactly ``shard(x, t, axis=0)[rank]``
+from tp_from_scratch.sharding: DTensor's Shard(d) is our split along axis d.
+
+One detail worth seeing: every rank makes its *own* random tensor (rank-distinct, as
+``torch.randn`` without a shared seed would), yet the shards agree with rank 0's tensor.
+distribute_tensor takes the data from ``src_data_rank=0`` and scatters it; the other
+ranks' copies are ignored. Each rank regenerates rank 0's tensor from its seed to check.
+"""
+import argparse
+import os
+import sys
+from datetime import timedelta
+
+import numpy as np
+
+from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.sharding import check_divisible, shard
+from tp_from_scratch.testing import (LauncherNotFoundError, random_array, rank_rng, run_command,
+                                     torchrun_command)
+
+MODULE = "tp_from_scratch.demos.dtensor_shard"
+
+
+def run_rank(rows, cols, axis, seed):
+    """One rank under torchrun: shard a (rows, cols) tensor with DTensor and compare with shard().
+
+    Collectives: distribute_tensor scatters rank 0's tensor; full_tensor() all-gathers it back.
+    Returns the line this rank reports.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    rank, t = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (t,))  # the seed says "cuda"; "cpu" gives a gloo mesh
+
+    # (rows, cols), different on every rank: only rank 0's will be used
+    mine = torch.from_numpy(random_array(rank_rng(seed, rank), (rows, cols), np.float32))
+    distributed = distribute_tensor(mine, mesh, [Shard(axis)])
+    local = distributed.to_local()  # (rows/t, cols) for Shard(0), (rows, cols/t) for Shard(1)
+
+    x = random_array(rank_rng(seed, 0), (rows, cols), np.float32)  # rank 0's tensor, regenerated
+    ours = shard(x, t, axis=axis)[rank]
+    # pure data movement: the same bits, so exact
+    assert_matches_reference(local, ours, name=f"DTensor local shard vs shard(x, {t}, axis={axis})",
+                             rank=rank, exact=True)
+    assert_matches_reference(distributed.full_tensor(), x, name="DTensor.full_tensor()", rank=rank, exact=True)
+    return (f"rank {rank}: Global shape: {distributed.shape}, Local shape: {local.shape}, "
+            f"placements {distributed.placements}; equals shard(x, {t}, axis={axis})[{rank}] bit-exactly")
+
+
+def worker(args):
+    """Under torchrun: run this rank, then rank 0 prints every rank's line in rank order."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))  # no wait is unbounded
+    try:
+        try:
+            line = run_rank(args.rows, args.cols, args.axis, args.seed)
+        except Exception as e:
+            # torchrun sees the non-zero exit and stops the other ranks
+            print(f"rank {dist.get_rank()} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            return 1
+        lines = [None] * dist.get_world_size()
+        dist.all_gather_object(lines, line)  # one clean report instead of interleaved prints
+        if dist.get_rank() == 0:
+            print(f"DTensor on a 1-D 'cpu' device mesh of {len(lines)} ranks (gloo), Shard({args.axis}):")
+            print("\n".join(lines))
+            print(f"DTensor's Shard({args.axis}) is our shard(x, t, axis={args.axis}); "
+                  "the data came from rank 0 (src_data_rank=0).")
+        return 0
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(args, argv):
+    """Not under torchrun yet: start ``args.nproc`` ranks of this module with torchrun and relay them."""
+    try:
+        cmd = torchrun_command(args.nproc, MODULE, *argv)
+    except LauncherNotFoundError as e:
+        print(f"cannot run the DTensor demo: {e}", file=sys.stderr)
+        return 2
+    proc = run_command(cmd, timeout=args.timeout + 60)  # start-up on a busy laptop, then the job itself
+    print(proc.stdout, end="")
+    return proc.returncode
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1024)
+    parser.add_argument("--cols", type=int, default=1024)
+    parser.add_argument("--axis", type=int, choices=[0, 1], default=0, help="Shard(axis)")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks to launch (ignored under torchrun)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds any rank may wait")
+    args = parser.parse_args(argv)
+    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    t = int(os.environ["WORLD_SIZE"]) if under_torchrun else args.nproc
+    try:  # refuse bad sizes before launching anything
+        check_divisible(args.rows if args.axis == 0 else args.cols, t, f"dimension {args.axis} ({'rows' if args.axis == 0 else 'cols'}) of size")
+    except ValueError as e:
+        parser.error(str(e))
+    return worker(args) if under_torchrun else launch(args, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""Is this machine ready for the course? One [OK] or [FAIL] line per tool, each FAIL with a fix.
+
+    python -m tp_from_scratch.doctor                 # everything (about 10-30 s)
+    python -m tp_from_scratch.doctor --only mpi gloo # just some checks
+
+Checks: Python (>= 3.10), numpy, torch (CUDA is reported, never required), gloo (a 2-rank
+all-reduce under torchrun), MPI (a 2-rank hello under the venv's mpiexec) and jupyter (a
+kernel that runs a cell). The two launches go through testing.run_command with a timeout
+and a fresh port, so the doctor itself can never hang. Exit status 1 if anything failed.
+"""
+import argparse
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from tp_from_scratch import testing
+
+SETUP_FIX = "run `make test` (it creates .venv from requirements.txt), or `pip install -r requirements.txt`"
+MIN_PYTHON = (3, 10)
+MIN_NUMPY = (1, 26)
+
+
+@dataclass
+class CheckResult:
+    """One line of the report: a passed check says what it found, a failed one what to do."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+    def line(self):
+        if self.ok:
+            return f"[OK]   {self.name}: {self.detail}"
+        return f"[FAIL] {self.name}: {self.detail}" + (f"\n       fix: {self.fix}" if self.fix else "")
+
+
+def _version_tuple(text):
+    """'2.13.0+cpu' -> (2, 13); enough to compare against a lower bound."""
+    return tuple(int(p) for p in text.split("+")[0].split(".")[:2] if p.isdigit())
+
+
+def _tail(text, lines=6):
+    """The last few lines of a launched job's output, indented, for a FAIL message."""
+    kept = (text or "").strip().splitlines()[-lines:]
+    return "".join(f"\n         | {line}" for line in kept)
+
+
+def check_python():
+    """The interpreter is new enough (3.10: the course uses `X | Y` types and removeprefix)."""
+    v = sys.version_info
+    found = f"Python {v.major}.{v.minor}.{v.micro} at {sys.executable}"
+    if v[:2] < MIN_PYTHON:
+        return CheckResult("Python", False, f"{found} is older than 3.10",
+                           "install Python 3.10 or newer, then `make test PYTHON=python3.x`")
+    return CheckResult("Python", True, found)
+
+
+def check_numpy():
+    """numpy imports and meets the lower bound in requirements.txt."""
+    try:
+        import numpy
+    except ImportError as e:
+        return CheckResult("numpy", False, f"not importable ({e})", SETUP_FIX)
+    if _version_tuple(numpy.__version__) < MIN_NUMPY:
+        return CheckResult("numpy", False, f"numpy {numpy.__version__} is older than 1.26", SETUP_FIX)
+    return CheckResult("numpy", True, f"numpy {numpy.__version__}")
+
+
+def check_torch():
+    """torch imports; whether CUDA is usable is information only (the course runs on a CPU)."""
+    try:
+        import torch
+    except ImportError as e:
+        return CheckResult("torch", False, f"not importable ({e})", SETUP_FIX + " (torch is pinned to 2.13.0)")
+    cuda = (f"CUDA available, {torch.cuda.device_count()} GPU(s)" if torch.cuda.is_available()
+            else "CUDA not available: CPU only, which is all the course needs")
+    return CheckResult("torch", True, f"torch {torch.__version__} ({cuda})")
+
+
+def check_gloo(timeout=90.0):
+    """2 processes under torchrun join a gloo process group and all-reduce [1] and [2] into [3]."""
+    try:
+        cmd = testing.torchrun_command(2, "tp_from_scratch.doctor", "--worker", "gloo")
+    except testing.LauncherNotFoundError as e:
+        return CheckResult("gloo", False, str(e).split(": ", 1)[0], testing.LAUNCHER_FIX["torchrun"])
+    try:
+        proc = testing.run_command(cmd, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        return CheckResult("gloo", False, f"2-rank all-reduce did not finish within {timeout:.0f} s"
+                           + _tail(e.output), _GLOO_HANG_FIX)
+    answered = set(re.findall(r"rank (\d+): all_reduce gave 3\b", proc.stdout))  # ranks print concurrently
+    if proc.returncode != 0 or answered != {"0", "1"}:
+        return CheckResult("gloo", False, f"2-rank all-reduce failed (exit status {proc.returncode})"
+                           + _tail(proc.stdout), _GLOO_HANG_FIX)
+    return CheckResult("gloo", True, "2-rank all-reduce under torchrun gave 3 on both ranks")
+
+
+_GLOO_HANG_FIX = ("gloo talks TCP on localhost: check that no firewall/VPN blocks it; if the host "
+                  "name resolves to an unreachable address, set GLOO_SOCKET_IFNAME=lo (Linux) or lo0 (macOS)")
+
+
+def check_mpi(timeout=60.0):
+    """mpi4py finds an MPI library, and 2 processes under mpiexec say hello and all-reduce."""
+    try:
+        import mpi4py
+        mpi4py.rc.initialize = False  # only ask for the library version; never initialise MPI here
+        from mpi4py import MPI
+        library = " ".join(MPI.Get_library_version().split("\n")[0].split())  # "MPICH Version: 5.0.2"
+    except ImportError as e:  # no mpi4py, or mpi4py without an MPI library (libmpi)
+        return CheckResult("MPI", False, f"mpi4py or the MPI library is missing ({e})", testing.LAUNCHER_FIX["mpiexec"])
+    try:
+        cmd = testing.mpiexec_command(2, "tp_from_scratch.doctor", "--worker", "mpi")
+    except testing.LauncherNotFoundError as e:
+        return CheckResult("MPI", False, str(e).split(": ", 1)[0], testing.LAUNCHER_FIX["mpiexec"])
+    try:
+        proc = testing.run_command(cmd, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        return CheckResult("MPI", False, f"2-rank hello under {cmd[0]} did not finish within {timeout:.0f} s"
+                           + _tail(e.output), _MPI_HANG_FIX)
+    if proc.returncode != 0 or "hello from ranks [0, 1] of 2, sum 3" not in proc.stdout:
+        return CheckResult("MPI", False, f"2-rank hello under {cmd[0]} failed (exit status {proc.returncode})"
+                           + _tail(proc.stdout), _MPI_HANG_FIX)
+    return CheckResult("MPI", True, f"mpi4py {mpi4py.__version__} with {library}; 2-rank hello under {cmd[0]}")
+
+
+_MPI_HANG_FIX = ("use the venv's mpiexec (the mpich wheel), not a system one built for another MPI: "
+                 + testing.LAUNCHER_FIX["mpiexec"])
+
+
+def check_jupyter(timeout=90.0):
+    """The jupyter command exists and its python3 kernel starts and runs a cell with numpy."""
+    try:
+        jupyter = testing.require_launcher("jupyter")
+        import nbclient
+        import nbformat
+    except (testing.LauncherNotFoundError, ImportError) as e:
+        return CheckResult("jupyter", False, f"not installed ({str(e).split(': ', 1)[0]})", SETUP_FIX)
+    code = "import sys, numpy; print(sys.executable)"
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
+    try:
+        client = nbclient.NotebookClient(notebook, timeout=timeout, startup_timeout=timeout, kernel_name="python3")
+        client.execute(stderr=subprocess.DEVNULL)  # the kernel's own start-up chatter is not a finding
+    except Exception as e:  # no kernel spec, a kernel that dies, or numpy missing in the kernel
+        return CheckResult("jupyter", False, f"the python3 kernel could not run a cell ({type(e).__name__}: "
+                           f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''})",
+                           f"{SETUP_FIX}; then `{sys.executable} -m ipykernel install --user --name python3`")
+    kernel_python = notebook.cells[0].outputs[0].get("text", "?").strip()
+    return CheckResult("jupyter", True, f"{jupyter}; the python3 kernel runs {kernel_python}")
+
+
+CHECKS = {
+    "python": check_python,
+    "numpy": check_numpy,
+    "torch": check_torch,
+    "gloo": check_gloo,
+    "mpi": check_mpi,
+    "jupyter": check_jupyter,
+}
+
+
+def run_checks(names=None, out=print):
+    """Run the named checks (all by default), print each line as it comes, return the results."""
+    results = []
+    for name in names or list(CHECKS):
+        try:
+            result = CHECKS[name]()
+        except Exception as e:  # a check must report, never crash the doctor
+            result = CheckResult(name, False, f"the check itself crashed: {type(e).__name__}: {e}", SETUP_FIX)
+        out(result.line())
+        results.append(result)
+    return results
+
+
+# --- what the launched ranks run ------------------------------------------------------------
+
+def _gloo_worker():
+    """Under torchrun: all-reduce rank+1 over gloo, with a timeout on every wait."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))  # env:// from torchrun
+    try:
+        x = torch.tensor([dist.get_rank() + 1.0])
+        dist.all_reduce(x)  # 1 + 2 on 2 ranks
+        print(f"rank {dist.get_rank()}: all_reduce gave {x.item():g}", flush=True)
+    finally:
+        dist.destroy_process_group()
+
+
+def _mpi_worker():
+    """Under mpiexec: every rank all-reduces rank+1; rank 0 says hello for all (one clean line)."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    total = comm.allreduce(comm.Get_rank() + 1)
+    ranks = comm.gather(comm.Get_rank(), root=0)
+    if comm.Get_rank() == 0:
+        print(f"hello from ranks {ranks} of {comm.Get_size()}, sum {total}", flush=True)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", choices=list(CHECKS), help="run only these checks")
+    parser.add_argument("--worker", choices=["gloo", "mpi"], help=argparse.SUPPRESS)  # a launched rank
+    args = parser.parse_args(argv)
+    if args.worker:
+        {"gloo": _gloo_worker, "mpi": _mpi_worker}[args.worker]()
+        return 0
+    results = run_checks(args.only)
+    failed = [r.name for r in results if not r.ok]
+    print(f"\n{len(results) - len(failed)} of {len(results)} checks passed"
+          + (f"; fix: {', '.join(failed)}" if failed else ". Ready for the course."))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
