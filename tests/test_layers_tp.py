@@ -9,11 +9,33 @@ import numpy as np
 import pytest
 
 from tp_from_scratch.comm import run_spmd
-from tp_from_scratch.layers import check
+from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.layers import check, mappings
 from tp_from_scratch.layers.reference import BlockConfig
+from tp_from_scratch.testing import random_array, rank_rng
 
 DTYPES = [np.float64, np.float32]
 TPS = [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("t", TPS)
+def test_f_and_g_are_conjugate(t):
+    # rank-distinct integer data: every sum is exact, so the all-reduces must be bit-exact
+    def on_rank(comm):
+        mine = random_array(rank_rng(1, comm.rank), (3, 4), integer=True)
+        everyone = [random_array(rank_rng(1, r), (3, 4), integer=True) for r in range(t)]
+        total = sum(everyone[1:], everyone[0].copy())
+        calls = lambda: check.all_reduce_calls(comm)  # noqa: E731
+        # f: identity forward (no communication), all-reduce backward
+        assert mappings.f_forward(comm, mine) is mine and calls() == 0
+        assert_matches_reference(mappings.f_backward(comm, mine), total, name="f backward",
+                                 rank=comm.rank, exact=True)
+        # g: all-reduce forward, identity backward (no communication)
+        assert_matches_reference(mappings.g_forward(comm, mine), total, name="g forward",
+                                 rank=comm.rank, exact=True)
+        assert mappings.g_backward(comm, mine) is mine and calls() == 2
+
+    run_spmd(on_rank, t)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
