@@ -23,6 +23,7 @@ EXERCISE_DIR = REPO / "exercises"
 # exercise id -> (file stem in exercises/, library modules that hold the reference versions)
 EXERCISES = {
     "ex01": ("ex01_split_matmul", ["tp_from_scratch.sharding", "tp_from_scratch.matmul"]),
+    "ex02": ("ex02_ring_collectives", ["tp_from_scratch.collectives"]),
 }
 
 
