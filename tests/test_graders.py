@@ -23,6 +23,8 @@ KNOWN_WRONG = Path(__file__).parent / "known_wrong"
 EXPECTED_TESTS = {
     "ex01": 31,
     "ex02": 51,
+    "ex03": 36,
+    "ex04": 32,
 }
 
 WRONG_CASES = sorted(

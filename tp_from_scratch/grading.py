@@ -24,6 +24,9 @@ EXERCISE_DIR = REPO / "exercises"
 EXERCISES = {
     "ex01": ("ex01_split_matmul", ["tp_from_scratch.sharding", "tp_from_scratch.matmul"]),
     "ex02": ("ex02_ring_collectives", ["tp_from_scratch.collectives"]),
+    "ex03": ("ex03_parallel_mlp", ["tp_from_scratch.layers.mappings", "tp_from_scratch.layers.linear",
+                                   "tp_from_scratch.layers.mlp"]),
+    "ex04": ("ex04_parallel_attention", ["tp_from_scratch.layers.attention"]),
 }
 
 

@@ -1,0 +1,55 @@
+"""Exercise 4: causal self-attention split by heads, with grouped-query attention
+(lessons/04_parallel_attention.ipynb).
+
+Replace each `raise NotImplementedError(...)` with your code, then run
+    make grade            (or: pytest exercises -m ex04)
+
+Shapes: x (B, T, H); nh query heads and nkv key/value heads of size hs; t = TP degree.
+Full (single-device) parameters, weights in the math convention y = x @ w + b:
+    wq (H, nh*hs), bq (nh*hs,)      wk, wv (H, nkv*hs), bk, bv (nkv*hs,)
+    wo (nh*hs, H), bo (H,)
+The columns of wq (and rows of wo) are grouped by head: head j owns columns j*hs:(j+1)*hs.
+Query head j attends with key/value head j // (nh // nkv).
+
+You may use exercise 3's pieces from the library, e.g.
+    from tp_from_scratch.layers.linear import column_parallel_linear_forward, ...
+and the single-device softmax/attention helpers of tp_from_scratch.layers.reference.
+The graders count your all-reduces: one forward and one backward, like the MLP.
+"""
+import numpy as np  # noqa: F401
+
+from tp_from_scratch.collectives import all_reduce  # noqa: F401
+
+
+def shard_attention_params(params, n_heads, n_kv_heads, tp, rank):
+    """Rank `rank`'s share of the full attention parameters, for TP degree `tp`.
+
+    Query heads are split into tp contiguous groups of nh/tp heads: rank r gets the columns
+    of wq, bq (and the rows of wo) of its heads. bo is replicated.
+    Key/value heads: if tp divides nkv, rank r gets nkv/tp contiguous KV heads; if nkv < tp,
+    every rank gets (a copy of) the one KV head its query heads attend with.
+    Raise a ValueError naming the quantity when the heads do not split evenly,
+    e.g. "number of heads 6 is not divisible by tp=4".
+    """
+    raise NotImplementedError("Exercise 4 (shard_attention_params): see lessons/04_parallel_attention.ipynb")
+
+
+def attention_forward(comm, x, params_local, n_heads, n_kv_heads):
+    """Causal self-attention over this rank's heads, then a row-parallel output projection.
+
+    x: (B, T, H) replicated; params_local from shard_attention_params; n_heads, n_kv_heads:
+    the GLOBAL head counts. Return (y, cache) with y (B, T, H), the full output on every rank.
+    Collectives: one all-reduce forward (after the output projection), one backward.
+    """
+    raise NotImplementedError("Exercise 4 (attention_forward): see lessons/04_parallel_attention.ipynb")
+
+
+def attention_backward(comm, dy, cache):
+    """Given dL/dy (B, T, H), return (dx, grads_local).
+
+    dx: (B, T, H), the full input gradient on every rank. grads_local: the keys of
+    params_local, the gradients of this rank's shards. For a KV head that several ranks
+    hold a copy of, return this rank's contribution (the gradient through its own query
+    heads); the copies' gradients add up to the full gradient.
+    """
+    raise NotImplementedError("Exercise 4 (attention_backward): see lessons/04_parallel_attention.ipynb")
