@@ -1,0 +1,286 @@
+"""Every tensor-parallel layer against its single-device twin: output, all gradients, one step.
+
+Each check runs on one rank and takes that rank's ``group`` (None, a ProcessGroup or a Comm),
+so the same code runs on in-process simulated ranks (tests, exercises, Lesson 5) and on real
+processes. Every rank builds the same full single-device layer and data from one seed, runs
+it, and compares its own shard of every result through assert_matches_reference.
+
+Under torchrun, on any number of processes (CPU gloo; CUDA nccl with --device cuda):
+
+    torchrun --nproc-per-node 4 -m tp_from_scratch.nn.checks
+    torchrun --nproc-per-node 2 -m tp_from_scratch.nn.checks --device cuda
+
+which runs every check with native and with from-scratch collectives, on the whole world
+and on sub-groups, and prints one line per rank.
+"""
+import argparse
+import os
+import sys
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+
+from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.nn.cross_entropy import vocab_parallel_cross_entropy
+from tp_from_scratch.nn.embedding import VocabParallelEmbedding
+from tp_from_scratch.nn.linear import ColumnParallelLinear, RowParallelLinear, shard_range
+from tp_from_scratch.nn.mappings import all_gather_last_dim, collective_impl, tp_rank, tp_world_size
+from tp_from_scratch.nn.random import TensorParallelRNG
+from tp_from_scratch.testing import random_array, rank_rng
+
+OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.1),
+    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1),
+}
+
+
+def _tensor(array, dtype, device, grad=False):
+    return torch.tensor(array, dtype=dtype, device=device, requires_grad=grad)
+
+
+def _linear(w, b, dtype, device):
+    """A single-device nn.Linear holding the given numpy (out, in) weight and bias (no RNG use)."""
+    layer = nn.utils.skip_init(nn.Linear, w.shape[1], w.shape[0], bias=b is not None,
+                               dtype=dtype, device=device)
+    with torch.no_grad():
+        layer.weight.copy_(_tensor(w, dtype, device))
+        if b is not None:
+            layer.bias.copy_(_tensor(b, dtype, device))
+    return layer
+
+
+def _step(module, optimizer):
+    OPTIMIZERS[optimizer](list(module.parameters())).step()
+
+
+def check_column_parallel_linear(group=None, dtype=torch.float64, seed=0, *, in_features=12,
+                                 out_features=12, bias=True, gather_output=False, optimizer="sgd",
+                                 device="cpu"):
+    """ColumnParallelLinear vs nn.Linear: Y (or Y's block), dX, dW block, db block, and one step."""
+    rank, t = tp_rank(group), tp_world_size(group)
+    rng = rank_rng(seed, 0)  # the layer and its input are the same on every rank
+    w, b = random_array(rng, (out_features, in_features)), random_array(rng, (out_features,))
+    x, dy = random_array(rng, (2, 3, in_features)), random_array(rng, (2, 3, out_features))
+    reference = _linear(w, b if bias else None, dtype, device)
+    layer = ColumnParallelLinear.from_linear(reference, group, gather_output=gather_output)
+    lo, hi = shard_range(out_features, rank, t)
+
+    x_ref, x_tp = _tensor(x, dtype, device, True), _tensor(x, dtype, device, True)
+    y_ref = reference(x_ref)                       # (B, T, out)
+    (y_ref * _tensor(dy, dtype, device)).sum().backward()
+    y_tp = layer(x_tp)                             # (B, T, out) or (B, T, out/t)
+    dy_tp = dy if gather_output else dy[..., lo:hi]
+    (y_tp * _tensor(dy_tp, dtype, device)).sum().backward()
+
+    # the parallel layer must reproduce its block of every single-device quantity
+    assert_matches_reference(y_tp, y_ref if gather_output else y_ref[..., lo:hi], name="Y", rank=rank)
+    assert_matches_reference(x_tp.grad, x_ref.grad, name="dX (after f's all-reduce)", rank=rank)
+    assert_matches_reference(layer.weight.grad, reference.weight.grad[lo:hi], name="dW", rank=rank)
+    if bias:
+        assert_matches_reference(layer.bias.grad, reference.bias.grad[lo:hi], name="db", rank=rank)
+    _step(reference, optimizer), _step(layer, optimizer)
+    assert_matches_reference(layer.weight, reference.weight[lo:hi], name=f"W after {optimizer}", rank=rank)
+    if bias:
+        assert_matches_reference(layer.bias, reference.bias[lo:hi], name=f"b after {optimizer}", rank=rank)
+
+
+def check_row_parallel_linear(group=None, dtype=torch.float64, seed=0, *, in_features=12,
+                              out_features=12, bias=True, input_is_parallel=True, optimizer="sgd",
+                              device="cpu"):
+    """RowParallelLinear vs nn.Linear: Y, dX (or its block), dW block, db (bias added once), one step."""
+    rank, t = tp_rank(group), tp_world_size(group)
+    rng = rank_rng(seed, 0)
+    w, b = random_array(rng, (out_features, in_features)), random_array(rng, (out_features,))
+    x, dy = random_array(rng, (2, 3, in_features)), random_array(rng, (2, 3, out_features))
+    reference = _linear(w, b if bias else None, dtype, device)
+    layer = RowParallelLinear.from_linear(reference, group, input_is_parallel=input_is_parallel)
+    lo, hi = shard_range(in_features, rank, t)
+
+    x_ref = _tensor(x, dtype, device, True)
+    x_tp = _tensor(x[..., lo:hi] if input_is_parallel else x, dtype, device, True)
+    (reference(x_ref) * _tensor(dy, dtype, device)).sum().backward()
+    y_tp = layer(x_tp)
+    (y_tp * _tensor(dy, dtype, device)).sum().backward()
+
+    assert_matches_reference(y_tp, reference(x_ref), name="Y (after g's all-reduce)", rank=rank)
+    dx_ref = x_ref.grad[..., lo:hi] if input_is_parallel else x_ref.grad
+    assert_matches_reference(x_tp.grad, dx_ref, name="dX", rank=rank)
+    assert_matches_reference(layer.weight.grad, reference.weight.grad[:, lo:hi], name="dW", rank=rank)
+    if bias:
+        assert_matches_reference(layer.bias.grad, reference.bias.grad, name="db", rank=rank)
+    _step(reference, optimizer), _step(layer, optimizer)
+    assert_matches_reference(layer.weight, reference.weight[:, lo:hi], name=f"W after {optimizer}", rank=rank)
+    if bias:
+        assert_matches_reference(layer.bias, reference.bias, name=f"b after {optimizer}", rank=rank)
+
+
+def check_parallel_mlp(group=None, dtype=torch.float64, seed=0, *, hidden=8, ffn=12, device="cpu"):
+    """Column then row (the Megatron MLP, GeLU between): Y and dX replicated, weight grads sharded."""
+    rank, t = tp_rank(group), tp_world_size(group)
+    rng = rank_rng(seed, 0)
+    fc = _linear(random_array(rng, (ffn, hidden)), random_array(rng, (ffn,)), dtype, device)
+    proj = _linear(random_array(rng, (hidden, ffn)), random_array(rng, (hidden,)), dtype, device)
+    x, dy = random_array(rng, (2, 3, hidden)), random_array(rng, (2, 3, hidden))
+    fc_tp = ColumnParallelLinear.from_linear(fc, group)
+    proj_tp = RowParallelLinear.from_linear(proj, group)
+    lo, hi = shard_range(ffn, rank, t)
+
+    x_ref, x_tp = _tensor(x, dtype, device, True), _tensor(x, dtype, device, True)
+    y_ref = proj(F.gelu(fc(x_ref)))
+    y_tp = proj_tp(F.gelu(fc_tp(x_tp)))  # no communication between the two layers
+    for y in (y_ref, y_tp):
+        (y * _tensor(dy, dtype, device)).sum().backward()
+    assert_matches_reference(y_tp, y_ref, name="MLP Y", rank=rank)
+    assert_matches_reference(x_tp.grad, x_ref.grad, name="MLP dX", rank=rank)
+    assert_matches_reference(fc_tp.weight.grad, fc.weight.grad[lo:hi], name="dW fc", rank=rank)
+    assert_matches_reference(proj_tp.weight.grad, proj.weight.grad[:, lo:hi], name="dW proj", rank=rank)
+    assert_matches_reference(proj_tp.bias.grad, proj.bias.grad, name="db proj", rank=rank)
+
+
+def check_vocab_parallel_embedding(group=None, dtype=torch.float64, seed=0, *, vocab=13, dim=6,
+                                   optimizer="sgd", device="cpu"):
+    """VocabParallelEmbedding vs nn.Embedding: rows (bit-exact), dE block, and one step."""
+    rank, t = tp_rank(group), tp_world_size(group)
+    rng = rank_rng(seed, 0)
+    table = random_array(rng, (vocab, dim))
+    ids = torch.tensor(rng.integers(0, vocab, size=(3, 5)), device=device)
+    dy = _tensor(random_array(rng, (3, 5, dim)), dtype, device)
+    reference = nn.Embedding.from_pretrained(_tensor(table, dtype, device), freeze=False)
+    layer = VocabParallelEmbedding.from_embedding(reference, group)
+    lo, hi = shard_range(vocab, rank, t)
+
+    (reference(ids) * dy).sum().backward()
+    out = layer(ids)
+    (out * dy).sum().backward()
+    # one real row plus t-1 zeros: the all-reduce must give every bit back
+    assert_matches_reference(out, reference(ids), name="embedding rows", rank=rank, exact=True)
+    assert_matches_reference(layer.weight.grad, reference.weight.grad[lo:hi], name="dE", rank=rank)
+    _step(reference, optimizer), _step(layer, optimizer)
+    assert_matches_reference(layer.weight, reference.weight[lo:hi], name=f"E after {optimizer}", rank=rank)
+
+
+def check_vocab_parallel_cross_entropy(group=None, dtype=torch.float64, seed=0, *, vocab=13,
+                                       scale=1.0, ignore_index=-100, vocab_start_given=True,
+                                       device="cpu"):
+    """vocab_parallel_cross_entropy vs F.cross_entropy: the loss and this rank's logit-gradient block.
+
+    scale: multiplies the logits; large values (1e3) overflow exp() without the max subtraction.
+    Some targets are ignore_index; the mean runs over the others.
+    """
+    rank, t = tp_rank(group), tp_world_size(group)
+    rng = rank_rng(seed, 0)
+    logits = scale * random_array(rng, (3, 5, vocab))          # (B, T, V)
+    target = rng.integers(0, vocab, size=(3, 5))
+    target[rng.random((3, 5)) < 0.2] = ignore_index
+    target = torch.tensor(target, device=device)
+    lo, hi = shard_range(vocab, rank, t)
+
+    z_ref = _tensor(logits, dtype, device, True)
+    loss_ref = F.cross_entropy(z_ref.reshape(-1, vocab), target.reshape(-1), ignore_index=ignore_index)
+    loss_ref.backward()
+    z_local = _tensor(logits[..., lo:hi], dtype, device, True)  # (B, T, V/t), never gathered
+    loss = vocab_parallel_cross_entropy(z_local, target, group, ignore_index=ignore_index,
+                                        vocab_start=lo if vocab_start_given else None)
+    loss.backward()
+    assert_matches_reference(loss, loss_ref, name="loss", rank=rank)
+    assert_matches_reference(z_local.grad, z_ref.grad[..., lo:hi], name="d loss / d logits", rank=rank)
+
+
+def check_dropout_rng(group=None, dtype=torch.float64, seed=0, *, p=0.5, device="cpu"):
+    """Replicated-stream masks are identical on every rank; sharded-stream masks all differ."""
+    rank, t = tp_rank(group), tp_world_size(group)
+    rng = TensorParallelRNG(seed, group, device)
+    ones = torch.ones(4, 16, dtype=dtype, device=device)
+    # gather every rank's mask side by side, (4, 16 t), to compare them here
+    replicated = all_gather_last_dim(rng.dropout(ones, p, sharded=False), group).chunk(t, dim=-1)
+    sharded = all_gather_last_dim(rng.dropout(ones, p, sharded=True), group).chunk(t, dim=-1)
+    for other in range(t):
+        assert_matches_reference(replicated[other], replicated[rank], exact=True, rank=rank,
+                                 name=f"replicated dropout mask of rank {other}")
+        if other != rank and torch.equal(sharded[other], sharded[rank]):
+            raise AssertionError(f"rank {rank}: sharded dropout mask equals rank {other}'s")
+    kept = float((sharded[rank] != 0).to(torch.float64).mean())
+    if not 0.2 < kept < 0.8:  # 64 draws at p = 0.5: outside this range by chance < 1e-5
+        raise AssertionError(f"rank {rank}: dropout kept {kept:.2f} of the elements at p={p}")
+
+
+def all_checks():
+    """(name, function, kwargs) for every check, sized to cover uneven splits for t = 1..4."""
+    checks = []
+    for gather in (False, True):
+        for opt in OPTIMIZERS:
+            checks.append((f"column gather_output={gather} {opt}", check_column_parallel_linear,
+                           dict(gather_output=gather, optimizer=opt)))
+    checks.append(("column uneven out=10 no bias", check_column_parallel_linear,
+                   dict(out_features=10, bias=False, gather_output=True)))
+    for parallel in (True, False):
+        for opt in OPTIMIZERS:
+            checks.append((f"row input_is_parallel={parallel} {opt}", check_row_parallel_linear,
+                           dict(input_is_parallel=parallel, optimizer=opt)))
+    checks.append(("row uneven in=10", check_row_parallel_linear,
+                   dict(in_features=10, input_is_parallel=False)))
+    checks.append(("mlp", check_parallel_mlp, {}))
+    for opt in OPTIMIZERS:
+        checks.append((f"embedding V=13 {opt}", check_vocab_parallel_embedding, dict(optimizer=opt)))
+    checks.append(("cross-entropy V=13", check_vocab_parallel_cross_entropy, {}))
+    checks.append(("cross-entropy large logits, vocab_start found", check_vocab_parallel_cross_entropy,
+                   dict(scale=1e3, vocab_start_given=False)))
+    checks.append(("cross-entropy ignore_index=0", check_vocab_parallel_cross_entropy,
+                   dict(ignore_index=0)))
+    checks.append(("dropout rng", check_dropout_rng, {}))
+    return checks
+
+
+def run_all_checks(group=None, dtypes=(torch.float64, torch.float32), seed=0, device="cpu"):
+    """Run every check in every dtype on this rank; return the number run (raises on a mismatch)."""
+    count = 0
+    for dtype in dtypes:
+        for name, check, kwargs in all_checks():
+            try:
+                check(group, dtype, seed, device=device, **kwargs)
+            except AssertionError as error:
+                raise AssertionError(f"{name} ({dtype}): {error}") from error
+            count += 1
+    return count
+
+
+def _subgroups(size):
+    """Consecutive TP groups of 2 covering the world (every rank must create every group)."""
+    groups = [dist.new_group(list(range(i, i + 2))) for i in range(0, size - 1, 2)]
+    return groups[dist.get_rank() // 2] if dist.get_rank() < 2 * len(groups) else None
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds any collective may wait")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo",
+                            timeout=timedelta(seconds=args.timeout))
+    rank, size = dist.get_rank(), dist.get_world_size()
+    try:
+        counts = {}
+        for impl in ("native", "scratch"):
+            with collective_impl(impl):
+                counts[f"{impl}, world group of {size}"] = run_all_checks(None, device=device)
+        pair = _subgroups(size) if size >= 2 else None
+        if pair is not None:
+            counts["native, sub-group of 2"] = run_all_checks(pair, device=device)
+        print(f"rank {rank}: all checks passed: "
+              + "; ".join(f"{n} checks ({where})" for where, n in counts.items()), flush=True)
+    except BaseException:  # bring the whole job down quickly; torchrun kills the other ranks
+        print(f"rank {rank} failed: {traceback.format_exc()}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
