@@ -103,8 +103,9 @@ class Sublayer:
         return attention.attention_forward(comm, x, local, 4, 2)
 
     def backward(self, comm, dy, cache):
-        module = mlp if self.kind == "mlp" else attention
-        return (module.mlp_backward if self.kind == "mlp" else module.attention_backward)(comm, dy, cache)
+        if self.kind == "mlp":
+            return mlp.mlp_backward(comm, dy, cache)
+        return attention.attention_backward(comm, dy, cache)
 
 
 @pytest.mark.parametrize("kind", ["mlp", "attention"])
