@@ -20,6 +20,7 @@ from .errors import CollectiveMismatchError
 from .meter import Meter
 
 DEFAULT_TIMEOUT = 30.0
+TAG_DATA, TAG_FINGERPRINT = 0, 1  # separate channels: a fingerprint never meets a payload
 
 
 def timeout_from_env(default=DEFAULT_TIMEOUT):
@@ -149,7 +150,44 @@ class Comm:
             yield
 
     def _check_collective(self, index, fingerprint):
-        """Raise CollectiveMismatchError if ranks disagree; backends decide how (or whether) to check."""
+        """Raise CollectiveMismatchError if ranks disagree about this collective call.
+
+        Process backends check only under TP_DEBUG=1 (``self.debug``): each rank sends its
+        fingerprint to every other rank (p-1 small messages, on their own tag and not metered)
+        and compares what it receives. The simulator overrides this and always checks.
+        """
+        if not getattr(self, "debug", False):
+            return
+        mine = Fingerprint(fingerprint.name, call=index, **fingerprint.params)
+        text = np.frombuffer(mine.as_text().encode(), dtype=np.uint8)
+        others = [r for r in range(self.world_size) if r != self.rank]
+        for dst in others:
+            self._raw_send(text, dst, TAG_FINGERPRINT)
+        for src in others:
+            theirs = Fingerprint.from_text(self._raw_recv(src, TAG_FINGERPRINT).tobytes().decode())
+            if theirs != mine:
+                raise mismatch_error(index, mine, self.rank, theirs, src)
+
+    # process backends: one message = a header (shape, dtype) and the payload, on a tag
+    def _send(self, array, dst):
+        self._raw_send(array, dst, TAG_DATA)
+
+    def _recv(self, src):
+        return self._raw_recv(src, TAG_DATA)
+
+    def _raw_send(self, array, dst, tag):
+        raise NotImplementedError
+
+    def _raw_recv(self, src, tag):
+        raise NotImplementedError
+
+    def _timeout_message(self, what, peer=None):
+        inside = f" (in {self.meter.current})" if self.meter.current else ""
+        hint = ""
+        if peer is not None:
+            hint = (f"; rank {peer} may have failed, exited, or be in another collective"
+                    " (TP_DEBUG=1 checks that ranks agree)")
+        return f"timeout: rank {self.rank} waited {self.timeout:g} s for {what}{inside}{hint}"
 
     def __repr__(self):
         return f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size})"

@@ -49,7 +49,10 @@ def spmd_main(fn):
     comm = None
     try:
         comm = comm_from_env()
-        return fn(comm)
+        result = fn(comm)
+        if hasattr(comm, "close"):
+            comm.close()  # bounded wait for sends in flight, then a clean shutdown
+        return result
     except BaseException as error:  # noqa: BLE001 - any failure must end the whole job
         if isinstance(error, SystemExit) and error.code in (0, None):
             raise

@@ -23,6 +23,8 @@ import traceback
 from collections import deque
 from pathlib import Path
 
+import numpy as np
+
 from .base import Comm, mismatch_error, timeout_from_env
 from .errors import CommError, CommTimeoutError, DeadlockError, RankStopped, SPMDError
 
@@ -40,8 +42,8 @@ class _World:
         self.world_size = world_size
         self.timeout = timeout
         self.cond = threading.Condition()
-        self.mailbox = {}                       # (src, dst) -> deque of arrays
-        self.state = [RUNNING] * world_size     # RUNNING | DONE | ("recv", src) | ("barrier", gen)
+        self.mailbox = {}                       # (src, dst, tag) -> deque of arrays
+        self.state = [RUNNING] * world_size     # RUNNING | DONE | ("recv", src, tag) | ("barrier", gen)
         self.inside = [None] * world_size       # collective each rank is in, for messages
         self.barrier_count = 0
         self.barrier_gen = 0
@@ -67,13 +69,13 @@ class _World:
         if st in (RUNNING, DONE):
             return False
         if st[0] == "recv":
-            return not self.mailbox.get((st[1], rank))
+            return not self.mailbox.get((st[1], rank, st[2]))
         return st[1] == self.barrier_gen
 
     def find_deadlock(self, rank):
         """A message if the world can never move again (or ``rank`` waits on a returned rank)."""
         st = self.state[rank]
-        if st[0] == "recv" and self.state[st[1]] == DONE and not self.mailbox.get((st[1], rank)):
+        if st[0] == "recv" and self.state[st[1]] == DONE and not self.mailbox.get((st[1], rank, st[2])):
             return f"deadlock: {self.describe(rank)}, which has already returned"
         if st[0] == "barrier" and DONE in self.state:
             gone = [r for r, s in enumerate(self.state) if s == DONE]
@@ -135,20 +137,20 @@ class SimulatedComm(Comm):
         finally:
             w.state[self.rank] = RUNNING
 
-    def _send(self, array, dst):
+    def _raw_send(self, array, dst, tag):
         w = self._world
         with w.cond:
             self._stop_if_failed()
             # a private copy: the sender may overwrite its array right after send returns
-            w.mailbox.setdefault((self.rank, dst), deque()).append(array.copy())
+            w.mailbox.setdefault((self.rank, dst, tag), deque()).append(np.array(array, copy=True))
             w.cond.notify_all()
 
-    def _recv(self, src):
+    def _raw_recv(self, src, tag):
         w = self._world
         with w.cond:
             self._stop_if_failed()
-            self._wait(("recv", src))
-            return w.mailbox[(src, self.rank)].popleft()
+            self._wait(("recv", src, tag))
+            return w.mailbox[(src, self.rank, tag)].popleft()
 
     def barrier(self):
         """Wait until every rank has reached the barrier (deadlock-checked like recv)."""

@@ -1,0 +1,116 @@
+"""TorchComm: the communicator over torch.distributed, for scripts launched with torchrun.
+
+gloo on CPU, nccl when the communicator's device is CUDA. Arrays in and out are numpy;
+they travel as torch tensors on ``comm.device``. A message is a fixed-size int64 header
+(ndim, dtype code, shape) followed by the payload (skipped when empty), both sent with
+isend so a ring step cannot deadlock. Every wait has a deadline (TP_TIMEOUT, default 30 s)
+and the process group itself is created with that timeout.
+"""
+import os
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .base import Comm, debug_from_env, timeout_from_env
+from .errors import CommError, CommTimeoutError
+
+# dtype code in the header <-> numpy dtype
+DTYPES = [np.dtype(t) for t in ("float64", "float32", "float16", "int64", "int32", "int16",
+                                "int8", "uint8", "bool", "complex64", "complex128")]
+MAX_DIMS = 8
+HEADER = 2 + MAX_DIMS  # (ndim, dtype code, d0 .. d7)
+
+
+def init_process_group_from_env(device=None, timeout=None):
+    """Initialise the default process group from torchrun's environment, with a timeout.
+
+    Backend: nccl for a CUDA device (each process uses cuda:LOCAL_RANK), gloo otherwise.
+    Does nothing if a process group already exists.
+    """
+    if dist.is_initialized():
+        return
+    seconds = timeout_from_env() if timeout is None else float(timeout)
+    cuda = device is not None and torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=seconds))
+
+
+class TorchComm(Comm):
+    """Communicator over a torch.distributed process group (default: the world group)."""
+
+    def __init__(self, group=None, device=None, timeout=None, debug=None):
+        self.timeout = timeout_from_env() if timeout is None else float(timeout)
+        init_process_group_from_env(device, self.timeout)
+        self.group = group
+        super().__init__(dist.get_rank(group), dist.get_world_size(group))
+        if device is None:
+            nccl = dist.get_backend(group) == "nccl"
+            device = torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu"
+        self.device = torch.device(device)
+        self.debug = debug_from_env() if debug is None else bool(debug)
+        self._pending = []  # (work, tensor) of sends that may still be in flight
+
+    def _peer(self, rank):
+        # torch.distributed addresses peers by their rank in the world group
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
+
+    def _wait(self, work, what, peer=None):
+        try:
+            finished = work.wait(timeout=timedelta(seconds=self.timeout))
+        except RuntimeError as error:  # gloo reports a timeout or a dead peer this way
+            if "timeout" in str(error).lower() or "timed out" in str(error).lower():
+                raise CommTimeoutError(f"{self._timeout_message(what, peer)} ({error})") from None
+            lost = f"; rank {peer} may have failed or exited" if peer is not None else ""
+            raise CommError(f"rank {self.rank}: waiting for {what} failed{lost}: {error}") from None
+        if finished is False:
+            raise CommTimeoutError(self._timeout_message(what, peer))
+
+    def _raw_send(self, array, dst, tag):
+        array = np.asarray(array)
+        if array.ndim > MAX_DIMS or array.dtype not in DTYPES:
+            raise ValueError(f"rank {self.rank}: TorchComm cannot send an array of shape "
+                             f"{array.shape} and dtype {array.dtype} (at most {MAX_DIMS} dims, "
+                             f"dtypes {[d.name for d in DTYPES]})")
+        header = torch.zeros(HEADER, dtype=torch.int64)
+        header[0], header[1] = array.ndim, DTYPES.index(array.dtype)
+        header[2:2 + array.ndim] = torch.tensor(array.shape, dtype=torch.int64)
+        # a private copy on the device: the caller may overwrite its array once send returns
+        tensors = [header.to(self.device)]
+        if array.size:
+            tensors.append(torch.from_numpy(np.array(array, copy=True, order="C")).to(self.device))
+        for i, tensor in enumerate(tensors):
+            self._pending.append((dist.isend(tensor, self._peer(dst), self.group, tag=2 * tag + i), tensor))
+        self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
+
+    def _raw_recv(self, src, tag):
+        what = f"a message from rank {src}"
+        header = torch.empty(HEADER, dtype=torch.int64, device=self.device)
+        self._wait(dist.irecv(header, self._peer(src), self.group, tag=2 * tag), what, src)
+        header = header.cpu().tolist()
+        ndim, dtype = header[0], DTYPES[header[1]]
+        shape = tuple(header[2:2 + ndim])
+        data = torch.from_numpy(np.empty(shape, dtype=dtype)).to(self.device)
+        if data.numel():
+            self._wait(dist.irecv(data, self._peer(src), self.group, tag=2 * tag + 1), what, src)
+        return data.cpu().numpy()
+
+    def barrier(self):
+        """Wait until every rank reaches the barrier (at most TP_TIMEOUT seconds)."""
+        if dist.get_backend(self.group) == "gloo":
+            # names the ranks that did not arrive
+            dist.monitored_barrier(self.group, timeout=timedelta(seconds=self.timeout))
+        else:
+            dist.barrier(self.group)  # nccl: bounded by the process group's timeout
+
+    def close(self):
+        """Wait (bounded) for sends in flight."""
+        for work, _ in self._pending:
+            self._wait(work, "its sent messages to be received")
+        self._pending = []
+
+    def abort(self, code=1):
+        """Exit this process with ``code`` at once; torchrun then stops the other workers."""
+        os._exit(code)
