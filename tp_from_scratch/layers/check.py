@@ -14,6 +14,7 @@ It returns a list of Verdict rows and raises AssertionError listing every mismat
 Launched directly it checks every layer for float64 and float32, e.g.
     mpiexec -n 4 python -m tp_from_scratch.layers.check
     torchrun --nproc-per-node 4 -m tp_from_scratch.layers.check
+    python -m tp_from_scratch.layers.check        # simulated ranks, t = 1, 2, 3, 4
 """
 from dataclasses import dataclass
 
@@ -202,12 +203,23 @@ def check_everything(comm, seed=0):
     return compared
 
 
-def main(comm):
+def report(comm):
+    """Check everything on this rank and print one line."""
     compared = check_everything(comm)
     print(f"rank {comm.rank} of {comm.world_size}: all {compared} tensors match the reference "
           f"({type(comm).__name__})", flush=True)
 
 
+def main():
+    from tp_from_scratch.comm import run_spmd, spmd_main
+    from tp_from_scratch.comm.launch import launcher_from_env
+    if launcher_from_env() is not None:
+        spmd_main(report)
+        return
+    # started by plain python: simulate every TP degree the checks' sizes allow
+    for t in (1, 2, 3, 4):
+        run_spmd(report, t)
+
+
 if __name__ == "__main__":
-    from tp_from_scratch.comm import spmd_main
-    spmd_main(main)
+    main()
