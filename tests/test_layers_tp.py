@@ -44,10 +44,11 @@ def test_column_then_row_linear_matches_reference(t, dtype):
     run_spmd(check.check_linear_pair, t, ffn=12, seed=t, dtype=dtype)
 
 
+@pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("t", TPS)
-def test_column_then_row_linear_is_bit_exact_on_integer_data(t):
+def test_column_then_row_linear_is_bit_exact_on_integer_data(t, bias):
     # integers add exactly in any order: a parallel sum must reproduce the reference bit for bit
-    run_spmd(check.check_linear_pair, t, ffn=12, seed=10 + t, integer=True)
+    run_spmd(check.check_linear_pair, t, ffn=12, seed=10 + t, integer=True, bias=bias)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

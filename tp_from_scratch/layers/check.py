@@ -99,22 +99,26 @@ def run_and_compare(comm, x, dy, forward, backward, expected, gather_grads, per_
     return raise_mismatches(verdicts)
 
 
-def check_linear_pair(comm, batch=2, seq=3, hidden=4, ffn=8, seed=0, dtype=np.float64, integer=False):
+def check_linear_pair(comm, batch=2, seq=3, hidden=4, ffn=8, seed=0, dtype=np.float64, integer=False,
+                      bias=True):
     """Column-parallel Linear(H -> F) then row-parallel Linear(F -> H), no non-linearity between.
 
     With ``integer`` data every sum is exact, so the parallel result must be bit-exact.
+    bias=False checks both layers without biases (b = None).
     """
     rng = rank_rng(seed)
     w1, b1 = random_array(rng, (hidden, ffn), dtype, integer), random_array(rng, (ffn,), dtype, integer)
     w2, b2 = random_array(rng, (ffn, hidden), dtype, integer), random_array(rng, (hidden,), dtype, integer)
     x = random_array(rng, (batch, seq, hidden), dtype, integer)
     dy = random_array(rng, (batch, seq, hidden), dtype, integer)
+    if not bias:
+        b1 = b2 = None
     # reference: y = (x @ w1 + b1) @ w2 + b2
     a, c1 = ref.linear_forward(x, w1, b1)
     y_ref, c2 = ref.linear_forward(a, w2, b2)
     da, dw2, db2 = ref.linear_backward(dy, c2)
     dx_ref, dw1, db1 = ref.linear_backward(da, c1)
-    grads_ref = {"w1": dw1, "b1": db1, "w2": dw2, "b2": db2}
+    grads_ref = {k: v for k, v in {"w1": dw1, "b1": db1, "w2": dw2, "b2": db2}.items() if v is not None}
 
     t, r = comm.world_size, comm.rank
     w1_i, b1_i = linear.shard_column_parallel_linear(w1, b1, t, r, "ffn size")
@@ -129,11 +133,19 @@ def check_linear_pair(comm, batch=2, seq=3, hidden=4, ffn=8, seed=0, dtype=np.fl
         ca, cy = cache
         da_i, dw2_i, db2_ = linear.row_parallel_linear_backward(comm, dy, cy)
         dx, dw1_i, db1_i = linear.column_parallel_linear_backward(comm, da_i, ca)
+        if not bias:  # no bias, no bias gradient
+            assert db1_i is None and db2_ is None
+            return dx, {"w1": dw1_i, "w2": dw2_i}
         return dx, {"w1": dw1_i, "b1": db1_i, "w2": dw2_i, "b2": db2_}
 
-    # the pair's gradients are sharded exactly like the MLP's parameters
+    def gather(grads):  # the pair's gradients are sharded exactly like the MLP's parameters
+        if bias:
+            return mlp.gather_mlp_params(grads)
+        return {"w1": np.concatenate([g["w1"] for g in grads], axis=1),
+                "w2": np.concatenate([g["w2"] for g in grads], axis=0)}
+
     return run_and_compare(comm, x, dy, forward, backward, (y_ref, dx_ref, grads_ref),
-                           mlp.gather_mlp_params, per_direction=1, exact=integer)
+                           gather, per_direction=1, exact=integer)
 
 
 def check_mlp(comm, batch=2, seq=3, hidden=4, ffn=8, seed=0, dtype=np.float64):
