@@ -74,6 +74,13 @@ def test_missing_mpiexec_fails_the_doctor_with_the_fix(no_launchers, capsys):
     assert "0 of 1 checks passed; fix: MPI" in out
 
 
+def test_mpi4py_not_installed_is_reported_before_launching(monkeypatch):
+    monkeypatch.setattr(doctor, "_installed", lambda module: module != "mpi4py")
+    result = doctor.check_mpi()
+    assert not result.ok and result.detail == "mpi4py is not installed"
+    assert "pip install mpi4py mpich" in result.fix
+
+
 def test_missing_torchrun_fails_the_gloo_check_with_the_fix(no_launchers, capsys):
     assert doctor.main(["--only", "gloo"]) == 1
     out = capsys.readouterr().out

@@ -9,6 +9,8 @@ kernel that runs a cell). The two launches go through testing.run_command with a
 and a fresh port, so the doctor itself can never hang. Exit status 1 if anything failed.
 """
 import argparse
+import importlib.metadata
+import importlib.util
 import re
 import subprocess
 import sys
@@ -39,6 +41,11 @@ class CheckResult:
 def _version_tuple(text):
     """'2.13.0+cpu' -> (2, 13); enough to compare against a lower bound."""
     return tuple(int(p) for p in text.split("+")[0].split(".")[:2] if p.isdigit())
+
+
+def _installed(module):
+    """Whether ``module`` can be imported, found without importing it."""
+    return importlib.util.find_spec(module) is not None
 
 
 def _tail(text, lines=6):
@@ -102,14 +109,13 @@ _GLOO_HANG_FIX = ("gloo talks TCP on localhost: check that no firewall/VPN block
 
 
 def check_mpi(timeout=60.0):
-    """mpi4py finds an MPI library, and 2 processes under mpiexec say hello and all-reduce."""
-    try:
-        import mpi4py
-        mpi4py.rc.initialize = False  # only ask for the library version; never initialise MPI here
-        from mpi4py import MPI
-        library = " ".join(MPI.Get_library_version().split("\n")[0].split())  # "MPICH Version: 5.0.2"
-    except ImportError as e:  # no mpi4py, or mpi4py without an MPI library (libmpi)
-        return CheckResult("MPI", False, f"mpi4py or the MPI library is missing ({e})", testing.LAUNCHER_FIX["mpiexec"])
+    """mpi4py is installed, and 2 processes under mpiexec load MPI, say hello and all-reduce.
+
+    mpi4py is only looked up here, never imported: importing mpi4py.MPI would initialise MPI
+    in this process (and in a test session, for every later test).
+    """
+    if not _installed("mpi4py"):
+        return CheckResult("MPI", False, "mpi4py is not installed", testing.LAUNCHER_FIX["mpiexec"])
     try:
         cmd = testing.mpiexec_command(2, "tp_from_scratch.doctor", "--worker", "mpi")
     except testing.LauncherNotFoundError as e:
@@ -119,10 +125,13 @@ def check_mpi(timeout=60.0):
     except subprocess.TimeoutExpired as e:
         return CheckResult("MPI", False, f"2-rank hello under {cmd[0]} did not finish within {timeout:.0f} s"
                            + _tail(e.output), _MPI_HANG_FIX)
+    # a missing libmpi shows up here, as an ImportError in the ranks' output
     if proc.returncode != 0 or "hello from ranks [0, 1] of 2, sum 3" not in proc.stdout:
         return CheckResult("MPI", False, f"2-rank hello under {cmd[0]} failed (exit status {proc.returncode})"
                            + _tail(proc.stdout), _MPI_HANG_FIX)
-    return CheckResult("MPI", True, f"mpi4py {mpi4py.__version__} with {library}; 2-rank hello under {cmd[0]}")
+    library = re.search(r"MPI library: (.*)", proc.stdout).group(1)
+    return CheckResult("MPI", True, f"mpi4py {importlib.metadata.version('mpi4py')} with {library}; "
+                       f"2-rank hello under {cmd[0]}")
 
 
 _MPI_HANG_FIX = ("use the venv's mpiexec (the mpich wheel), not a system one built for another MPI: "
@@ -199,7 +208,8 @@ def _mpi_worker():
     total = comm.allreduce(comm.Get_rank() + 1)
     ranks = comm.gather(comm.Get_rank(), root=0)
     if comm.Get_rank() == 0:
-        print(f"hello from ranks {ranks} of {comm.Get_size()}, sum {total}", flush=True)
+        library = " ".join(MPI.Get_library_version().split("\n")[0].split())  # "MPICH Version: 5.0.2"
+        print(f"MPI library: {library}\nhello from ranks {ranks} of {comm.Get_size()}, sum {total}", flush=True)
 
 
 def main(argv=None):
