@@ -1,0 +1,167 @@
+"""Training under torchrun equals single-device training, step by step, at every dp x tp.
+
+Each launch trains the default tiny GPT for 50 steps and writes its losses (--metrics).
+The reference is computed here, at test time, by the single-device GPT on the same
+global batches (train.single_device_losses), and every step's loss is compared through
+compare.assert_matches_reference under the per-dtype tolerance.
+
+The launches are shared between tests through the ``runs`` fixture (each configuration
+runs once per session): that keeps this file to about a dozen torchrun launches.
+"""
+import json
+import threading
+from functools import lru_cache
+
+import numpy as np
+import pytest
+
+from tp_from_scratch import checkpoint as ckpt
+from tp_from_scratch import train
+from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.testing import free_port, run_command, torchrun_command
+
+STEPS = 50
+LAUNCH_TIMEOUT = 240
+
+# name -> (processes, extra arguments). The dp=2 x tp=2 float64 run is the two-node rehearsal.
+RUNS = {
+    "tp2-f32": (2, ["--tp", "2", "--dtype", "float32", "--save", "{dir}/ckpt"]),
+    "tp4-f32": (4, ["--tp", "4", "--dtype", "float32"]),
+    "dp2tp2-f32": (4, ["--tp", "2", "--dtype", "float32"]),
+    "tp2-f64": (2, ["--tp", "2", "--dtype", "float64"]),
+    "tp4-f64": (4, ["--tp", "4", "--dtype", "float64"]),
+    "dtensor-tp2-f32": (2, ["--tp", "2", "--dtype", "float32", "--impl", "dtensor"]),
+}
+
+
+def read_losses(path):
+    with open(path) as f:
+        return {r["step"]: r["loss"] for r in map(json.loads, f)}
+
+
+def launch(nproc, args, tmp, name, nnodes=1):
+    """Run train under torchrun (on ``nnodes`` simulated nodes) and return {step: loss}."""
+    metrics = tmp / f"{name}.jsonl"
+    argv = [a.replace("{dir}", str(tmp)) for a in args] + ["--metrics", metrics, "--no-progress"]
+    if nnodes == 1:
+        out = run_command(torchrun_command(nproc, "tp_from_scratch.train", *argv), timeout=LAUNCH_TIMEOUT)
+        assert out.returncode == 0, f"{name} failed:\n{out.stdout[-4000:]}"
+    else:
+        port, results = free_port(), [None] * nnodes
+
+        def node(i):   # one torchrun launcher per "node", meeting at 127.0.0.1:port
+            cmd = torchrun_command(nproc // nnodes, "tp_from_scratch.train", *argv,
+                                   nnodes=nnodes, node_rank=i, port=port)
+            results[i] = run_command(cmd, timeout=LAUNCH_TIMEOUT)
+
+        threads = [threading.Thread(target=node, args=(i,)) for i in range(nnodes)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(LAUNCH_TIMEOUT + 10)
+        for i, out in enumerate(results):
+            assert out is not None and out.returncode == 0, f"{name} node {i} failed:\n{out and out.stdout[-4000:]}"
+    return read_losses(metrics)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """runs(name) -> {step: loss} of that configuration, launched on first use."""
+    tmp = tmp_path_factory.mktemp("train")
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            nproc, args = RUNS[name]
+            cache[name] = launch(nproc, args + ["--steps", str(STEPS)], tmp, name)
+        return cache[name]
+
+    get.dir = tmp
+    return get
+
+
+@lru_cache(maxsize=None)
+def reference(dtype, steps=STEPS):
+    """Single-device losses, computed here in the test process."""
+    return train.single_device_losses(["--dtype", dtype, "--steps", str(steps)])
+
+
+def assert_losses_match(losses, ref, what, dtype, first=0, exact=False):
+    """Every step's loss against the reference, in the run's dtype (JSON keeps float32 exactly)."""
+    assert sorted(losses) == list(range(first, first + len(ref))), f"{what}: steps {sorted(losses)}"
+    for i, r in enumerate(ref):
+        step = first + i
+        got, expected = np.asarray(losses[step], dtype), np.asarray(float(r), dtype)
+        assert_matches_reference(got, expected, name=f"{what}: loss at step {step}", exact=exact)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", ["tp2-f32", "tp4-f32", "dp2tp2-f32", "tp2-f64", "tp4-f64"])
+def test_losses_equal_single_device(runs, name):
+    # 50 steps at tp=2, tp=4 and dp=2 x tp=2, float32 and float64: every step's loss must
+    # equal the single-device loss under the per-dtype tolerance (near-bitwise in float64)
+    dtype = "float64" if name.endswith("f64") else "float32"
+    assert_losses_match(runs(name), reference(dtype), name, dtype)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_nodes_dp2_tp2_float64(tmp_path):
+    # two torchrun launchers, --nnodes 2 --node-rank 0/1, rendezvous on 127.0.0.1:free port:
+    # each "node" holds one TP group (tp=2), data parallelism runs across the nodes
+    losses = launch(4, ["--tp", "2", "--dtype", "float64", "--steps", str(STEPS), "--save",
+                        str(tmp_path / "ckpt")], tmp_path, "two-nodes", nnodes=2)
+    assert_losses_match(losses, reference("float64"), "dp=2 x tp=2 on two nodes", "float64")
+    # the trained weights, glued back into one state dict, equal single-device training's
+    args = train.build_parser().parse_args(["--dtype", "float64", "--steps", str(STEPS)])
+    for _ in train.single_device_run(train.config_from_args(args), args):
+        pass
+    expected = train.single_device_run.final_model.state_dict()
+    got = ckpt.load_full(tmp_path / "ckpt")["model"]
+    assert set(got) == set(expected)
+    for name, value in expected.items():
+        assert_matches_reference(got[name], value, name=f"trained {name}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_trained_weights_float32_equal_single_device(runs):
+    runs("tp2-f32")  # saved its final weights
+    args = train.build_parser().parse_args(["--dtype", "float32", "--steps", str(STEPS)])
+    for _ in train.single_device_run(train.config_from_args(args), args):
+        pass
+    expected = train.single_device_run.final_model.state_dict()
+    got = ckpt.load_full(runs.dir / "ckpt")["model"]
+    for name, value in expected.items():
+        assert_matches_reference(got[name], value, name=f"trained {name} (tp=2, float32)")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_dtensor_equals_scratch(runs):
+    # PyTorch's own TP (DTensor) from the same weights: the same losses as ours, and as one device
+    dtensor, scratch = runs("dtensor-tp2-f32"), runs("tp2-f32")
+    assert_losses_match(dtensor, [scratch[s] for s in sorted(scratch)], "dtensor against scratch", "float32")
+    assert_losses_match(dtensor, reference("float32"), "dtensor against single device", "float32")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_resume_same_and_other_tp(runs, tmp_path):
+    # 1) a tp=2 run stopped at step 20 with --save: its 20 losses are bitwise those of the
+    #    uninterrupted tp=2 run (same seed, same tp -> the same bits, run after run)
+    uninterrupted = runs("tp2-f32")
+    first = launch(2, ["--tp", "2", "--steps", "20", "--save", str(tmp_path / "ck")], tmp_path, "first")
+    assert_losses_match(first, [uninterrupted[s] for s in range(20)], "run stopped at 20", "float32",
+                        exact=True)
+    # 2) resumed at the same tp: steps 20..49 bitwise equal to the uninterrupted run
+    same = launch(2, ["--tp", "2", "--steps", str(STEPS), "--load", str(tmp_path / "ck")], tmp_path, "same")
+    assert_losses_match(same, [uninterrupted[s] for s in range(20, STEPS)], "resumed at tp=2",
+                        "float32", first=20, exact=True)
+    # 3) resumed at tp=4 (resharded weights and AdamW moments): equal within the tolerance
+    other = launch(4, ["--tp", "4", "--steps", str(STEPS), "--load", str(tmp_path / "ck")], tmp_path, "other")
+    assert_losses_match(other, [uninterrupted[s] for s in range(20, STEPS)], "resumed at tp=4",
+                        "float32", first=20)
+    assert_losses_match(other, reference("float32")[20:], "resumed at tp=4 vs single device",
+                        "float32", first=20)
