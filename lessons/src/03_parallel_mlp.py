@@ -91,17 +91,19 @@ sum_of_gelus = sum(reference.gelu_forward(p)[0] for p in partials)
 print(f"but gelu(sum of partials) vs sum of gelu(partials): largest difference {max_error(sum_of_gelus, gelu_of_sum):.3f}")"""),
     new_markdown_cell(r"""## 2. Where each tensor lives
 
-The forward pass on t = 4 ranks. Blue: Replicated; green: Sharded (the filled block is the one the
-rank holds); hatched orange: Partial. The red labels are the operations between the steps; only
+The forward pass on t = 4 ranks. Each rank is drawn in its device colour (as in every
+lesson). Replicated: the rank holds the whole tensor; Sharded: only its coloured block of columns;
+Partial (hatched): a full-shape addend of the tensor. The red labels are the operations between the steps; only
 **g** communicates."""),
     new_code_cell(DIAGRAM + """
 
+H_, F_ = (3, 4), (3, 8)  # drawn sizes: rows B*T, columns H or F
 draw_layouts([
-    ("x  (B, T, H)", "Replicated", "f, @ W1_i"),
-    ("h_i  (B, T, F/t)", "Sharded", "gelu"),
-    ("a_i  (B, T, F/t)", "Sharded", "@ W2_i"),
-    ("z_i  (B, T, H)", "Partial", "g:\\nall-reduce"),
-    ("y = sum z_i + b2", "Replicated", ""),
+    ("x  (B, T, H)", "Replicated", "f, @ W1_i", H_),
+    ("h_i  (B, T, F/t)", "Sharded", "gelu", F_),
+    ("a_i  (B, T, F/t)", "Sharded", "@ W2_i", F_),
+    ("z_i  (B, T, H)", "Partial", "g:\\nall-reduce", H_),
+    ("y = sum z_i + b2", "Replicated", "", H_),
 ], t=4, title="MLP forward: one all-reduce (g)")"""),
     new_markdown_cell(r"""## 3. f and g, and their backward passes
 
@@ -132,11 +134,11 @@ communication:
 | $dW_1^{(i)}, db_1^{(i)}$ | $x^\top dh^{(i)}$, $\sum_{B,T} dh^{(i)}$ | Sharded, like $W_1$ |
 | $dx$ | $\sum_i dh^{(i)} W_1^{(i)\top}$ | Partial, then **f backward: all-reduce** |"""),
     new_code_cell("""draw_layouts([
-    ("dy  (B, T, H)", "Replicated", "g backward:\\nidentity"),
-    ("da_i  (B, T, F/t)", "Sharded", "gelu'"),
-    ("dh_i  (B, T, F/t)", "Sharded", "@ W1_i^T"),
-    ("dx_i  (B, T, H)", "Partial", "f backward:\\nall-reduce"),
-    ("dx", "Replicated", ""),
+    ("dy  (B, T, H)", "Replicated", "g backward:\\nidentity;\\n@ W2_i^T", H_),
+    ("da_i  (B, T, F/t)", "Sharded", "gelu'", F_),
+    ("dh_i  (B, T, F/t)", "Sharded", "@ W1_i^T", F_),
+    ("dx_i  (B, T, H)", "Partial", "f backward:\\nall-reduce", H_),
+    ("dx", "Replicated", "", H_),
 ], t=4, title="MLP backward: one all-reduce (f)")"""),
     new_markdown_cell(r"""## 4. The parallel MLP on simulated ranks
 
