@@ -1,6 +1,6 @@
 """Check the tensor-parallel GPT against the single-device GPT, under torchrun.
 
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.model_checks [--dtype float64]
+    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.model_checks [--dtype float64 ...]
 
 Every rank builds the same single-device GPT (same seed), converts it to its TP shard, and
 runs one forward and backward on the same batch. Then, against the single-device model:
@@ -58,18 +58,19 @@ def check_config(config, dtype, group=None, seed=0):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtype", choices=["float32", "float64"], default="float64")
+    parser.add_argument("--dtype", choices=["float32", "float64"], nargs="+", default=["float64", "float32"])
     args = parser.parse_args(argv)
     dist.init_process_group("gloo")
     try:
-        dtype = getattr(torch, args.dtype)
         tp = dist.get_world_size()
-        base = GPTConfig(vocab_size=67, seq_len=16, n_layers=2, hidden=32, n_heads=4,
-                         n_kv_heads=2 if tp <= 2 else 4, ffn=64)
-        for tied in (True, False):
-            check_config(replace(base, tie_embeddings=tied), dtype)
-        if dist.get_rank() == 0:
-            print(f"model checks passed (tp={tp}, {args.dtype}, tied and untied head)", flush=True)
+        # V = 67 splits unevenly at every tp > 1; nh / nkv = 2 is grouped-query attention
+        base = GPTConfig(vocab_size=67, seq_len=16, n_layers=2, hidden=32, n_heads=8,
+                         n_kv_heads=4, ffn=64)
+        for dtype in args.dtype:
+            for tied in (True, False):
+                check_config(replace(base, tie_embeddings=tied), getattr(torch, dtype))
+            if dist.get_rank() == 0:
+                print(f"model checks passed (tp={tp}, {dtype}, tied and untied head)", flush=True)
     finally:
         dist.destroy_process_group()
 

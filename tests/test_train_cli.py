@@ -1,0 +1,43 @@
+"""Nonsense on the training command line stops at once with a message naming the problem.
+
+All of these are caught before any process group exists, so they run in-process.
+"""
+import pytest
+
+from tp_from_scratch import train
+
+
+@pytest.mark.parametrize("argv, world, message", [
+    (["--steps", "-3"], 1, "--steps must be 0 or more, got -3"),
+    (["--tp", "0"], 1, "--tp must be at least 1, got 0"),
+    (["--tp", "2"], 3, "world size 3 is not divisible by tp=2"),
+    (["--tp", "2", "--batch-size", "7"], 4, "batch size 7 is not divisible by dp=2"),
+    (["--tp", "4", "--hidden", "30", "--heads", "6", "--kv-heads", "6"], 4,
+     "hidden size 30 is not divisible by tp=4"),
+    (["--tp", "2", "--heads", "3", "--kv-heads", "3", "--hidden", "48"], 2, "n_heads 3 is not divisible by tp=2"),
+    (["--tp", "2", "--ffn", "33"], 2, "ffn size 33 is not divisible by tp=2"),
+    (["--tp", "8"], 8, "tp=8 is larger than n_kv_heads 4"),
+    (["--tp", "2", "--vocab-size", "1"], 2, "tp=2 is larger than vocab size 1"),
+    (["--hidden", "30", "--heads", "4"], 1, "hidden size 30 is not divisible by n_heads 4"),
+    (["--impl", "dtensor", "--save", "x"], 1, "--save and --load work with --impl scratch only"),
+])
+def test_bad_arguments_are_refused_with_a_clear_message(monkeypatch, capsys, argv, world, message):
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_only_rank_0_prints_the_message(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--tp", "2"])
+    assert exit_info.value.code == 2 and capsys.readouterr().err == ""
+
+
+def test_good_arguments_pass_validation():
+    args = train.build_parser().parse_args(["--tp", "2", "--steps", "0"])
+    assert train.validate(args, 4) is None
