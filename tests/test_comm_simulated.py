@@ -177,3 +177,20 @@ def test_bad_peer_and_bad_world_size_are_named():
         run_spmd(lambda comm: comm.send(np.ones(1), 5) if comm.rank == 0 else None, 2)
     with pytest.raises(ValueError, match="world_size must be a positive integer"):
         run_spmd(lambda comm: None, 0)
+
+
+def test_recv_into_out_fills_it_and_checks_shape_and_dtype():
+    def fn(comm):
+        if comm.rank == 0:
+            comm.send(np.arange(6.0).reshape(2, 3), 1)
+            comm.send(np.arange(6.0), 1)
+            return None
+        out = np.zeros((2, 3))
+        got = comm.recv(0, out=out)
+        assert got is out
+        assert_matches_reference(out, np.arange(6.0).reshape(2, 3), name="recv into out", rank=1, exact=True)
+        comm.recv(0, out=np.zeros(6, np.float32))  # wrong dtype: must be named
+
+    with pytest.raises(SPMDError, match=r"rank 1: recv from rank 0 into an array of shape \(6,\) "
+                                        r"and dtype float32, but the message has shape \(6,\) and dtype float64"):
+        run_spmd(fn, 2)

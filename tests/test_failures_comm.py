@@ -24,8 +24,9 @@ EXPECTED = {
     # the launcher reports the signal: torchrun names the rank, mpiexec the exit string
     "kill": {"mpiexec": r"KILLED BY SIGNAL: 9|EXIT CODE: 9|Killed \(signal 9\)",
              "torchrun": r"rank\s*: 1 \(local_rank: 1\)\s*exitcode\s*: -9"},
-    "mismatch": {"*": r"collective mismatch at collective call #1: rank 1 is in all_gather, "
-                      r"rank [02] is in all_reduce"},
+    # every rank compares with every other: whichever reports first names both sides
+    "mismatch": {"*": r"collective mismatch at collective call #1: (rank 1 is in all_gather, "
+                      r"rank [02] is in all_reduce|rank [02] is in all_reduce, rank 1 is in all_gather)"},
 }
 
 

@@ -68,7 +68,8 @@ def reduce_scatter(comm, x, axis=0, op="sum"):
         partial = chunks[(r - 1) % p]
         for step in range(p - 1):
             comm.send(partial, (r + 1) % p)  # partial of chunk (r - step - 1)
-            partial = combine(comm.recv((r - 1) % p), chunks[(r - step - 2) % p])
+            incoming = comm.recv((r - 1) % p)  # a fresh array this rank owns: add in place
+            partial = combine(incoming, chunks[(r - step - 2) % p], out=incoming)
         return np.array(partial, copy=True) if p == 1 else partial
 
 
@@ -91,12 +92,22 @@ def all_gather(comm, x, axis=0):
         return np.concatenate(shards, axis=ax)  # a new array: the input stays untouched
 
 
+def _ring_all_gather_into(comm, pieces):
+    """The all_gather ring on preallocated pieces: pieces[rank] is filled, the rest get received."""
+    p, r = comm.world_size, comm.rank
+    for step in range(p - 1):
+        comm.send(pieces[(r - step) % p], (r + 1) % p)
+        comm.recv((r - 1) % p, out=pieces[(r - step - 1) % p])
+
+
 def all_reduce(comm, x, op="sum"):
     """Element-wise reduction (sum, max, min, prod) of ``x`` over all ranks, returned on every rank.
 
     Algorithm, the bandwidth-optimal ring: flatten x to N elements, reduce_scatter so that
-    rank r owns the reduced chunk r (array_split of the N elements), then all_gather the
-    chunks. Every rank ends with bit-identical results (the all-gather copies, it does not add).
+    rank r owns the reduced chunk r (array_split of the N elements), then all-gather the
+    chunks, each received straight into its place in the output (the chunk sizes are known,
+    so no concatenation is needed). Every rank ends with bit-identical results (the
+    all-gather copies, it does not add).
     Cost per rank: 2(p-1) messages, 2 nbytes - nbytes(chunk r) - nbytes(chunk r+1) bytes
     sent, which is 2(p-1)/p of the array when p divides its size.
     """
@@ -104,8 +115,12 @@ def all_reduce(comm, x, op="sum"):
     _combine(op)
     with comm.collective("all_reduce", x, shape=x.shape, dtype=x.dtype.str, op=op):
         flat = x.reshape(-1)  # (N,): chunks balanced over all elements, whatever the shape
-        mine = reduce_scatter(comm, flat, axis=0, op=op)
-        return all_gather(comm, mine, axis=0).reshape(x.shape)
+        out = np.empty_like(flat)
+        pieces = np.array_split(out, comm.world_size)  # views: chunk r of the result
+        pieces[comm.rank][...] = reduce_scatter(comm, flat, axis=0, op=op)
+        with comm.collective("all_gather", out):
+            _ring_all_gather_into(comm, pieces)
+        return out.reshape(x.shape)
 
 
 def broadcast(comm, x, root=0):

@@ -117,10 +117,14 @@ class Comm:
         self._send(array, int(dst))
         self.meter.record_send(array.nbytes)
 
-    def recv(self, src):
-        """Wait (at most TP_TIMEOUT seconds) for the next array sent by rank ``src`` and return it."""
+    def recv(self, src, out=None):
+        """Wait (at most TP_TIMEOUT seconds) for the next array sent by rank ``src`` and return it.
+
+        ``out``: an array of the message's shape and dtype to receive into (saves allocating
+        and copying a result buffer); it is returned.
+        """
         self._check_peer(src, "recv from")
-        array = self._recv(int(src))
+        array = self._recv(int(src), out)
         self.meter.record_recv(array.nbytes)
         return array
 
@@ -131,8 +135,15 @@ class Comm:
     def _send(self, array, dst):
         raise NotImplementedError
 
-    def _recv(self, src):
+    def _recv(self, src, out=None):
         raise NotImplementedError
+
+    def _check_out(self, out, shape, dtype, src):
+        """Raise a ValueError if a message of ``shape``/``dtype`` from ``src`` cannot land in ``out``."""
+        if out is not None and (tuple(out.shape) != tuple(shape) or out.dtype != dtype):
+            raise ValueError(
+                f"rank {self.rank}: recv from rank {src} into an array of shape {tuple(out.shape)} "
+                f"and dtype {out.dtype}, but the message has shape {tuple(shape)} and dtype {dtype}")
 
     # ---- collectives -----------------------------------------------------------------
     @contextmanager
@@ -142,12 +153,18 @@ class Comm:
         ``params`` (shape, dtype, root, op, ...) form the fingerprint that must be equal on all
         ranks. Collectives nested inside another one are neither checked nor metered separately.
         """
-        if self.meter.current is None:
+        outermost = self.meter.current is None
+        if outermost:
             index = self._collective_calls
             self._collective_calls += 1
             self._check_collective(index, Fingerprint(name, **params))
         with self.meter.collective(name, x):
             yield
+        if outermost:
+            self._collective_done()
+
+    def _collective_done(self):
+        """Called after each outermost collective; process backends wait for their sends here."""
 
     def _check_collective(self, index, fingerprint):
         """Raise CollectiveMismatchError if ranks disagree about this collective call.
@@ -172,13 +189,13 @@ class Comm:
     def _send(self, array, dst):
         self._raw_send(array, dst, TAG_DATA)
 
-    def _recv(self, src):
-        return self._raw_recv(src, TAG_DATA)
+    def _recv(self, src, out=None):
+        return self._raw_recv(src, TAG_DATA, out)
 
     def _raw_send(self, array, dst, tag):
         raise NotImplementedError
 
-    def _raw_recv(self, src, tag):
+    def _raw_recv(self, src, tag, out=None):
         raise NotImplementedError
 
     def _timeout_message(self, what, peer=None):

@@ -11,8 +11,10 @@ import time
 
 import numpy as np
 
-from .base import Comm, debug_from_env, timeout_from_env
+from .base import TAG_DATA, Comm, debug_from_env, timeout_from_env
 from .errors import CommTimeoutError
+
+SPIN = 0.05  # seconds of busy polling before a wait starts to sleep
 
 try:
     from mpi4py import MPI
@@ -23,13 +25,19 @@ except ImportError as error:  # pragma: no cover - depends on the installation
 
 
 def _wait_until(done, deadline, on_timeout):
-    """Poll ``done()`` until True; spin briefly, then sleep up to 1 ms between polls."""
-    polls, delay = 0, 1e-5
+    """Poll ``done()`` until True, raising CommTimeoutError after ``deadline``.
+
+    It spins for the first SPIN seconds: MPI moves a large message only while both sides
+    call into it, so a sleeping receiver would starve the transfer. After that it sleeps
+    up to 1 ms between polls, so a rank waiting long for a slow peer leaves the core to it.
+    """
+    start = time.monotonic()
+    delay = 1e-5
     while not done():
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             raise CommTimeoutError(on_timeout())
-        polls += 1
-        if polls > 50:  # spinning longer only steals the core from a peer on a busy laptop
+        if now - start > SPIN:
             time.sleep(delay)
             delay = min(delay * 2, 1e-3)
 
@@ -45,7 +53,11 @@ class MPIComm(Comm):
         self._pending = []  # (requests, buffers) of sends that may still be in flight
 
     def _raw_send(self, array, dst, tag):
-        data = np.array(array, copy=True, order="C")  # MPI reads it after we return
+        # MPI reads the buffer after we return, so a plain send copies it: the caller may
+        # overwrite its array at once. Inside a collective the buffers are the collective's
+        # own, left untouched until _collective_done waits for the sends: no copy needed.
+        inside = self.meter.current is not None and tag == TAG_DATA
+        data = np.ascontiguousarray(array) if inside else np.array(array, copy=True, order="C")
         requests = [self.mpi.isend((data.shape, data.dtype.str), dst, 2 * tag)]
         if data.nbytes:
             requests.append(self.mpi.Isend([data.reshape(-1).view(np.uint8), MPI.BYTE], dst, 2 * tag + 1))
@@ -53,16 +65,21 @@ class MPIComm(Comm):
         self._pending = [(reqs, buf) for reqs, buf in self._pending
                          if not all(req.Test() for req in reqs)]
 
-    def _raw_recv(self, src, tag):
+    def _raw_recv(self, src, tag, out=None):
         deadline = time.monotonic() + self.timeout
         what = f"a message from rank {src}"
         _wait_until(lambda: self.mpi.Iprobe(source=src, tag=2 * tag), deadline,
                     lambda: self._timeout_message(what, src))
         shape, dtype = self.mpi.recv(source=src, tag=2 * tag)
-        data = np.empty(shape, dtype=np.dtype(dtype))
+        self._check_out(out, shape, np.dtype(dtype), src)
+        direct = out is not None and out.flags.c_contiguous  # MPI can write straight into it
+        data = out if direct else np.empty(shape, dtype=np.dtype(dtype))
         if data.nbytes:
             request = self.mpi.Irecv([data.reshape(-1).view(np.uint8), MPI.BYTE], src, 2 * tag + 1)
             _wait_until(request.Test, deadline, lambda: self._timeout_message(what, src))
+        if out is not None and not direct:
+            np.copyto(out, data)
+            return out
         return data
 
     def barrier(self):
@@ -70,6 +87,9 @@ class MPIComm(Comm):
         request = self.mpi.Ibarrier()
         _wait_until(request.Test, time.monotonic() + self.timeout,
                     lambda: self._timeout_message("every rank to reach the barrier"))
+
+    def _collective_done(self):
+        self.close()  # the collective's buffers may be handed back to the caller now
 
     def close(self):
         """Wait (bounded) until every send was delivered, so MPI can finalize cleanly."""

@@ -145,12 +145,17 @@ class SimulatedComm(Comm):
             w.mailbox.setdefault((self.rank, dst, tag), deque()).append(np.array(array, copy=True))
             w.cond.notify_all()
 
-    def _raw_recv(self, src, tag):
+    def _raw_recv(self, src, tag, out=None):
         w = self._world
         with w.cond:
             self._stop_if_failed()
             self._wait(("recv", src, tag))
-            return w.mailbox[(src, self.rank, tag)].popleft()
+            message = w.mailbox[(src, self.rank, tag)].popleft()
+        if out is None:
+            return message
+        self._check_out(out, message.shape, message.dtype, src)
+        np.copyto(out, message)
+        return out
 
     def barrier(self):
         """Wait until every rank has reached the barrier (deadlock-checked like recv)."""

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .base import Comm, debug_from_env, timeout_from_env
+from .base import TAG_DATA, Comm, debug_from_env, timeout_from_env
 from .errors import CommError, CommTimeoutError
 
 # dtype code in the header <-> numpy dtype
@@ -77,24 +77,35 @@ class TorchComm(Comm):
         header = torch.zeros(HEADER, dtype=torch.int64)
         header[0], header[1] = array.ndim, DTYPES.index(array.dtype)
         header[2:2 + array.ndim] = torch.tensor(array.shape, dtype=torch.int64)
-        # a private copy on the device: the caller may overwrite its array once send returns
+        # a plain send copies: the caller may overwrite its array once send returns. Inside
+        # a collective the buffers stay untouched until _collective_done waits for the sends.
+        inside = self.meter.current is not None and tag == TAG_DATA
         tensors = [header.to(self.device)]
         if array.size:
-            tensors.append(torch.from_numpy(np.array(array, copy=True, order="C")).to(self.device))
+            data = np.ascontiguousarray(array) if inside else np.array(array, copy=True, order="C")
+            tensors.append(torch.from_numpy(data).to(self.device))
         for i, tensor in enumerate(tensors):
             self._pending.append((dist.isend(tensor, self._peer(dst), self.group, tag=2 * tag + i), tensor))
         self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
 
-    def _raw_recv(self, src, tag):
+    def _raw_recv(self, src, tag, out=None):
         what = f"a message from rank {src}"
         header = torch.empty(HEADER, dtype=torch.int64, device=self.device)
         self._wait(dist.irecv(header, self._peer(src), self.group, tag=2 * tag), what, src)
         header = header.cpu().tolist()
         ndim, dtype = header[0], DTYPES[header[1]]
         shape = tuple(header[2:2 + ndim])
-        data = torch.from_numpy(np.empty(shape, dtype=dtype)).to(self.device)
+        self._check_out(out, shape, dtype, src)
+        # on the CPU, a contiguous ``out`` is received into directly (torch shares its memory)
+        direct = out is not None and out.flags.c_contiguous and self.device.type == "cpu"
+        data = torch.from_numpy(out if direct else np.empty(shape, dtype=dtype)).to(self.device)
         if data.numel():
             self._wait(dist.irecv(data, self._peer(src), self.group, tag=2 * tag + 1), what, src)
+        if direct:
+            return out
+        if out is not None:
+            np.copyto(out, data.cpu().numpy())
+            return out
         return data.cpu().numpy()
 
     def barrier(self):
@@ -104,6 +115,9 @@ class TorchComm(Comm):
             dist.monitored_barrier(self.group, timeout=timedelta(seconds=self.timeout))
         else:
             dist.barrier(self.group)  # nccl: bounded by the process group's timeout
+
+    def _collective_done(self):
+        self.close()
 
     def close(self):
         """Wait (bounded) for sends in flight."""
