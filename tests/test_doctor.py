@@ -43,7 +43,8 @@ def test_doctor_passes_on_this_machine():
 
 def test_require_launcher_prefers_the_venv_then_path(tmp_path, monkeypatch):
     venv, elsewhere = tmp_path / "venv", tmp_path / "elsewhere"
-    venv.mkdir(), elsewhere.mkdir()
+    venv.mkdir()
+    elsewhere.mkdir()
     monkeypatch.setattr(testing, "VENV_BIN", venv)
     monkeypatch.setenv("PATH", str(elsewhere))
     on_path = fake_launcher(elsewhere, "mpiexec", "exit 0")
@@ -100,6 +101,16 @@ def test_a_launcher_that_crashes_is_reported_with_its_output(no_launchers):
     assert not result.ok
     assert "exit status 3" in result.detail and "cannot start the proxy" in result.detail
     assert "[FAIL] MPI:" in result.line() and "fix:" in result.line()
+
+
+def test_gloo_answers_are_read_even_when_the_ranks_print_on_one_line(no_launchers):
+    # two ranks writing at once can glue their lines together; both answers must still count
+    fake_launcher(no_launchers, "torchrun", 'echo "[rank 1: all_reduce gave 3][rank 0: all_reduce gave 3]"')
+    assert doctor.check_gloo().ok
+    # ... but one rank's answer is not enough
+    fake_launcher(no_launchers, "torchrun", 'echo "[rank 0: all_reduce gave 3]"')
+    result = doctor.check_gloo()
+    assert not result.ok and "2-rank all-reduce failed (exit status 0)" in result.detail
 
 
 def test_a_launcher_that_hangs_is_cut_off_by_the_timeout(no_launchers):

@@ -97,7 +97,8 @@ def check_gloo(timeout=90.0):
     except subprocess.TimeoutExpired as e:
         return CheckResult("gloo", False, f"2-rank all-reduce did not finish within {timeout:.0f} s"
                            + _tail(e.output), _GLOO_HANG_FIX)
-    answered = set(re.findall(r"rank (\d+): all_reduce gave 3\b", proc.stdout))  # ranks print concurrently
+    # the ranks print concurrently, so lines may run together: each answer is bracketed
+    answered = set(re.findall(r"\[rank (\d+): all_reduce gave 3\]", proc.stdout))
     if proc.returncode != 0 or answered != {"0", "1"}:
         return CheckResult("gloo", False, f"2-rank all-reduce failed (exit status {proc.returncode})"
                            + _tail(proc.stdout), _GLOO_HANG_FIX)
@@ -195,7 +196,7 @@ def _gloo_worker():
     try:
         x = torch.tensor([dist.get_rank() + 1.0])
         dist.all_reduce(x)  # 1 + 2 on 2 ranks
-        print(f"rank {dist.get_rank()}: all_reduce gave {x.item():g}", flush=True)
+        print(f"[rank {dist.get_rank()}: all_reduce gave {x.item():g}]", flush=True)
     finally:
         dist.destroy_process_group()
 
