@@ -81,9 +81,9 @@ def runs(tmp_path_factory):
 
 
 @lru_cache(maxsize=None)
-def reference(dtype, steps=STEPS):
+def reference(dtype, *extra):
     """Single-device losses, computed here in the test process."""
-    return train.single_device_losses(["--dtype", dtype, "--steps", str(steps)])
+    return train.single_device_losses(["--dtype", dtype, "--steps", str(STEPS), *extra])
 
 
 def assert_losses_match(losses, ref, what, dtype, first=0, exact=False):
@@ -107,14 +107,17 @@ def test_losses_equal_single_device(runs, name):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_two_nodes_dp2_tp2_float64(tmp_path):
+def test_two_nodes_dp2_tp2_float64_sgd(tmp_path):
     # two torchrun launchers, --nnodes 2 --node-rank 0/1, rendezvous on 127.0.0.1:free port:
-    # each "node" holds one TP group (tp=2), data parallelism runs across the nodes
-    losses = launch(4, ["--tp", "2", "--dtype", "float64", "--steps", str(STEPS), "--save",
+    # each "node" holds one TP group (tp=2), data parallelism runs across the nodes.
+    # SGD here, not AdamW: Adam's step ignores a gradient's scale, so only SGD sees a DP
+    # all-reduce that sums the gradients instead of averaging them
+    sgd = ("--optimizer", "sgd")
+    losses = launch(4, ["--tp", "2", "--dtype", "float64", "--steps", str(STEPS), *sgd, "--save",
                         str(tmp_path / "ckpt")], tmp_path, "two-nodes", nnodes=2)
-    assert_losses_match(losses, reference("float64"), "dp=2 x tp=2 on two nodes", "float64")
+    assert_losses_match(losses, reference("float64", *sgd), "dp=2 x tp=2 on two nodes", "float64")
     # the trained weights, glued back into one state dict, equal single-device training's
-    args = train.build_parser().parse_args(["--dtype", "float64", "--steps", str(STEPS)])
+    args = train.build_parser().parse_args(["--dtype", "float64", "--steps", str(STEPS), *sgd])
     for _ in train.single_device_run(train.config_from_args(args), args):
         pass
     expected = train.single_device_run.final_model.state_dict()
