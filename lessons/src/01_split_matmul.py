@@ -94,7 +94,8 @@ fig, ax = plt.subplots(figsize=(7, 3.6))
 memory_bars(ax, parts, list(setups), capacity=GPU, capacity_label="one 80 GB GPU", unit="GB",
             title="Training state of ONE transformer layer (Adam, mixed precision), activations not included")
 plt.show()"""),
-    new_markdown_cell(r"""A whole model that does not fit has several cures; a *single layer* that does not fit has only one.
+    new_markdown_cell(r"""A whole model that does not fit can be split in several ways; a *single layer* that does not fit
+can only be helped by cutting its tensors.
 
 | strategy | what is split | each device holds | talks | reach for it when |
 |---|---|---|---|---|
@@ -109,8 +110,9 @@ time for one token through the network drops (inference latency) — pipeline pa
 that, because the stages run one after another. The price is bandwidth: TP exchanges activations
 in every layer, twice per layer forward and twice backward for a transformer. That is why it lives
 inside a node, over NVLink (hundreds of GB/s), and across nodes one uses data or pipeline
-parallelism. Large language models such as Llama 3 or DeepSeek-V3 are trained with TP across the
-8 GPUs of a node (Megatron-LM), combined with the others.
+parallelism. Llama 3, for example, was trained with TP = 8 inside each 8-GPU server, combined with
+pipeline, context and data parallelism across servers; frameworks such as NVIDIA Megatron-LM
+implement the same scheme, which this course builds from scratch.
 
 And when the model fits on one device, TP is the wrong tool: data parallelism is simpler and
 communicates far less."""),
