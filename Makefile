@@ -24,8 +24,10 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install --quiet -r requirements.txt
 	rm -f $(VENV)/.installed-* && touch $@
 
+# The main job: a tp=2 GPT trained by 2 CPU processes, each loss next to the single-device one
 demo: $(STAMP)
-	$(PY) -m tp_from_scratch.demos.split_matmul
+	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.train --tp 2 --steps 50 \
+		--compare-single --metrics runs/demo/metrics.jsonl --plot runs/demo/loss.png
 
 test: $(STAMP)
 	TP_IMPL=reference $(PY) -m pytest exercises -q

@@ -327,7 +327,10 @@ def run(args, config, mesh):
     compare = (args.compare_single or args.plot) and is_main
     reference = single_device_run(config, args, start) if compare else None
     counter = CollectiveCounter({mesh.tp_group: "tp", mesh.dp_group: "dp"})
-    metrics = open(args.metrics, "w") if (args.metrics and is_main) else None
+    metrics = None
+    if args.metrics and is_main:
+        Path(args.metrics).parent.mkdir(parents=True, exist_ok=True)
+        metrics = open(args.metrics, "w")
     from tqdm import tqdm
     bar = tqdm(total=args.steps - first, disable=not is_main or args.no_progress, desc="training",
                unit="step", file=sys.stdout, dynamic_ncols=False, ncols=80)
