@@ -25,6 +25,7 @@ EXPECTED_TESTS = {
     "ex02": 51,
     "ex03": 36,
     "ex04": 32,
+    "ex05": 36,
 }
 
 WRONG_CASES = sorted(

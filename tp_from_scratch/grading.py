@@ -27,6 +27,7 @@ EXERCISES = {
     "ex03": ("ex03_parallel_mlp", ["tp_from_scratch.layers.mappings", "tp_from_scratch.layers.linear",
                                    "tp_from_scratch.layers.mlp"]),
     "ex04": ("ex04_parallel_attention", ["tp_from_scratch.layers.attention"]),
+    "ex05": ("ex05_autograd_mappings", ["tp_from_scratch.nn.mappings", "tp_from_scratch.nn.linear"]),
 }
 
 

@@ -28,7 +28,8 @@ from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.nn.cross_entropy import vocab_parallel_cross_entropy
 from tp_from_scratch.nn.embedding import VocabParallelEmbedding
 from tp_from_scratch.nn.linear import ColumnParallelLinear, RowParallelLinear, shard_range
-from tp_from_scratch.nn.mappings import all_gather_last_dim, collective_impl, tp_rank, tp_world_size
+from tp_from_scratch.nn.mappings import (all_gather_last_dim, all_reduce, collective_impl, tp_rank,
+                                         tp_world_size)
 from tp_from_scratch.nn.random import TensorParallelRNG
 from tp_from_scratch.testing import random_array, rank_rng
 
@@ -59,14 +60,17 @@ def _step(module, optimizer):
 
 def check_column_parallel_linear(group=None, dtype=torch.float64, seed=0, *, in_features=12,
                                  out_features=12, bias=True, gather_output=False, optimizer="sgd",
-                                 device="cpu"):
-    """ColumnParallelLinear vs nn.Linear: Y (or Y's block), dX, dW block, db block, and one step."""
+                                 device="cpu", layer_cls=ColumnParallelLinear):
+    """ColumnParallelLinear vs nn.Linear: Y (or Y's block), dX, dW block, db block, and one step.
+
+    layer_cls: the class under test (an exercise's own ColumnParallelLinear, say).
+    """
     rank, t = tp_rank(group), tp_world_size(group)
     rng = rank_rng(seed, 0)  # the layer and its input are the same on every rank
     w, b = random_array(rng, (out_features, in_features)), random_array(rng, (out_features,))
     x, dy = random_array(rng, (2, 3, in_features)), random_array(rng, (2, 3, out_features))
     reference = _linear(w, b if bias else None, dtype, device)
-    layer = ColumnParallelLinear.from_linear(reference, group, gather_output=gather_output)
+    layer = layer_cls.from_linear(reference, group, gather_output=gather_output)
     lo, hi = shard_range(out_features, rank, t)
 
     x_ref, x_tp = _tensor(x, dtype, device, True), _tensor(x, dtype, device, True)
@@ -90,14 +94,17 @@ def check_column_parallel_linear(group=None, dtype=torch.float64, seed=0, *, in_
 
 def check_row_parallel_linear(group=None, dtype=torch.float64, seed=0, *, in_features=12,
                               out_features=12, bias=True, input_is_parallel=True, optimizer="sgd",
-                              device="cpu"):
-    """RowParallelLinear vs nn.Linear: Y, dX (or its block), dW block, db (bias added once), one step."""
+                              device="cpu", layer_cls=RowParallelLinear):
+    """RowParallelLinear vs nn.Linear: Y, dX (or its block), dW block, db (bias added once), one step.
+
+    layer_cls: the class under test (an exercise's own RowParallelLinear, say).
+    """
     rank, t = tp_rank(group), tp_world_size(group)
     rng = rank_rng(seed, 0)
     w, b = random_array(rng, (out_features, in_features)), random_array(rng, (out_features,))
     x, dy = random_array(rng, (2, 3, in_features)), random_array(rng, (2, 3, out_features))
     reference = _linear(w, b if bias else None, dtype, device)
-    layer = RowParallelLinear.from_linear(reference, group, input_is_parallel=input_is_parallel)
+    layer = layer_cls.from_linear(reference, group, input_is_parallel=input_is_parallel)
     lo, hi = shard_range(in_features, rank, t)
 
     x_ref = _tensor(x, dtype, device, True)
@@ -248,10 +255,32 @@ def run_all_checks(group=None, dtypes=(torch.float64, torch.float32), seed=0, de
     return count
 
 
-def _subgroups(size):
-    """Consecutive TP groups of 2 covering the world (every rank must create every group)."""
+def _pairs(size):
+    """This rank's TP group of 2 when the world is cut into consecutive pairs (a dp x tp mesh).
+
+    Every rank must take part in creating every group, even one it does not belong to.
+    """
     groups = [dist.new_group(list(range(i, i + 2))) for i in range(0, size - 1, 2)]
     return groups[dist.get_rank() // 2] if dist.get_rank() < 2 * len(groups) else None
+
+
+def check_native_equals_scratch(group=None, seed=0, device="cpu"):
+    """PyTorch's collectives and the from-scratch ones give the same results on a process group.
+
+    Integer-valued data: every sum is exact in any order, so the two must agree bit for bit.
+    """
+    rank, t = tp_rank(group), tp_world_size(group)
+    x = _tensor(random_array(rank_rng(seed, rank), (3, 4 + rank % 2), integer=True),
+                torch.float64, device)
+    sizes = [4 + r % 2 for r in range(t)]  # uneven shards: 4, 5, 4, 5, ...
+    results = {}
+    for impl in ("native", "scratch"):
+        with collective_impl(impl):
+            results[impl] = [all_reduce(x[:, :4], group), all_reduce(x[:, :4], group, op="max"),
+                             all_gather_last_dim(x, group, sizes)]
+    for what, native, scratch in zip(("all-reduce sum", "all-reduce max", "all-gather"),
+                                     results["native"], results["scratch"]):
+        assert_matches_reference(scratch, native, name=f"{what}, scratch vs native", rank=rank, exact=True)
 
 
 def main(argv=None):
@@ -268,13 +297,17 @@ def main(argv=None):
     rank, size = dist.get_rank(), dist.get_world_size()
     try:
         counts = {}
-        for impl in ("native", "scratch"):
-            with collective_impl(impl):
-                counts[f"{impl}, world group of {size}"] = run_all_checks(None, device=device)
-        pair = _subgroups(size) if size >= 2 else None
+        check_native_equals_scratch(None, device=device)
+        with collective_impl("native"):
+            counts[f"native, world group of {size}"] = run_all_checks(None, device=device)
+        with collective_impl("scratch"):  # one dtype: the scratch path moves the same bytes
+            counts[f"scratch, world group of {size}"] = run_all_checks(None, (torch.float64,), device=device)
+        pair = _pairs(size) if size > 2 else None
         if pair is not None:
-            counts["native, sub-group of 2"] = run_all_checks(pair, device=device)
-        print(f"rank {rank}: all checks passed: "
+            for impl in ("native", "scratch"):
+                with collective_impl(impl):
+                    counts[f"{impl}, sub-group of 2"] = run_all_checks(pair, (torch.float32,), device=device)
+        print(f"rank {rank}: all checks passed: native equals scratch; "
               + "; ".join(f"{n} checks ({where})" for where, n in counts.items()), flush=True)
     except BaseException:  # bring the whole job down quickly; torchrun kills the other ranks
         print(f"rank {rank} failed: {traceback.format_exc()}", file=sys.stderr, flush=True)

@@ -1,0 +1,131 @@
+"""Exercise 5: Megatron's region mappings as torch autograd Functions, and the parallel
+linear layers built on them (lessons/05_autograd_tensor_parallel.ipynb).
+
+Replace each `raise NotImplementedError(...)` with your code, then run
+    make grade            (or: pytest exercises -m ex05)
+
+Everything runs on ONE rank. `group` is that rank's communicator: the graders pass the
+simulated ranks' Comm, a real run passes a torch ProcessGroup; you never need to know
+which. The tensor collectives below (imported from the library) work on both, return new
+tensors and never modify their input:
+
+    all_reduce(x, group)                -> the sum of x over the ranks, on every rank
+    all_gather_last_dim(x, group)       -> every rank's x side by side along the last dim
+    split_last_dim(x, group)            -> this rank's contiguous chunk of the last dim
+    tp_rank(group), tp_world_size(group)
+
+An autograd Function's forward receives `ctx` (keep what backward needs on it, e.g.
+`ctx.group = group`) and returns the output; backward receives dL/d(output) and returns one
+gradient per forward input (None for `group`). The graders count your collectives: an
+extra or a missing all-reduce fails even when the numbers come out right.
+
+Shapes: x (B, T, H). torch stores a Linear's weight as (out, in): y = x @ W^T + b.
+Split sizes are even here (t divides every size the graders use).
+"""
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: F401
+
+from tp_from_scratch.nn.mappings import (all_gather_last_dim, all_reduce, split_last_dim,  # noqa: F401
+                                         tp_rank, tp_world_size)
+
+
+# -- the four region mappings --------------------------------------------------------------
+
+class CopyToTensorParallelRegion(torch.autograd.Function):
+    """f. forward: identity (x is replicated); backward: all-reduce the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        raise NotImplementedError("Exercise 5 (CopyToTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError("Exercise 5 (CopyToTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
+
+
+class ReduceFromTensorParallelRegion(torch.autograd.Function):
+    """g. forward: all-reduce the partial sums; backward: identity."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        raise NotImplementedError("Exercise 5 (ReduceFromTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError("Exercise 5 (ReduceFromTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
+
+
+class ScatterToTensorParallelRegion(torch.autograd.Function):
+    """forward: keep this rank's chunk of the last dim (..., n) -> (..., n/t); backward: all-gather."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        raise NotImplementedError("Exercise 5 (ScatterToTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError("Exercise 5 (ScatterToTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
+
+
+class GatherFromTensorParallelRegion(torch.autograd.Function):
+    """forward: all-gather the chunks along the last dim (..., n/t) -> (..., n); backward: keep own chunk."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        raise NotImplementedError("Exercise 5 (GatherFromTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError("Exercise 5 (GatherFromTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
+
+
+# -- the two parallel linear layers -----------------------------------------------------------
+# __init__ is written for you: it makes empty parameters of this rank's local shapes.
+# Write from_linear (copy this rank's shard of a single-device nn.Linear) and forward,
+# using YOUR Functions above (call them as CopyToTensorParallelRegion.apply(x, self.group)).
+
+class ColumnParallelLinear(nn.Module):
+    """Y_i = X @ W_i^T + b_i: rank i holds rows i of W (out/t of them) and entries i of b."""
+
+    def __init__(self, in_features, out_features, bias=True, gather_output=False, group=None):
+        super().__init__()
+        self.group, self.gather_output = group, gather_output
+        self.in_features, self.out_features = in_features, out_features
+        local_out = out_features // tp_world_size(group)
+        self.weight = nn.Parameter(torch.empty(local_out, in_features))         # (out/t, in)
+        self.bias = nn.Parameter(torch.empty(local_out)) if bias else None       # (out/t,)
+
+    @classmethod
+    def from_linear(cls, linear, group=None, gather_output=False):
+        """A ColumnParallelLinear holding this rank's rows of linear.weight (and its block of the bias).
+
+        The result must have linear's dtype; e.g. build it, then `.to(linear.weight.dtype)`
+        and copy the data in under `torch.no_grad()`.
+        """
+        raise NotImplementedError("Exercise 5 (ColumnParallelLinear): see lessons/05_autograd_tensor_parallel.ipynb")
+
+    def forward(self, x):
+        """x (B, T, in), replicated -> (B, T, out/t), or (B, T, out) with gather_output."""
+        raise NotImplementedError("Exercise 5 (ColumnParallelLinear): see lessons/05_autograd_tensor_parallel.ipynb")
+
+
+class RowParallelLinear(nn.Module):
+    """Y = sum_i X_i @ W_i^T + b: rank i holds columns i of W (in/t of them); b is added once."""
+
+    def __init__(self, in_features, out_features, bias=True, input_is_parallel=True, group=None):
+        super().__init__()
+        self.group, self.input_is_parallel = group, input_is_parallel
+        self.in_features, self.out_features = in_features, out_features
+        local_in = in_features // tp_world_size(group)
+        self.weight = nn.Parameter(torch.empty(out_features, local_in))         # (out, in/t)
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None    # (out,), replicated
+
+    @classmethod
+    def from_linear(cls, linear, group=None, input_is_parallel=True):
+        """A RowParallelLinear holding this rank's columns of linear.weight and the whole bias."""
+        raise NotImplementedError("Exercise 5 (RowParallelLinear): see lessons/05_autograd_tensor_parallel.ipynb")
+
+    def forward(self, x):
+        """x (B, T, in/t) (or (B, T, in) when not input_is_parallel) -> (B, T, out), replicated."""
+        raise NotImplementedError("Exercise 5 (RowParallelLinear): see lessons/05_autograd_tensor_parallel.ipynb")

@@ -1,0 +1,18 @@
+"""Known-wrong: f all-reduces in forward (as if it were g), so a replicated x comes out t times too big."""
+import torch
+
+from tp_from_scratch.nn.linear import ColumnParallelLinear, RowParallelLinear  # noqa: F401
+from tp_from_scratch.nn.mappings import (GatherFromTensorParallelRegion,  # noqa: F401
+                                         ReduceFromTensorParallelRegion,
+                                         ScatterToTensorParallelRegion, all_reduce)
+
+
+class CopyToTensorParallelRegion(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return all_reduce(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_reduce(grad, ctx.group), None
