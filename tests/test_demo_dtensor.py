@@ -30,10 +30,20 @@ def test_a_size_the_ranks_do_not_divide_is_refused_before_launching(capsys):
     assert "dimension 0 (rows) of size 5 is not divisible by tp=2" in capsys.readouterr().err
 
 
+def test_under_mpiexec_it_says_to_use_torchrun(monkeypatch, capsys):
+    monkeypatch.setenv("PMI_RANK", "0")  # what mpiexec sets in each rank
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit):
+        dtensor_shard.main([])
+    assert "launch with torchrun, not mpiexec" in capsys.readouterr().err
+
+
 def test_missing_torchrun_is_said_clearly(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(testing, "VENV_BIN", tmp_path)  # no venv launcher ...
     monkeypatch.setenv("PATH", str(tmp_path))           # ... and nothing on PATH
-    monkeypatch.delenv("RANK", raising=False)           # not under torchrun: the demo must launch it
+    for name in ("RANK", "TORCHELASTIC_RUN_ID", "PMI_RANK"):
+        monkeypatch.delenv(name, raising=False)         # not launched yet: the demo must start torchrun
     assert dtensor_shard.main([]) == 2
     err = capsys.readouterr().err
     assert "cannot run the DTensor demo: torchrun not found" in err

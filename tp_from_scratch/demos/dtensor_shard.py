@@ -21,6 +21,7 @@ from datetime import timedelta
 
 import numpy as np
 
+from tp_from_scratch.comm.launch import launcher_from_env
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.sharding import check_divisible, shard
 from tp_from_scratch.testing import (LauncherNotFoundError, random_array, rank_rng, run_command,
@@ -104,7 +105,11 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any rank may wait")
     args = parser.parse_args(argv)
-    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    launcher = launcher_from_env()
+    if launcher == "mpi":
+        parser.error("DTensor runs on torch.distributed: launch with torchrun, not mpiexec "
+                     "(or just `python -m tp_from_scratch.demos.dtensor_shard`, which starts torchrun)")
+    under_torchrun = launcher == "torchrun"
     t = int(os.environ["WORLD_SIZE"]) if under_torchrun else args.nproc
     try:  # refuse bad sizes before launching anything
         check_divisible(args.rows if args.axis == 0 else args.cols, t, f"dimension {args.axis} ({'rows' if args.axis == 0 else 'cols'}) of size")
