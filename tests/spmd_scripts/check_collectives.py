@@ -142,8 +142,29 @@ def main(comm):
         check(C.all_to_all(comm, even, 0, 1),
               np.concatenate([np.array_split(xq[: 2 * p], p)[r] for xq in xs], axis=1),
               native.all_to_all(even), "all_to_all", True)
+    if p >= 4 and p % 2 == 0:
+        # a communicator over half of the ranks, as tensor parallelism inside data parallelism
+        # uses: the collectives must address peers by their rank in the subgroup
+        half = p // 2
+        members = list(range(half)) if r < half else list(range(half, p))
+        sub = subgroup(comm, half)
+        assert (sub.rank, sub.world_size) == (members.index(r), half)
+        xs = [random_array(rank_rng(8, q), (5, 2), integer=True) for q in range(p)]
+        check(C.all_reduce(sub, xs[r]), np.sum([xs[q] for q in members], axis=0),
+              np.sum([xs[q] for q in members], axis=0), "all_reduce on a subgroup", True)
     comm.barrier()
     print(f"rank {r}: {checks} checks passed on {type(comm).__name__}", flush=True)
+
+
+def subgroup(comm, half):
+    """The communicator of this rank's half of the world: ranks [0, half) or [half, p)."""
+    if isinstance(comm, MPIComm):
+        return MPIComm(comm.mpi.Split(color=comm.rank // half, key=comm.rank))
+    import torch.distributed as dist
+    from tp_from_scratch.comm import TorchComm
+    # every rank must take part in creating every group
+    groups = [dist.new_group(list(range(half))), dist.new_group(list(range(half, comm.world_size)))]
+    return TorchComm(group=groups[comm.rank // half])
 
 
 if __name__ == "__main__":
