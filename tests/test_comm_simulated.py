@@ -175,6 +175,10 @@ def test_timeout_is_the_backstop_for_a_rank_that_never_communicates():
 def test_bad_peer_and_bad_world_size_are_named():
     with pytest.raises(SPMDError, match=r"rank 0: send to rank 5 does not exist \(world_size is 2\)"):
         run_spmd(lambda comm: comm.send(np.ones(1), 5) if comm.rank == 0 else None, 2)
+    with pytest.raises(SPMDError, match="rank 0: send to rank 1 needs an array, got None"):
+        run_spmd(lambda comm: comm.send(None, 1) if comm.rank == 0 else None, 2)
+    with pytest.raises(SPMDError, match="rank 1: send to rank 0 needs a numeric array, got dtype object"):
+        run_spmd(lambda comm: comm.send([{}, 1], 0) if comm.rank == 1 else None, 2)
     with pytest.raises(ValueError, match="world_size must be a positive integer"):
         run_spmd(lambda comm: None, 0)
 

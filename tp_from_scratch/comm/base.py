@@ -113,7 +113,11 @@ class Comm:
     def send(self, array, dst):
         """Send a copy of ``array`` to rank ``dst``; returns at once (buffered)."""
         self._check_peer(dst, "send to")
+        if array is None:
+            raise TypeError(f"rank {self.rank}: send to rank {dst} needs an array, got None")
         array = np.ascontiguousarray(array)
+        if array.dtype.hasobject:
+            raise TypeError(f"rank {self.rank}: send to rank {dst} needs a numeric array, got dtype object")
         self._send(array, int(dst))
         self.meter.record_send(array.nbytes)
 
