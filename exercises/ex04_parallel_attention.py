@@ -12,8 +12,10 @@ The columns of wq (and rows of wo) are grouped by head: head j owns columns j*hs
 Query head j attends with key/value head j // (nh // nkv).
 
 You may use exercise 3's pieces from the library, e.g.
-    from tp_from_scratch.layers.linear import column_parallel_linear_forward, ...
-and the single-device softmax/attention helpers of tp_from_scratch.layers.reference.
+    from tp_from_scratch.layers.linear import row_parallel_linear_forward, ...
+and the single-device helpers of tp_from_scratch.layers.reference: qkv_attention_forward(x,
+params, n_heads, n_kv_heads) / qkv_attention_backward(do, cache) run the q, k, v projections
+and causal attention for ANY number of heads (e.g. this rank's), without the output projection.
 The graders count your all-reduces: one forward and one backward, like the MLP.
 """
 import numpy as np  # noqa: F401
@@ -28,8 +30,9 @@ def shard_attention_params(params, n_heads, n_kv_heads, tp, rank):
     of wq, bq (and the rows of wo) of its heads. bo is replicated.
     Key/value heads: if tp divides nkv, rank r gets nkv/tp contiguous KV heads; if nkv < tp,
     every rank gets (a copy of) the one KV head its query heads attend with.
-    Raise a ValueError naming the quantity when the heads do not split evenly,
-    e.g. "number of heads 6 is not divisible by tp=4".
+    Raise a ValueError naming the quantity when the heads do not split that way: tp must
+    divide nh, and either tp divides nkv or nkv divides tp, e.g.
+    "number of heads 6 is not divisible by tp=4", "number of KV heads 3 is not divisible by tp=2".
     """
     raise NotImplementedError("Exercise 4 (shard_attention_params): see lessons/04_parallel_attention.ipynb")
 
