@@ -188,13 +188,13 @@ class RecordingComm:
         self._comm = comm
         self.sent_to, self.received_from = set(), set()
 
-    def send(self, array, dst):
+    def send(self, array, dst, *args, **kwargs):
         self.sent_to.add(dst)
-        return self._comm.send(array, dst)
+        return self._comm.send(array, dst, *args, **kwargs)
 
-    def recv(self, src):
+    def recv(self, src, *args, **kwargs):  # the library's recv also takes out=
         self.received_from.add(src)
-        return self._comm.recv(src)
+        return self._comm.recv(src, *args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self._comm, name)
