@@ -315,6 +315,22 @@ fig, axes = plt.subplots(1, 2, figsize=(6, 2.6))
 draw_matrix(axes[0], (1024, 1024), 0, 2, "Shard(0) = shard(x, 2, axis=0)", dims=("rows", "cols"))
 draw_matrix(axes[1], (1024, 1024), 1, 2, "Shard(1) = shard(x, 2, axis=1)", dims=("rows", "cols"))
 plt.show()"""),
+    new_markdown_cell(r"""One convention to keep in mind for later lessons: when t does **not** divide the size, there is
+more than one way to cut. DTensor's `Shard` splits like `torch.chunk` (its source,
+`torch/distributed/tensor/placement_types.py`, says so): blocks of ceil(size / t), so the last
+ranks get less, or nothing (`Shard.local_shard_size_and_offset` below is DTensor's own answer).
+Our `shard(..., even=False)` splits like `numpy.array_split`: sizes
+differ by at most one. Both are fine; two programs exchanging shards must simply agree."""),
+    new_code_cell("""import torch
+from torch.distributed.tensor import Shard
+
+for size, t_ in [(5, 4), (10, 4), (1024, 2)]:
+    # DTensor's own answer: (local size, offset) of each rank's block
+    dtensor = [Shard.local_shard_size_and_offset(size, t_, rank)[0] for rank in range(t_)]
+    chunk = [len(c) for c in torch.chunk(torch.arange(size), t_)]   # may return fewer than t blocks
+    assert dtensor == chunk + [0] * (t_ - len(chunk))
+    ours = [len(s) for s in shard(np.arange(size), t_, axis=0, even=False)]
+    print(f"{size:>5} over {t_}:  DTensor Shard(0) {str(dtensor):<14} shard(..., even=False) {ours}")"""),
     new_markdown_cell(r"""## 6. Your turn: exercise 1
 
 Open `exercises/ex01_split_matmul.py`. It holds stubs of the five functions this lesson used:
