@@ -33,7 +33,9 @@ Notation (the JAX scaling book's, in words). A tensor in a TP region is
 Shapes: B batch, T sequence, H hidden, F ffn (often 4H), t the TP degree. The code is in
 `tp_from_scratch/layers/` (`mappings.py`, `linear.py`, `mlp.py`); this notebook only calls it."""),
     new_code_cell("""import sys
+import time
 from pathlib import Path
+LESSON_START = time.perf_counter()
 if not (Path.cwd() / "tp_from_scratch").is_dir():  # run from lessons/: make the package importable
     sys.path.insert(0, str(Path.cwd().parent))
 
@@ -250,7 +252,13 @@ using `all_reduce` from Lesson 2. Then
 
 The graders run your code on 1, 2, 3 and 4 simulated ranks, compare outputs and every gradient
 with the single-device reference, and count your all-reduces: one too many fails even when the
-numbers are right. Next: Lesson 4 splits attention by heads and assembles a transformer block."""),
+numbers are right. Next: Lesson 4 splits attention by heads and assembles a transformer block.
+
+**Summary.** x Replicated → f → column-parallel $W_1$ → `Sharded(F)` → GeLU (element-wise,
+stays `Sharded(F)`) → row-parallel $W_2$ → Partial → g (all-reduce) → Replicated, $+ b_2$ once.
+Backward mirrors it: g backward is the identity, f backward the all-reduce. One all-reduce of
+(B, T, H) each way, $2\frac{t-1}{t}BTH$ elements sent per rank each, whatever F is."""),
+    new_code_cell("""print(f"lesson executed in {time.perf_counter() - LESSON_START:.1f} s")"""),
 ]
 
 nb = new_notebook(cells=cells, metadata={

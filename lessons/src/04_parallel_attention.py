@@ -31,7 +31,9 @@ Shapes: B batch, T sequence, H hidden, nh query heads, nkv KV heads, hs head siz
 Layouts: **Replicated**, **Sharded(dim)**, **Partial** (Lesson 3). The code is in
 `tp_from_scratch/layers/attention.py` and `block.py`."""),
     new_code_cell("""import sys
+import time
 from pathlib import Path
+LESSON_START = time.perf_counter()
 if not (Path.cwd() / "tp_from_scratch").is_dir():  # run from lessons/: make the package importable
     sys.path.insert(0, str(Path.cwd().parent))
 
@@ -239,7 +241,14 @@ parallel linear layers from exercise 3 and on the single-device helpers in
     make grade                    # or: pytest exercises -m ex04
 
 The graders run t = 1, 2, 3, 4 with sharded and replicated KV heads, compare the output and every
-gradient with the single-device attention, and count your all-reduces."""),
+gradient with the single-device attention, and count your all-reduces.
+
+**Summary.** Attention is column-parallel by heads (q, k, v of a rank's heads are `Sharded` by head),
+runs locally per head, and its output projection is row-parallel: Partial → g → Replicated.
+GQA: KV heads are Sharded when t divides nkv, and copied when nkv < t, where the copies' gradients
+are Partial and add up. A pre-LN block is two such regions with Replicated LayerNorms and
+residuals: 2 all-reduces forward, 2 backward, $4 \times 2\frac{t-1}{t}BTH$ elements per rank per step."""),
+    new_code_cell("""print(f"lesson executed in {time.perf_counter() - LESSON_START:.1f} s")"""),
 ]
 
 nb = new_notebook(cells=cells, metadata={
