@@ -202,18 +202,21 @@ def average_gradients(params, group, dp):
         offset += g.numel()
 
 
-def train_step(model, optimizer, x, y, mesh):
-    """Forward, backward, DP gradient average, optimizer step; returns the global mean loss."""
+def train_step(model, optimizer, x, y, dp_group=None, dp=1):
+    """Forward, backward, DP gradient average, optimizer step; returns the global mean loss.
+
+    With dp=1 it touches no process group, so it also runs on in-process simulated ranks.
+    """
     optimizer.zero_grad(set_to_none=True)
     _, loss = model(x, y)
     loss.backward()
-    if mesh.dp > 1:
-        average_gradients([p for p in model.parameters() if p.grad is not None], mesh.dp_group, mesh.dp)
+    if dp > 1:
+        average_gradients([p for p in model.parameters() if p.grad is not None], dp_group, dp)
     optimizer.step()
     loss = loss.detach().clone()
-    if mesh.dp > 1:
-        dist.all_reduce(loss, group=mesh.dp_group)
-        loss /= mesh.dp
+    if dp > 1:
+        dist.all_reduce(loss, group=dp_group)
+        loss /= dp
     return loss
 
 
@@ -246,6 +249,23 @@ def single_device_losses(argv, start=None):
     args = build_parser().parse_args(argv)
     full = ckpt.load_full(args.load, config_from_args(args)) if args.load and start is None else start
     return [loss for _, loss in single_device_run(config_from_args(args), args, full)]
+
+
+def train_on_comm(comm, argv=()):
+    """One TP rank's run on a tp_from_scratch Comm (e.g. run_spmd's simulated ranks), dp=1.
+
+    The same model, data and optimizer as the torchrun script for the command line ``argv``,
+    with the from-scratch collectives underneath. Returns the list of per-step losses.
+    """
+    args = build_parser().parse_args(list(argv))
+    config = config_from_args(args)
+    model = gpt_to_tp(init_gpt(config, args.seed, getattr(torch, args.dtype)), comm)
+    optimizer = make_optimizer(model.parameters(), args)
+    losses = []
+    for step in range(args.steps):
+        x, y = global_batch(step, args.batch_size, config.seq_len, config.vocab_size, args.seed)
+        losses.append(train_step(model, optimizer, x, y).item())
+    return losses
 
 
 # ---------------------------------------------------------------------------------------
@@ -342,7 +362,8 @@ def run(args, config, mesh):
                                mesh.dp_rank, mesh.dp)
             t0 = time.perf_counter()
             with counter.counting():
-                loss = train_step(model, optimizer, x.to(mesh.device), y.to(mesh.device), mesh)
+                loss = train_step(model, optimizer, x.to(mesh.device), y.to(mesh.device),
+                                  mesh.dp_group, mesh.dp)
             dt = time.perf_counter() - t0
             record = {"step": step, "loss": loss.item(), "time_s": dt}
             if compare:
