@@ -26,6 +26,7 @@ EXPECTED_TESTS = {
     "ex03": 36,
     "ex04": 32,
     "ex05": 36,
+    "ex06": 23,
 }
 
 WRONG_CASES = sorted(

@@ -1,0 +1,19 @@
+"""The tp_from_scratch.nn layer checks on real processes: torchrun with 2 and 4 ranks (gloo).
+
+One launched job per world size runs every check of tp_from_scratch.nn.checks: with PyTorch's
+native collectives and with the from-scratch ones (through TorchComm), on the world group and
+on sub-groups of 2, after checking that the two collective implementations agree bit for bit.
+"""
+import pytest
+
+from tp_from_scratch.testing import run_command, torchrun_command
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_every_layer_check_passes_under_torchrun(nproc):
+    result = run_command(torchrun_command(nproc, "tp_from_scratch.nn.checks", "--timeout", 60), timeout=240)
+    passed = [line for line in result.stdout.splitlines() if "all checks passed" in line]
+    assert result.returncode == 0 and len(passed) == nproc, result.stdout[-4000:]
+    assert all("native equals scratch" in line and "scratch, world group" in line for line in passed)
