@@ -176,7 +176,9 @@ of input (in a transformer the rows are all the tokens of a batch, e.g. 2 sequen
 
 Either way the weight is divided by t: that is what TP is for. The activations are another story:
 the column split needs the whole input on every device, the row split produces a whole-size
-output on every device. Lesson 3 chains the two splits so that neither is ever paid twice."""),
+output on every device. Lesson 3 puts a column split *before* a row split: the first one's
+column blocks are exactly the second one's input blocks, so nothing is gathered in between and one
+all-reduce finishes the pair."""),
     new_code_cell("""B_m, H_m, F_m, t_m = 2048, 1024, 4096, 4
 itemsize = np.dtype(np.float32).itemsize
 held = {  # tensor -> shape on one device, for each layout
@@ -208,10 +210,10 @@ bit-identical. So `tp_from_scratch.compare.assert_matches_reference` applies one
   $\max |got - expected| \le \mathrm{tol}[dtype] \cdot \max(1, \max |expected|)$, with
   tol = **1e-12 for float64** and **1e-5 for float32** (1e-2 float16, 5e-2 bfloat16).
   The bound is relative to the *largest* reference value, not element by element: an element
-  that cancels to almost 0 still carries the rounding error of its large terms. These are a few
-  thousand units of roundoff (float64 eps ≈ 2.2e-16, float32 eps ≈ 1.2e-7), enough for reordered
-  sums of thousands of terms and orders of magnitude below a real bug (a forgotten all-reduce is
-  off by O(1), as the cell above showed).
+  that cancels to almost 0 still carries the rounding error of its large terms. The bounds are
+  about 4500 units of roundoff for float64 (eps ≈ 2.2e-16) and about 80 for float32
+  (eps ≈ 1.2e-7): enough for reordered sums of thousands of terms, and orders of magnitude below
+  a real bug (a forgotten all-reduce is off by O(1), as section 3 showed).
 
 Shapes and dtypes are compared exactly first, with no broadcasting and no casting.
 
