@@ -60,9 +60,9 @@ def test_bad_tp_timeout_is_named(monkeypatch, value, match):
 
 
 def test_fingerprint_survives_the_trip_between_processes():
-    fp = Fingerprint("all_gather", shape=(3, "*"), dtype="<f4", axis=1, op="sum", root=None)
+    fp = Fingerprint("all_gather", shape=(np.int64(3), "*"), dtype="float32", axis=1, op="sum", root=None)
     assert Fingerprint.from_text(fp.as_text()) == fp
-    assert Fingerprint.from_text(fp.as_text()) != Fingerprint("all_gather", shape=(4, "*"), dtype="<f4",
+    assert Fingerprint.from_text(fp.as_text()) != Fingerprint("all_gather", shape=(4, "*"), dtype="float32",
                                                               axis=1, op="sum", root=None)
 
 

@@ -63,7 +63,7 @@ def reduce_scatter(comm, x, axis=0, op="sum"):
     combine = _combine(op)
     ax = _axis(x, axis, "reduce_scatter")
     p, r = comm.world_size, comm.rank
-    with comm.collective("reduce_scatter", x, shape=x.shape, dtype=x.dtype.str, axis=ax, op=op):
+    with comm.collective("reduce_scatter", x, shape=x.shape, dtype=x.dtype.name, axis=ax, op=op):
         chunks = np.array_split(x, p, axis=ax)  # views into the input, only ever read
         partial = chunks[(r - 1) % p]
         for step in range(p - 1):
@@ -83,7 +83,7 @@ def all_gather(comm, x, axis=0):
     x = np.asarray(x)
     ax = _axis(x, axis, "all_gather")
     p, r = comm.world_size, comm.rank
-    with comm.collective("all_gather", x, shape=_without(x.shape, ax), dtype=x.dtype.str, axis=ax):
+    with comm.collective("all_gather", x, shape=_without(x.shape, ax), dtype=x.dtype.name, axis=ax):
         shards = [None] * p
         shards[r] = x
         for step in range(p - 1):
@@ -113,7 +113,7 @@ def all_reduce(comm, x, op="sum"):
     """
     x = np.asarray(x)
     _combine(op)
-    with comm.collective("all_reduce", x, shape=x.shape, dtype=x.dtype.str, op=op):
+    with comm.collective("all_reduce", x, shape=x.shape, dtype=x.dtype.name, op=op):
         flat = x.reshape(-1)  # (N,): chunks balanced over all elements, whatever the shape
         out = np.empty_like(flat)
         pieces = np.array_split(out, comm.world_size)  # views: chunk r of the result
@@ -165,7 +165,7 @@ def reduce(comm, x, root=0, op="sum"):
     _check_root(comm, root)
     p = comm.world_size
     v = (comm.rank - root) % p
-    with comm.collective("reduce", x, shape=x.shape, dtype=x.dtype.str, root=root, op=op):
+    with comm.collective("reduce", x, shape=x.shape, dtype=x.dtype.name, root=root, op=op):
         partial = np.array(x, copy=True)
         mask = 1
         while mask < p:
@@ -208,7 +208,7 @@ def gather(comm, x, root=0, axis=0):
     _check_root(comm, root)
     ax = _axis(x, axis, "gather")
     p = comm.world_size
-    with comm.collective("gather", x, shape=_without(x.shape, ax), dtype=x.dtype.str,
+    with comm.collective("gather", x, shape=_without(x.shape, ax), dtype=x.dtype.name,
                          root=root, axis=ax):
         if comm.rank != root:
             comm.send(x, root)
@@ -229,7 +229,7 @@ def all_to_all(comm, x, split_axis, concat_axis):
     sa = _axis(x, split_axis, "all_to_all")
     ca = _axis(x, concat_axis, "all_to_all")
     p, r = comm.world_size, comm.rank
-    with comm.collective("all_to_all", x, shape=_without(x.shape, ca), dtype=x.dtype.str,
+    with comm.collective("all_to_all", x, shape=_without(x.shape, ca), dtype=x.dtype.name,
                          split_axis=sa, concat_axis=ca):
         chunks = np.array_split(x, p, axis=sa)
         received = [None] * p

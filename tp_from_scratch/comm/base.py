@@ -1,8 +1,10 @@
 """The communicator interface every backend implements: rank, world_size, send, recv, barrier.
 
-Backends (simulated threads, MPI, torch.distributed) implement ``_send``, ``_recv``,
-``barrier`` and ``_check_collective``; this base class validates arguments and feeds the
-meter, so the three backends count traffic identically.
+Backends (simulated threads, MPI, torch.distributed) implement ``_raw_send``,
+``_raw_recv`` (a message on a tag) and ``barrier``; this base class validates arguments and
+feeds the meter, so the three backends count traffic identically. Collectives announce
+themselves with ``comm.collective(name, x, **params)``, which is where ranks are checked
+to agree (always on the simulator, under TP_DEBUG=1 elsewhere).
 
 Two settings come from the environment, read when a communicator is created:
 
@@ -42,6 +44,15 @@ def debug_from_env():
     return os.environ.get("TP_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
 
 
+def _plain(value):
+    """Python ints and tuples instead of numpy scalars and lists: comparable and printable."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
 class Fingerprint:
     """What a rank says it is doing at a collective call: a name and its parameters.
 
@@ -50,7 +61,7 @@ class Fingerprint:
 
     def __init__(self, name, **params):
         self.name = name
-        self.params = {k: (tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in params.items()}
+        self.params = {k: _plain(v) for k, v in params.items()}
 
     def __eq__(self, other):
         return (self.name, self.params) == (other.name, other.params)
