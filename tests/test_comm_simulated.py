@@ -201,3 +201,20 @@ def test_recv_into_out_fills_it_and_checks_shape_and_dtype():
     with pytest.raises(SPMDError, match=r"rank 1: recv from rank 0 into an array of shape \(6,\) "
                                         r"and dtype float32, but the message has shape \(6,\) and dtype float64"):
         run_spmd(fn, 2)
+
+
+def test_a_rank_computing_forever_is_stopped_after_a_failure():
+    import threading
+
+    def fn(comm):
+        if comm.rank == 0:
+            raise ValueError("rank 0 gives up")
+        while True:  # never calls comm again: only an interruption from outside can stop it
+            pass
+
+    with pytest.raises(SPMDError, match="rank 0 failed: ValueError"):
+        run_spmd(fn, 2)
+    deadline = time.monotonic() + 5
+    while any(t.name.startswith("spmd-rank") for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("spmd-rank")]

@@ -16,6 +16,7 @@ lets the simulator see the whole world at once and diagnose it:
 * the first exception on any rank stops every other rank at its next send/recv/barrier, and
   run_spmd raises SPMDError in the caller, naming the rank and carrying its traceback.
 """
+import ctypes
 import os
 import threading
 import time
@@ -234,10 +235,22 @@ def run_spmd(fn, world_size, *args, timeout=None, **kwargs):
                 failed_at = time.monotonic()
             world.cond.wait(0.05)
         if failed_at is not None and time.monotonic() - failed_at > _GRACE:
-            break  # a rank busy computing cannot be interrupted; do not wait for it
+            # a rank busy computing never reaches the comm call that would stop it: stop it
+            # from outside, so it does not keep burning a core behind the caller's back
+            for t in threads:
+                if t.is_alive():
+                    _interrupt(t)
+            break
     if world.failure is not None:
         raise _spmd_error(world, threads)
     return results
+
+
+def _interrupt(thread):
+    """Raise RankStopped inside ``thread`` at its next Python bytecode (CPython's
+    PyThreadState_SetAsyncExc; a thread blocked inside a C call, e.g. time.sleep, sees it
+    only when that call returns)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(RankStopped))
 
 
 def _spmd_error(world, threads):
