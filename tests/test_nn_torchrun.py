@@ -13,7 +13,7 @@ from tp_from_scratch.testing import run_command, torchrun_command
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_every_layer_check_passes_under_torchrun(nproc):
-    result = run_command(torchrun_command(nproc, "tp_from_scratch.nn.checks", "--timeout", 60), timeout=240)
+    result = run_command(torchrun_command(nproc, "tp_from_scratch.nn.checks", "--timeout", 90), timeout=240)
     passed = [line for line in result.stdout.splitlines() if "all checks passed" in line]
     assert result.returncode == 0 and len(passed) == nproc, result.stdout[-4000:]
     assert all("native equals scratch" in line and "scratch, world group" in line for line in passed)
