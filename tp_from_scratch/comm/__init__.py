@@ -7,8 +7,20 @@
     from tp_from_scratch.comm import spmd_main
     spmd_main(fn)                   # fn(comm_from_env()); a failing rank brings the job down
 
-Every communicator has ``rank``, ``world_size``, ``send(array, dst)``, ``recv(src)``,
+Every communicator has ``rank``, ``world_size``, ``send(array, dst)``, ``recv(src, out=None)``,
 ``barrier()`` and a ``meter``. Arrays are numpy arrays.
+
+When something goes wrong (TP_TIMEOUT=seconds bounds every wait, default 30; TP_DEBUG=1
+checks collectives across processes):
+
+    simulator   SPMDError in the caller: "deadlock: rank 0 waits for a message from rank 1; ...",
+                "collective mismatch ...: rank 2 is in all_reduce, rank 0 is in all_gather",
+                "rank 2 failed: ValueError: ..." with that rank's traceback
+    mpiexec     "rank R failed: ..." then MPI Abort ends every rank; a rank waiting on a
+                vanished peer gives up after TP_TIMEOUT naming it; a killed rank makes
+                mpiexec report "BAD TERMINATION ... EXIT CODE: 9" and stop the rest
+    torchrun    "rank R failed: ..." then exit 1, and torchrun stops the other workers;
+                gloo notices a vanished peer at once ("connection closed/reset")
 """
 from .base import Comm, Fingerprint, debug_from_env, timeout_from_env
 from .errors import (CollectiveMismatchError, CommError, CommTimeoutError, DeadlockError,

@@ -10,6 +10,8 @@ import os
 import sys
 import traceback
 
+from .errors import CollectiveMismatchError, CommError
+
 _MPI_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
 
@@ -57,7 +59,11 @@ def spmd_main(fn):
         if isinstance(error, SystemExit) and error.code in (0, None):
             raise
         rank = "?" if comm is None else comm.rank
-        sys.stderr.write(f"rank {rank} failed: {traceback.format_exc()}")
+        if isinstance(error, CommError) and not isinstance(error, CollectiveMismatchError):
+            # a peer is gone or silent: the message says which; this rank's traceback is noise
+            sys.stderr.write(f"rank {rank} failed: {type(error).__name__}: {error}\n")
+        else:
+            sys.stderr.write(f"rank {rank} failed: {traceback.format_exc()}")
         sys.stderr.flush()
         sys.stdout.flush()
         if comm is not None and hasattr(comm, "abort"):
