@@ -25,7 +25,7 @@ LAUNCH_TIMEOUT = 240
 
 # name -> (processes, extra arguments). The dp=2 x tp=2 float64 run is the two-node rehearsal.
 RUNS = {
-    "tp2-f32": (2, ["--tp", "2", "--dtype", "float32", "--save", "{dir}/ckpt"]),
+    "tp2-f32": (2, ["--tp", "2", "--dtype", "float32", "--save", "{dir}/ckpt", "--save-every", "25"]),
     "tp4-f32": (4, ["--tp", "4", "--dtype", "float32"]),
     "dp2tp2-f32": (4, ["--tp", "2", "--dtype", "float32"]),
     "tp2-f64": (2, ["--tp", "2", "--dtype", "float64"]),
@@ -152,19 +152,20 @@ def test_dtensor_equals_scratch(runs):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_resume_same_and_other_tp(runs, tmp_path):
-    # 1) a tp=2 run stopped at step 20 with --save: its 20 losses are bitwise those of the
-    #    uninterrupted tp=2 run (same seed, same tp -> the same bits, run after run)
+    # the tp=2 run saved at step 25 (--save-every 25) on its way to 50
     uninterrupted = runs("tp2-f32")
-    first = launch(2, ["--tp", "2", "--steps", "20", "--save", str(tmp_path / "ck")], tmp_path, "first")
-    assert_losses_match(first, [uninterrupted[s] for s in range(20)], "run stopped at 20", "float32",
-                        exact=True)
-    # 2) resumed at the same tp: steps 20..49 bitwise equal to the uninterrupted run
-    same = launch(2, ["--tp", "2", "--steps", str(STEPS), "--load", str(tmp_path / "ck")], tmp_path, "same")
-    assert_losses_match(same, [uninterrupted[s] for s in range(20, STEPS)], "resumed at tp=2",
-                        "float32", first=20, exact=True)
-    # 3) resumed at tp=4 (resharded weights and AdamW moments): equal within the tolerance
-    other = launch(4, ["--tp", "4", "--steps", str(STEPS), "--load", str(tmp_path / "ck")], tmp_path, "other")
-    assert_losses_match(other, [uninterrupted[s] for s in range(20, STEPS)], "resumed at tp=4",
-                        "float32", first=20)
-    assert_losses_match(other, reference("float32")[20:], "resumed at tp=4 vs single device",
-                        "float32", first=20)
+    meta = [ckpt.read_metadata(d)[1] for d in runs.dir.glob("ckpt/step_*")]
+    at25 = next(d for d in runs.dir.glob("ckpt/step_00000025-*"))
+    assert sorted(m["step"] for m in meta) == [25, 50]
+    # 1) resumed at the same tp: steps 25..49 bitwise equal to the uninterrupted run. Another
+    #    process, the same bits: runs are deterministic, and the checkpoint lost nothing
+    #    (weights, both AdamW moments and its step count)
+    same = launch(2, ["--tp", "2", "--steps", str(STEPS), "--load", str(at25)], tmp_path, "same")
+    assert_losses_match(same, [uninterrupted[s] for s in range(25, STEPS)], "resumed at tp=2",
+                        "float32", first=25, exact=True)
+    # 2) resumed at tp=4 (resharded weights and AdamW moments): equal within the tolerance
+    other = launch(4, ["--tp", "4", "--steps", str(STEPS), "--load", str(at25)], tmp_path, "other")
+    assert_losses_match(other, [uninterrupted[s] for s in range(25, STEPS)], "resumed at tp=4",
+                        "float32", first=25)
+    assert_losses_match(other, reference("float32")[25:], "resumed at tp=4 vs single device",
+                        "float32", first=25)

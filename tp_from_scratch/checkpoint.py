@@ -100,9 +100,11 @@ def load_optimizer_state_by_name(model, optimizer, state):
     """Put ``state`` (as returned by optimizer_state_by_name, for this rank's shard) into ``optimizer``."""
     for name, p in model.named_parameters():
         if name in state:
+            # moments go to the parameter's device and dtype; scalars such as AdamW's "step"
+            # stay on the CPU, where the (non-capturable) optimizer keeps them
             optimizer.state[p] = {
-                k: (v.to(device=p.device, dtype=p.dtype if v.shape == p.shape else v.dtype).clone()
-                    if torch.is_tensor(v) else v)
+                k: (v.to(device=p.device, dtype=p.dtype).clone() if torch.is_tensor(v) and v.shape == p.shape
+                    else v.clone() if torch.is_tensor(v) else v)
                 for k, v in state[name].items()
             }
 

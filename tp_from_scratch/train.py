@@ -341,6 +341,10 @@ def verdict(loss, ref, step):
 
 def run(args, config, mesh):
     start = ckpt.load_full(args.load, config) if args.load else None
+    saved_with = start and start["meta"].get("optimizer")
+    if saved_with and saved_with != args.optimizer:
+        raise ckpt.CheckpointError(f"checkpoint {args.load} holds {saved_with} state, "
+                                   f"but this run uses --optimizer {args.optimizer}")
     model, optimizer, first = build(args, config, mesh, start)
     report_memory(model, config, mesh)
     is_main = mesh.rank == 0
