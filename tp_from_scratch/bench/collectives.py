@@ -4,8 +4,8 @@
     torchrun --nproc-per-node 4 -m tp_from_scratch.bench collectives --json runs/bench.json
     ... collectives --ops all_reduce --min-bytes 1M --max-bytes 16M --iters 20 --warmup 5
 
-Both implementations run in the same job, on the same float32 data, one after the other
-for each size. Columns, as in nccl-tests:
+Both implementations run in the same job, on the same float32 data, taking turns call by
+call at each size. Columns, as in nccl-tests:
     size    bytes of the whole array (all_reduce: the input; all_gather: the output;
             reduce_scatter: the input), count its elements
     time    median microseconds per call on the slowest rank; the two implementations take
@@ -26,7 +26,7 @@ import numpy as np
 
 from tp_from_scratch import collectives
 from tp_from_scratch.bench.native import native_for
-from tp_from_scratch.comm import comm_from_env, spmd_main
+from tp_from_scratch.comm import spmd_main
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.testing import random_array, rank_rng
 
