@@ -22,6 +22,8 @@ $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
+	@# make the repo importable from anywhere in the venv (jupyter lab, torchrun, mpiexec), no build step
+	$(PY) -c 'import os, site; open(os.path.join(site.getsitepackages()[0], "tp_from_scratch.pth"), "w").write(os.getcwd() + "\n")'
 	rm -f $(VENV)/.installed-* && touch $@
 
 # The main job: a tp=2 GPT trained by 2 CPU processes, each loss next to the single-device one
