@@ -1,5 +1,4 @@
 """Sharded checkpoints: exact round trips at any tp, clear errors, and nothing lost to a kill."""
-import signal
 import sys
 import textwrap
 
@@ -121,39 +120,50 @@ def test_old_checkpoints_are_pruned_and_latest_is_newest(tmp_path):
     assert ckpt.load_full(tmp_path)["step"] == 3
 
 
-# The child saves checkpoint A (step 1) completely, then dies by SIGKILL in the middle of
-# saving checkpoint B (step 2): at the K-th atomic write, half-way through the bytes.
+# For each kill point K, the child saves checkpoint A (step 1) completely into root/K, then
+# forks; the fork starts saving checkpoint B (step 2) and SIGKILLs itself at its K-th atomic
+# write, half-way through the bytes. Forking keeps this to one Python start-up for all K.
 KILLER = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
     import tests.test_checkpoint as t
     from tp_from_scratch import checkpoint as ckpt
-    root, kill_at = Path(sys.argv[1]), int(sys.argv[2])
-    t.save_sharded(root, *t.trained_state(1), tp=2, step=1)
-    original, calls = ckpt.write_atomic, [0]
-    def dying_write(path, data):
-        calls[0] += 1
-        if calls[0] == kill_at:
-            tmp = Path(path).with_name("." + Path(path).name + ".tmp-dying")
-            tmp.write_bytes(data[: len(data) // 2])
-            print("killing myself", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
-        original(path, data)
-    ckpt.write_atomic = dying_write
-    t.save_sharded(root, *t.trained_state(2), tp=2, step=2)
-    print("save B finished: the kill never happened", flush=True)
+    root = Path(sys.argv[1])
+    for kill_at in map(int, sys.argv[2:]):
+        t.save_sharded(root / str(kill_at), *t.trained_state(1), tp=2, step=1)
+        pid = os.fork()
+        if pid == 0:
+            original, calls = ckpt.write_atomic, [0]
+            def dying_write(path, data):
+                calls[0] += 1
+                if calls[0] == kill_at:
+                    tmp = Path(path).with_name("." + Path(path).name + ".tmp-dying")
+                    tmp.write_bytes(data[: len(data) // 2])
+                    os.kill(os.getpid(), signal.SIGKILL)
+                original(path, data)
+            ckpt.write_atomic = dying_write
+            t.save_sharded(root / str(kill_at), *t.trained_state(2), tp=2, step=2)
+            os._exit(0)  # the kill never happened
+        _, status = os.waitpid(pid, 0)
+        print(kill_at, "killed" if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+              else f"not killed (status {status})", flush=True)
 """)
+
+# the writes of save B: 1 shard 0, 2 shard 1, 3 meta.json, 4 latest
+KILL_POINTS = {2: "second shard", 3: "meta.json", 4: "latest"}
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("kill_at, where", [(2, "second shard"), (3, "meta.json"), (4, "latest")])
-def test_killed_mid_save_leaves_previous_checkpoint_loadable(tmp_path, kill_at, where):
-    # writes of save B: 1 shard 0, 2 shard 1, 3 meta.json, 4 latest
-    out = run_command([sys.executable, "-c", KILLER, str(tmp_path), str(kill_at)], timeout=100,
+def test_killed_mid_save_leaves_previous_checkpoint_loadable(tmp_path):
+    out = run_command([sys.executable, "-c", KILLER, str(tmp_path), *map(str, KILL_POINTS)], timeout=100,
                       env=subprocess_env())
-    assert out.returncode == -signal.SIGKILL, f"the child was not killed ({where}):\n{out.stdout}"
-    loaded = ckpt.load_full(tmp_path, CONFIG)
-    assert loaded["step"] == 1, f"killed while writing {where}: latest moved to step {loaded['step']}"
-    for name, value in trained_state(1)[0].items():
-        assert_matches_reference(loaded["model"][name], value, name=name, exact=True)
+    assert out.returncode == 0, out.stdout
+    expected = trained_state(1)[0]
+    for kill_at, where in KILL_POINTS.items():
+        assert f"{kill_at} killed" in out.stdout, f"the save was not killed at {where}:\n{out.stdout}"
+        loaded = ckpt.load_full(tmp_path / str(kill_at), CONFIG)
+        assert loaded["step"] == 1, f"killed while writing {where}: latest moved to step {loaded['step']}"
+        for name, value in expected.items():
+            assert_matches_reference(loaded["model"][name], value, name=f"{name} (killed at {where})",
+                                     exact=True)
