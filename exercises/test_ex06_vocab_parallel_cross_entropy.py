@@ -74,7 +74,7 @@ def grade(impl, t, vocab, dtype, scale=3.0, ignore_index=-100, seed=70, upstream
     return results
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("t", WORLD_SIZES)
 def test_loss_and_gradient_equal_F_cross_entropy(impl, t, dtype):
     grade(impl, t, 64, dtype)
@@ -85,7 +85,7 @@ def test_a_vocabulary_that_t_does_not_divide(impl, t):
     grade(impl, t, 13, torch.float64)  # blocks of 7+6, 5+4+4, 4+3+3+3
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("t", [1, 2, 4])
 def test_logits_of_size_1000_do_not_overflow(impl, t, dtype):
     # exp(1000) is inf in any float type: only the max subtraction keeps the loss finite
