@@ -15,9 +15,9 @@
     torchrun --nnodes 2 --node-rank 0|1 --nproc-per-node 8 --master-addr NODE0 --master-port 29500 \\
         -m tp_from_scratch.train --tp 8 --device cuda
 
-The world of ranks is a dp x tp mesh: rank = dp_index * tp + tp_index, so the ranks of one
-TP group are neighbours (on one node, where the bandwidth is). Gradients are averaged over
-each DP group (the ranks holding the same shard) after backward.
+The world of ranks is a dp x tp mesh (tp_from_scratch/mesh.py): rank = dp_index * tp + tp_index,
+so the ranks of one TP group are neighbours (on one node, where the bandwidth is). Gradients
+are averaged over each DP group (the ranks holding the same shard) after backward.
 
 Batches are a function of (seed, step) (tp_from_scratch.data); DP rank d takes rows
 d*B/dp .. (d+1)*B/dp of the global batch, so the global loss is the same at every dp and
@@ -28,8 +28,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -38,6 +36,7 @@ import torch.distributed as dist
 from tp_from_scratch import checkpoint as ckpt
 from tp_from_scratch.compare import TOLERANCE, assert_matches_reference
 from tp_from_scratch.data import global_batch, local_batch
+from tp_from_scratch.mesh import setup_mesh
 from tp_from_scratch.model import (GPTConfig, count_parameters, gpt_to_tp, init_gpt,
                                    shard_tensor)
 from tp_from_scratch.traffic import CollectiveCounter
@@ -129,61 +128,6 @@ def make_optimizer(params, args):
     if args.optimizer == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9)
     return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0, foreach=False)
-
-
-# ---------------------------------------------------------------------------------------
-# The process mesh
-# ---------------------------------------------------------------------------------------
-
-@dataclass
-class Mesh:
-    """This process's place in the dp x tp mesh and the groups it talks to."""
-    rank: int
-    world: int
-    tp: int
-    dp: int
-    tp_rank: int
-    dp_rank: int
-    tp_group: object
-    dp_group: object
-    device: torch.device
-    device_mesh: object = None  # only for --impl dtensor
-
-
-def setup_mesh(args):
-    """init_process_group (with a timeout) and one TP group and one DP group per rank.
-
-    Every rank creates every group, in the same order: new_group is collective.
-    """
-    timeout = timedelta(seconds=args.timeout)
-    backend = "nccl" if args.device == "cuda" else "gloo"
-    if "RANK" not in os.environ:  # plain `python -m tp_from_scratch.train`: a world of one
-        from tp_from_scratch.testing import free_port
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",
-                                rank=0, world_size=1, timeout=timeout)
-    else:
-        dist.init_process_group(backend, timeout=timeout)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    tp, dp = args.tp, world // args.tp
-    device = torch.device("cpu")
-    if args.device == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-    if args.impl == "dtensor":
-        from torch.distributed.device_mesh import init_device_mesh
-        mesh = init_device_mesh(args.device, (dp, tp), mesh_dim_names=("dp", "tp"))
-        return Mesh(rank, world, tp, dp, rank % tp, rank // tp, mesh["tp"].get_group(),
-                    mesh["dp"].get_group(), device, mesh)
-    tp_group = dp_group = None
-    for d in range(dp):     # TP groups: consecutive ranks
-        g = dist.new_group([d * tp + i for i in range(tp)], timeout=timeout)
-        if d == rank // tp:
-            tp_group = g
-    for i in range(tp):     # DP groups: the ranks holding the same shard
-        g = dist.new_group([d * tp + i for d in range(dp)], timeout=timeout)
-        if i == rank % tp:
-            dp_group = g
-    return Mesh(rank, world, tp, dp, rank % tp, rank // tp, tp_group, dp_group, device)
 
 
 # ---------------------------------------------------------------------------------------
@@ -402,7 +346,7 @@ def run(args, config, mesh):
         print(counter.table(n))
         if args.collectives == "scratch":
             from tp_from_scratch.nn.mappings import scratch_comm
-            print("from-scratch ring traffic (TorchComm meter):")
+            print(f"from-scratch ring traffic over the {n} steps (TorchComm meter):")
             print(scratch_comm(mesh.tp_group).meter.table())
         if compare:
             tol = TOLERANCE[args.dtype]
@@ -452,7 +396,7 @@ def main(argv=None):
             parser.error(problem)  # prints usage and the message, exits with status 2
         sys.exit(2)
     config = config_from_args(args)
-    mesh = setup_mesh(args)
+    mesh = setup_mesh(args.tp, args.device, args.timeout, dtensor=args.impl == "dtensor")
     try:
         if args.impl == "scratch":
             from tp_from_scratch.nn import set_collective_impl
