@@ -41,3 +41,19 @@ def test_only_rank_0_prints_the_message(monkeypatch, capsys):
 def test_good_arguments_pass_validation():
     args = train.build_parser().parse_args(["--tp", "2", "--steps", "0"])
     assert train.validate(args, 4) is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_loading_a_checkpoint_of_another_model_fails_clearly(tmp_path):
+    # one plain process (no torchrun): save 1 step, then load it into a model with another width
+    import sys
+
+    from tp_from_scratch.testing import run_command
+    base = [sys.executable, "-m", "tp_from_scratch.train", "--no-progress", "--steps", "1"]
+    saved = run_command(base + ["--save", str(tmp_path / "ck")], timeout=100)
+    assert saved.returncode == 0, saved.stdout
+    out = run_command(base + ["--steps", "2", "--load", str(tmp_path / "ck"), "--hidden", "32"], timeout=100)
+    assert out.returncode == 1, out.stdout
+    assert "rank 0: error: checkpoint" in out.stdout
+    assert "different model config: hidden=64 in the checkpoint, 32 in this run" in out.stdout
