@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tp_from_scratch.comm import run_spmd
-from tp_from_scratch.nn.checks import all_checks
+from tp_from_scratch.nn.checks import all_checks, check_default_init
 
 CHECKS = {name: (check, kwargs) for name, check, kwargs in all_checks()}
 
@@ -22,3 +22,9 @@ def test_layer_equals_single_device(name, t):
     check, kwargs = CHECKS[name]
     for dtype in (torch.float64, torch.float32):
         run_spmd(check, t, dtype, 7, timeout=60, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_default_init_with_the_same_seed_is_the_single_device_layer(dtype):
+    # one simulated rank: threads share torch's default RNG (torchrun checks t = 2 and 4)
+    run_spmd(check_default_init, 1, dtype, 3)

@@ -16,4 +16,5 @@ def test_every_layer_check_passes_under_torchrun(nproc):
     result = run_command(torchrun_command(nproc, "tp_from_scratch.nn.checks", "--timeout", 90), timeout=240)
     passed = [line for line in result.stdout.splitlines() if "all checks passed" in line]
     assert result.returncode == 0 and len(passed) == nproc, result.stdout[-4000:]
-    assert all("native equals scratch" in line and "scratch, world group" in line for line in passed)
+    assert all("native equals scratch" in line and "default init equals nn.Linear" in line
+               and "scratch, world group" in line for line in passed)

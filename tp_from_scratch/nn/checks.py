@@ -215,6 +215,32 @@ def check_dropout_rng(group=None, dtype=torch.float64, seed=0, *, p=0.5, device=
         raise AssertionError(f"rank {rank}: dropout kept {kept:.2f} of the elements at p={p}")
 
 
+def check_default_init(group=None, dtype=torch.float32, seed=0, device="cpu"):
+    """With the same seed, default-initialised parallel layers hold their shards of nn.Linear / nn.Embedding.
+
+    Uses torch's default RNG, which simulated ranks (threads) share: run it on real processes,
+    or on one simulated rank.
+    """
+    rank, t = tp_rank(group), tp_world_size(group)
+    built = {}
+    for name, make in (("column", lambda: ColumnParallelLinear(6, 10, group=group, dtype=dtype, device=device)),
+                       ("row", lambda: RowParallelLinear(10, 6, group=group, dtype=dtype, device=device)),
+                       ("embedding", lambda: VocabParallelEmbedding(13, 4, group, dtype=dtype, device=device)),
+                       ("linear 6->10", lambda: nn.Linear(6, 10, dtype=dtype, device=device)),
+                       ("linear 10->6", lambda: nn.Linear(10, 6, dtype=dtype, device=device)),
+                       ("nn.Embedding", lambda: nn.Embedding(13, 4, dtype=dtype, device=device))):
+        torch.manual_seed(seed)
+        built[name] = make()
+    (lo, hi), (rlo, rhi), (vlo, vhi) = (shard_range(n, rank, t) for n in (10, 10, 13))
+    pairs = {"column W": (built["column"].weight, built["linear 6->10"].weight[lo:hi]),
+             "column b": (built["column"].bias, built["linear 6->10"].bias[lo:hi]),
+             "row W": (built["row"].weight, built["linear 10->6"].weight[:, rlo:rhi]),
+             "row b": (built["row"].bias, built["linear 10->6"].bias),
+             "embedding E": (built["embedding"].weight, built["nn.Embedding"].weight[vlo:vhi])}
+    for name, (got, expected) in pairs.items():
+        assert_matches_reference(got, expected, name=f"default init, {name}", rank=rank, exact=True)
+
+
 def all_checks():
     """(name, function, kwargs) for every check, sized to cover uneven splits for t = 1..4."""
     checks = []
@@ -298,6 +324,7 @@ def main(argv=None):
     try:
         counts = {}
         check_native_equals_scratch(None, device=device)
+        check_default_init(None, device=device)
         with collective_impl("native"):
             counts[f"native, world group of {size}"] = run_all_checks(None, device=device)
         with collective_impl("scratch"):  # one dtype: the scratch path moves the same bytes
@@ -307,7 +334,7 @@ def main(argv=None):
             for impl in ("native", "scratch"):
                 with collective_impl(impl):
                     counts[f"{impl}, sub-group of 2"] = run_all_checks(pair, (torch.float32,), device=device)
-        print(f"rank {rank}: all checks passed: native equals scratch; "
+        print(f"rank {rank}: all checks passed: native equals scratch; default init equals nn.Linear; "
               + "; ".join(f"{n} checks ({where})" for where, n in counts.items()), flush=True)
     except BaseException:  # bring the whole job down quickly; torchrun kills the other ranks
         print(f"rank {rank} failed: {traceback.format_exc()}", file=sys.stderr, flush=True)
