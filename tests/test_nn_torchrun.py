@@ -15,6 +15,8 @@ from tp_from_scratch.testing import run_command, torchrun_command
 def test_every_layer_check_passes_under_torchrun(nproc):
     result = run_command(torchrun_command(nproc, "tp_from_scratch.nn.checks", "--timeout", 90), timeout=240)
     passed = [line for line in result.stdout.splitlines() if "all checks passed" in line]
-    assert result.returncode == 0 and len(passed) == nproc, result.stdout[-4000:]
+    # the ranks' own error lines first: torchrun's summary that follows them is long
+    errors = [line for line in result.stdout.splitlines() if "Error:" in line or " failed:" in line]
+    assert result.returncode == 0 and len(passed) == nproc, "\n".join(errors[:20]) + "\n" + result.stdout[-2000:]
     assert all("native equals scratch" in line and "default init equals nn.Linear" in line
                and "scratch, world group" in line for line in passed)
