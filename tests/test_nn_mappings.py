@@ -149,3 +149,11 @@ def test_cross_entropy_names_a_target_shape_mismatch():
         vocab_parallel_cross_entropy(torch.zeros(2, 3, 4), torch.zeros(2, 4, dtype=torch.long), comm)
     with pytest.raises(Exception, match=r"target shape \(2, 4\) does not match .* \(2, 3\) on rank \d"):
         run_spmd(bad, 2)
+
+
+@pytest.mark.parametrize("sizes,message", [([2, 2], r"size 5 does not match the shard sizes \[2, 2\]"),
+                                           ([2, 2, 1], r"3 shard sizes \[2, 2, 1\] for tp=2")],
+                         ids=["sum", "count"])
+def test_scatter_names_shard_sizes_that_do_not_fit(sizes, message):
+    with pytest.raises(Exception, match=r"rank \d: .*" + message):
+        run_spmd(lambda comm: scatter_to_tp_region(torch.zeros(2, 5), comm, sizes), 2)

@@ -165,8 +165,11 @@ def split_last_dim(x, group=None, sizes=None):
     """
     t, rank = tp_world_size(group), tp_rank(group)
     sizes = sizes or shard_sizes(x.shape[-1], t)
+    if len(sizes) != t:
+        raise ValueError(f"rank {rank}: {len(sizes)} shard sizes {sizes} for tp={t} ranks")
     if sum(sizes) != x.shape[-1]:
-        raise ValueError(f"last dimension of size {x.shape[-1]} does not match the shard sizes {sizes}")
+        raise ValueError(f"rank {rank}: last dimension of size {x.shape[-1]} does not match the shard "
+                         f"sizes {sizes} (they add up to {sum(sizes)})")
     start = sum(sizes[:rank])
     return x[..., start:start + sizes[rank]].contiguous()
 
