@@ -5,7 +5,6 @@ result is compared bit for bit. The meter then checks the communication: f and g
 all-reduce each, the Megatron MLP one all-reduce forward and one backward, and the
 vocab-parallel cross-entropy three all-reduces of N numbers (never the N x V logits).
 """
-import numpy as np
 import pytest
 import torch
 
