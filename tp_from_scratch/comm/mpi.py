@@ -7,6 +7,7 @@ deadline (TP_TIMEOUT, default 30 s) instead of blocking in MPI: a peer that exit
 turns into a CommTimeoutError naming it, never a hang. ``abort`` calls MPI Abort, which makes
 mpiexec kill every rank.
 """
+import os
 import time
 
 import numpy as np
@@ -24,12 +25,18 @@ except ImportError as error:  # pragma: no cover - depends on the installation
         " and `pip install mpi4py`); `make doctor` checks it") from error
 
 
+# give the core to another process; sleep(0) where the OS has no sched_yield
+_yield_core = getattr(os, "sched_yield", lambda: time.sleep(0))
+
+
 def _wait_until(done, deadline, on_timeout):
     """Poll ``done()`` until True, raising CommTimeoutError after ``deadline``.
 
     It spins for the first SPIN seconds: MPI moves a large message only while both sides
-    call into it, so a sleeping receiver would starve the transfer. After that it sleeps
-    up to 1 ms between polls, so a rank waiting long for a slow peer leaves the core to it.
+    call into it, so a sleeping receiver would starve the transfer. While spinning it yields
+    the core between polls: with more ranks than cores (4 ranks on a 2-core laptop) a pure
+    spin takes the core from the very rank it waits for. After SPIN it sleeps up to 1 ms
+    between polls, so a rank waiting long for a slow peer leaves the core to it.
     """
     start = time.monotonic()
     delay = 1e-5
@@ -40,6 +47,8 @@ def _wait_until(done, deadline, on_timeout):
         if now - start > SPIN:
             time.sleep(delay)
             delay = min(delay * 2, 1e-3)
+        else:
+            _yield_core()
 
 
 class MPIComm(Comm):
