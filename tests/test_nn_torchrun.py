@@ -4,6 +4,8 @@ One launched job per world size runs every check of tp_from_scratch.nn.checks: w
 native collectives and with the from-scratch ones (through TorchComm), on the world group and
 on sub-groups of 2, after checking that the two collective implementations agree bit for bit.
 """
+import re
+
 import pytest
 
 from tp_from_scratch.testing import run_command, torchrun_command
@@ -14,9 +16,12 @@ from tp_from_scratch.testing import run_command, torchrun_command
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_every_layer_check_passes_under_torchrun(nproc):
     result = run_command(torchrun_command(nproc, "tp_from_scratch.nn.checks", "--timeout", 90), timeout=240)
-    passed = [line for line in result.stdout.splitlines() if "all checks passed" in line]
+    # ranks print concurrently into one pipe: find each rank's verdict, not each line
+    passed = re.findall(r"rank (\d+): all checks passed: ([^\n]*?)(?=rank \d+: |\n|$)", result.stdout)
     # the ranks' own error lines first: torchrun's summary that follows them is long
     errors = [line for line in result.stdout.splitlines() if "Error:" in line or " failed:" in line]
-    assert result.returncode == 0 and len(passed) == nproc, "\n".join(errors[:20]) + "\n" + result.stdout[-2000:]
-    assert all("native equals scratch" in line and "default init equals nn.Linear" in line
-               and "scratch, world group" in line for line in passed)
+    ranks = sorted(int(rank) for rank, _ in passed)
+    assert result.returncode == 0 and ranks == list(range(nproc)), \
+        "\n".join(errors[:20]) + "\n" + result.stdout[-2000:]
+    assert all("native equals scratch" in verdict and "default init equals nn.Linear" in verdict
+               and "scratch, world group" in verdict for _, verdict in passed), passed

@@ -334,8 +334,10 @@ def main(argv=None):
             for impl in ("native", "scratch"):
                 with collective_impl(impl):
                     counts[f"{impl}, sub-group of 2"] = run_all_checks(pair, (torch.float32,), device=device)
-        print(f"rank {rank}: all checks passed: native equals scratch; default init equals nn.Linear; "
-              + "; ".join(f"{n} checks ({where})" for where, n in counts.items()), flush=True)
+        # one write per rank, so the ranks' lines do not interleave in a shared pipe
+        sys.stdout.write(f"rank {rank}: all checks passed: native equals scratch; default init equals "
+                         f"nn.Linear; " + "; ".join(f"{n} checks ({where})" for where, n in counts.items()) + "\n")
+        sys.stdout.flush()
     except BaseException:  # bring the whole job down quickly; torchrun kills the other ranks
         print(f"rank {rank} failed: {traceback.format_exc()}", file=sys.stderr, flush=True)
         sys.exit(1)
