@@ -117,10 +117,7 @@ def test_two_nodes_dp2_tp2_float64_sgd(tmp_path):
                         str(tmp_path / "ckpt")], tmp_path, "two-nodes", nnodes=2)
     assert_losses_match(losses, reference("float64", *sgd), "dp=2 x tp=2 on two nodes", "float64")
     # the trained weights, glued back into one state dict, equal single-device training's
-    args = train.build_parser().parse_args(["--dtype", "float64", "--steps", str(STEPS), *sgd])
-    for _ in train.single_device_run(train.config_from_args(args), args):
-        pass
-    expected = train.single_device_run.final_model.state_dict()
+    expected = train.single_device_weights(["--dtype", "float64", "--steps", str(STEPS), *sgd])
     got = ckpt.load_full(tmp_path / "ckpt")["model"]
     assert set(got) == set(expected)
     for name, value in expected.items():
@@ -131,10 +128,7 @@ def test_two_nodes_dp2_tp2_float64_sgd(tmp_path):
 @pytest.mark.timeout(600)
 def test_trained_weights_float32_equal_single_device(runs):
     runs("tp2-f32")  # saved its final weights
-    args = train.build_parser().parse_args(["--dtype", "float32", "--steps", str(STEPS)])
-    for _ in train.single_device_run(train.config_from_args(args), args):
-        pass
-    expected = train.single_device_run.final_model.state_dict()
+    expected = train.single_device_weights(["--dtype", "float32", "--steps", str(STEPS)])
     got = ckpt.load_full(runs.dir / "ckpt")["model"]
     for name, value in expected.items():
         assert_matches_reference(got[name], value, name=f"trained {name} (tp=2, float32)")

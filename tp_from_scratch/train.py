@@ -164,14 +164,15 @@ def train_step(model, optimizer, x, y, dp_group=None, dp=1):
     return loss
 
 
-def single_device_run(config, args, start=None):
+def single_device_run(config, args, start=None, model=None):
     """The reference: the single-device GPT trained on the whole global batch of every step.
 
     A generator of (step, loss tensor). ``start``: a checkpoint.load_full() result to resume
     from (weights, optimizer state, step); otherwise fresh weights from ``args.seed``.
+    ``model``: a GPT to train in place (to read its weights afterwards); default a new one.
     """
     dtype = getattr(torch, args.dtype)
-    model = init_gpt(config, args.seed, dtype)
+    model = init_gpt(config, args.seed, dtype) if model is None else model
     optimizer = make_optimizer(model.parameters(), args)
     step = 0
     if start is not None:
@@ -185,7 +186,16 @@ def single_device_run(config, args, start=None):
         loss.backward()
         optimizer.step()
         yield step, loss.detach()
-    single_device_run.final_model = model  # for callers that want the trained weights
+
+
+def single_device_weights(argv):
+    """The single-device GPT's state dict after training with the command line ``argv``."""
+    args = build_parser().parse_args(list(argv))
+    config = config_from_args(args)
+    model = init_gpt(config, args.seed, getattr(torch, args.dtype))
+    for _ in single_device_run(config, args, model=model):
+        pass
+    return model.state_dict()
 
 
 def single_device_losses(argv, start=None):
