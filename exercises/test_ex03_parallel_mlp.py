@@ -10,29 +10,13 @@ import numpy as np
 import pytest
 
 from tp_from_scratch.compare import assert_all_match, assert_matches_reference
-from tp_from_scratch.comm import SPMDError, run_spmd
+from tp_from_scratch.grading import collective_calls, run_graded
 from tp_from_scratch.layers import reference
 from tp_from_scratch.sharding import shard
 from tp_from_scratch.testing import random_array, rank_rng
 
 WORLD_SIZES = [1, 2, 3, 4]
 B, T, H, F = 2, 3, 8, 24  # F = 3H: divisible by every t above
-SPMD_TIMEOUT = 20.0  # seconds; a rank waiting longer is a bug (e.g. an all-reduce on one rank only)
-
-
-def spmd(fn, t, *args):
-    """run_spmd, but a stub's NotImplementedError on a rank surfaces as NotImplementedError."""
-    try:
-        return run_spmd(fn, t, *args, timeout=SPMD_TIMEOUT)
-    except SPMDError as error:
-        if isinstance(error.error, NotImplementedError):  # so the grader reports "not yet"
-            raise NotImplementedError(str(error)) from error
-        raise
-
-
-def collective_calls(comm):
-    """{collective name: calls} for every collective this rank entered since the last reset."""
-    return {name: traffic.calls for name, traffic in comm.meter.by_collective.items() if traffic.calls}
 
 
 def check_calls(got, expected, what, rank):
@@ -60,7 +44,7 @@ def test_f_is_identity_forward_and_all_reduce_backward(impl, t):
         dx = impl.f_backward(comm, grad.copy())
         return y, dx, grad, forward_calls, collective_calls(comm)
 
-    results = spmd(on_rank, t)
+    results = run_graded(on_rank, t)
     grad_sum = np.sum([r[2] for r in results], axis=0)
     for rank, (y, dx, _, forward_calls, backward_calls) in enumerate(results):
         assert_matches_reference(y, x, name="f forward (identity)", rank=rank, exact=True)
@@ -83,7 +67,7 @@ def test_g_is_all_reduce_forward_and_identity_backward(impl, t):
         dx = impl.g_backward(comm, grad.copy())
         return y, dx, partial, forward_calls, collective_calls(comm)
 
-    results = spmd(on_rank, t)
+    results = run_graded(on_rank, t)
     total = np.sum([r[2] for r in results], axis=0)
     for rank, (y, dx, _, forward_calls, backward_calls) in enumerate(results):
         assert_matches_reference(y, total, name="g forward (sum over ranks)", rank=rank, exact=True)
@@ -114,7 +98,7 @@ def test_column_parallel_linear_matches_single_device(impl, t, dtype):
         return y_local, grads, forward_calls, collective_calls(comm)
 
     y_blocks, dw_blocks, db_blocks = shard(y_ref, t, -1), shard(dw_ref, t, 1), shard(db_ref, t, 0)
-    for rank, (y_local, (dx, dw, db), forward_calls, backward_calls) in enumerate(spmd(on_rank, t)):
+    for rank, (y_local, (dx, dw, db), forward_calls, backward_calls) in enumerate(run_graded(on_rank, t)):
         # the output stays sharded: rank r holds column block r of y
         assert_matches_reference(y_local, y_blocks[rank], name="y_local", rank=rank)
         # dx is the full gradient, identical everywhere: the partial dx of each rank, all-reduced
@@ -146,7 +130,7 @@ def test_row_parallel_linear_matches_single_device(impl, t, dtype):
         return y, grads, forward_calls, collective_calls(comm)
 
     dx_blocks, dw_blocks = shard(dx_ref, t, -1), shard(dw_ref, t, 0)
-    for rank, (y, (dx, dw, db), forward_calls, backward_calls) in enumerate(spmd(on_rank, t)):
+    for rank, (y, (dx, dw, db), forward_calls, backward_calls) in enumerate(run_graded(on_rank, t)):
         # y is the sum of the t partial products plus the bias, added once
         assert_matches_reference(y, y_ref, name="y", rank=rank, exact=exact)
         assert_matches_reference(dx, dx_blocks[rank], name="dx_local", rank=rank, exact=exact)
@@ -191,7 +175,7 @@ def test_mlp_matches_single_device_with_one_all_reduce_each_way(impl, t, dtype):
         return y, dx, grads, forward_calls, collective_calls(comm)
 
     x_before = x.copy()
-    for rank, (y, dx, grads, forward_calls, backward_calls) in enumerate(spmd(on_rank, t)):
+    for rank, (y, dx, grads, forward_calls, backward_calls) in enumerate(run_graded(on_rank, t)):
         # at this point every rank must hold the single-device output and input gradient
         assert_matches_reference(y, y_ref, name="y", rank=rank)
         assert_matches_reference(dx, dx_ref, name="dx", rank=rank)

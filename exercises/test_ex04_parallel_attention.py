@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.comm import SPMDError, run_spmd
+from tp_from_scratch.grading import collective_calls, run_graded
 from tp_from_scratch.layers import reference
 from tp_from_scratch.testing import random_array, rank_rng
 
 B, T, H, HS = 2, 5, 8, 12  # head size 12: divisible by every t below
-SPMD_TIMEOUT = 20.0  # seconds; a rank waiting longer is a bug (e.g. an all-reduce on one rank only)
 
 # (t, nh, nkv): KV heads sharded (t divides nkv) and replicated (nkv < t), and t = 3
 CONFIGS = [
@@ -25,21 +24,6 @@ CONFIGS = [
     (4, 4, 4), (4, 4, 2), (4, 4, 1),
 ]
 CONFIG_IDS = [f"t{t}-nh{nh}-nkv{nkv}" for t, nh, nkv in CONFIGS]
-
-
-def spmd(fn, t, *args):
-    """run_spmd, but a stub's NotImplementedError on a rank surfaces as NotImplementedError."""
-    try:
-        return run_spmd(fn, t, *args, timeout=SPMD_TIMEOUT)
-    except SPMDError as error:
-        if isinstance(error.error, NotImplementedError):  # so the grader reports "not yet"
-            raise NotImplementedError(str(error)) from error
-        raise
-
-
-def collective_calls(comm):
-    """{collective name: calls} for every collective this rank entered since the last reset."""
-    return {name: traffic.calls for name, traffic in comm.meter.by_collective.items() if traffic.calls}
 
 
 def head_columns(first, count):
@@ -109,7 +93,7 @@ def test_parallel_attention_matches_single_device(impl, t, nh, nkv, dtype):
         dx, grads = impl.attention_backward(comm, dy, cache)
         return y, dx, grads, forward_calls, collective_calls(comm)
 
-    results = spmd(on_rank, t)
+    results = run_graded(on_rank, t)
     for rank, (y, dx, grads, forward_calls, backward_calls) in enumerate(results):
         # every rank ends with the full single-device output and input gradient
         assert_matches_reference(y, y_ref, name="y", rank=rank)

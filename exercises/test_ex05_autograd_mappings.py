@@ -10,29 +10,15 @@ import pytest
 import torch
 
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.comm import SPMDError, run_spmd
+from tp_from_scratch.grading import collective_calls, run_graded
 from tp_from_scratch.testing import random_array, rank_rng
 
 WORLD_SIZES = [1, 2, 3, 4]
 B, T, H, F = 2, 3, 12, 24  # every size divisible by every t above
-SPMD_TIMEOUT = 20.0  # seconds; a rank waiting longer is a bug (a collective on some ranks only)
-
-
-def spmd(fn, t, *args):
-    """run_spmd, but a stub's NotImplementedError on a rank surfaces as NotImplementedError."""
-    try:
-        return run_spmd(fn, t, *args, timeout=SPMD_TIMEOUT)
-    except SPMDError as error:
-        if isinstance(error.error, NotImplementedError):  # so the grader reports "not yet"
-            raise NotImplementedError(str(error)) from error
-        raise
 
 
 def calls(comm):
-    """{collective: calls} since the last meter reset, then reset it."""
-    got = {name: t.calls for name, t in comm.meter.by_collective.items() if t.calls}
-    comm.meter.reset()
-    return got
+    return collective_calls(comm, reset=True)
 
 
 def tensor(array, dtype=torch.float64, grad=False):
@@ -61,7 +47,7 @@ def test_f_copy_to_region_is_identity_forward_and_all_reduce_backward(impl, t):
         return y.detach(), x.grad, forward, calls(comm)
 
     total = sum(integers(51, r, (B, T, H)) for r in range(t))
-    for rank, (y, dx, forward, backward) in enumerate(spmd(on_rank, t)):
+    for rank, (y, dx, forward, backward) in enumerate(run_graded(on_rank, t)):
         assert_matches_reference(y, integers(50, 0, (B, T, H)), name="f forward (identity)", rank=rank, exact=True)
         assert_matches_reference(dx, total, name="f backward (sum over ranks)", rank=rank, exact=True)
         check_calls(forward, {}, "f forward", rank)
@@ -79,7 +65,7 @@ def test_g_reduce_from_region_is_all_reduce_forward_and_identity_backward(impl, 
         return y.detach(), x.grad, x.detach(), forward, calls(comm)
 
     total = sum(integers(52, r, (B, T, H)) for r in range(t))
-    for rank, (y, dx, x_after, forward, backward) in enumerate(spmd(on_rank, t)):
+    for rank, (y, dx, x_after, forward, backward) in enumerate(run_graded(on_rank, t)):
         assert_matches_reference(y, total, name="g forward (sum over ranks)", rank=rank, exact=True)
         assert_matches_reference(dx, integers(53, 0, (B, T, H)), name="g backward (identity)", rank=rank, exact=True)
         assert_matches_reference(x_after, integers(52, rank, (B, T, H)), name="g input (must not change)",
@@ -102,7 +88,7 @@ def test_scatter_keeps_own_chunk_forward_and_all_gathers_backward(impl, t):
 
     x = integers(54, 0, (B, T, H))
     gathered = torch.cat([integers(55, r, (B, T, n)) for r in range(t)], dim=-1)
-    for rank, (y, dx, forward, backward) in enumerate(spmd(on_rank, t)):
+    for rank, (y, dx, forward, backward) in enumerate(run_graded(on_rank, t)):
         assert_matches_reference(y, x[..., rank * n:(rank + 1) * n], name="scatter forward (own chunk)",
                                  rank=rank, exact=True)
         assert_matches_reference(dx, gathered, name="scatter backward (all-gather)", rank=rank, exact=True)
@@ -124,7 +110,7 @@ def test_gather_all_gathers_forward_and_keeps_own_chunk_backward(impl, t):
 
     gathered = torch.cat([integers(56, r, (B, T, n)) for r in range(t)], dim=-1)
     dy = integers(57, 0, (B, T, H))
-    for rank, (y, dx, forward, backward) in enumerate(spmd(on_rank, t)):
+    for rank, (y, dx, forward, backward) in enumerate(run_graded(on_rank, t)):
         assert_matches_reference(y, gathered, name="gather forward (all-gather)", rank=rank, exact=True)
         assert_matches_reference(dx, dy[..., rank * n:(rank + 1) * n], name="gather backward (own chunk)",
                                  rank=rank, exact=True)
@@ -190,7 +176,7 @@ def test_column_parallel_linear_equals_nn_linear(impl, t, gather_output):
     x_of = lambda x, rank: x  # noqa: E731  (replicated input)
     dy_of = lambda dy, rank: dy if gather_output else dy[..., rank * n:(rank + 1) * n]  # noqa: E731
     for dtype in (torch.float64, torch.float32):
-        for rank, r in enumerate(spmd(run_layer, t, 60, dtype, make, x_of, dy_of)):
+        for rank, r in enumerate(run_graded(run_layer, t, 60, dtype, make, x_of, dy_of)):
             block = slice(rank * n, (rank + 1) * n)
             y_ref = r["y_ref"] if gather_output else r["y_ref"][..., block]
             compare(r, rank, y_ref, r["dx_ref"], block, slice(None), block, "column-parallel")
@@ -206,7 +192,7 @@ def test_row_parallel_linear_equals_nn_linear(impl, t, input_is_parallel):
     x_of = lambda x, rank: x[..., rank * n:(rank + 1) * n] if input_is_parallel else x  # noqa: E731
     dy_of = lambda dy, rank: dy  # noqa: E731  (the output is replicated)
     for dtype in (torch.float64, torch.float32):
-        for rank, r in enumerate(spmd(run_layer, t, 61, dtype, make, x_of, dy_of)):
+        for rank, r in enumerate(run_graded(run_layer, t, 61, dtype, make, x_of, dy_of)):
             block = slice(rank * n, (rank + 1) * n)
             dx_ref = r["dx_ref"][..., block] if input_is_parallel else r["dx_ref"]
             # the bias is replicated and added once: its gradient is the full db on every rank
@@ -231,7 +217,7 @@ def test_column_then_row_is_the_megatron_mlp_with_one_all_reduce_each_way(impl, 
         y.sum().backward()
         return y.detach(), y_ref.detach(), x.grad, x_ref.grad, forward, calls(comm)
 
-    for rank, (y, y_ref, dx, dx_ref, forward, backward) in enumerate(spmd(on_rank, t)):
+    for rank, (y, y_ref, dx, dx_ref, forward, backward) in enumerate(run_graded(on_rank, t)):
         assert_matches_reference(y, y_ref, name="MLP Y", rank=rank)
         assert_matches_reference(dx, dx_ref, name="MLP dX", rank=rank)
         check_calls(forward, {"all_reduce": 1}, "MLP forward", rank)

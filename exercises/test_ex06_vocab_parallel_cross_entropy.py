@@ -11,23 +11,12 @@ import torch
 from torch.nn import functional as F
 
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.comm import SPMDError, run_spmd
+from tp_from_scratch.grading import run_graded
 from tp_from_scratch.sharding import shard_sizes
 from tp_from_scratch.testing import random_array, rank_rng
 
 WORLD_SIZES = [1, 2, 3, 4]
 B, T = 4, 8  # N = 32 tokens
-SPMD_TIMEOUT = 20.0
-
-
-def spmd(fn, t, *args):
-    """run_spmd, but a stub's NotImplementedError on a rank surfaces as NotImplementedError."""
-    try:
-        return run_spmd(fn, t, *args, timeout=SPMD_TIMEOUT)
-    except SPMDError as error:
-        if isinstance(error.error, NotImplementedError):
-            raise NotImplementedError(str(error)) from error
-        raise
 
 
 def problem(seed, vocab, dtype, scale=3.0, ignore_index=-100):
@@ -65,7 +54,7 @@ def grade(impl, t, vocab, dtype, scale=3.0, ignore_index=-100, seed=70, upstream
         traffic = {name: (tr.calls, tr.bytes_sent) for name, tr in comm.meter.by_collective.items()}
         return loss.detach(), local.grad, local.detach(), before, traffic
 
-    results = spmd(on_rank, t)
+    results = run_graded(on_rank, t)
     for rank, (loss, grad, after, before, _) in enumerate(results):
         lo = sum(sizes[:rank])
         assert_matches_reference(loss, loss_ref, name="loss", rank=rank)
