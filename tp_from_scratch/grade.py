@@ -67,10 +67,11 @@ def _parse_junit(path, results):
             result.first_failure = result.first_failure or result.failures[-1]
 
 
-def run_graders(impl="", exercises=None, timeout=900):
+def run_graders(impl="", exercises=None, timeout=900, stop_at_first_failure=False):
     """Run the graders in a fresh pytest process; return {exercise id: ExerciseResult}.
 
     impl: "" (the learner's exercises/), "reference", or a submission directory.
+    stop_at_first_failure: pytest -x; enough to prove that a known-wrong implementation fails.
     """
     exercises = list(exercises or EXERCISES)
     results = {e: ExerciseResult(e) for e in exercises}
@@ -78,7 +79,7 @@ def run_graders(impl="", exercises=None, timeout=900):
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
         cmd = [sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider",
-               "-o", "junit_family=xunit1", f"--junitxml={junit}"]
+               "-o", "junit_family=xunit1", f"--junitxml={junit}", *(["-x"] if stop_at_first_failure else [])]
         proc = run_command(cmd, timeout, env=subprocess_env(TP_IMPL=impl), cwd=REPO)
         if not junit.exists():
             raise RuntimeError(f"pytest wrote no results (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
