@@ -97,21 +97,30 @@ def causal_self_attention(q, k, v, head_size):
     return y.transpose(1, 2).reshape(B, T, -1)         # (B, T, nq*hs)
 
 
+def _linear(n_in, n_out, bias=True, input_is_copied=False):
+    """The single-device layer: nn.Linear (input_is_copied concerns only the TP column layers)."""
+    return nn.Linear(n_in, n_out, bias=bias)
+
+
 class Attention(nn.Module):
     """q, k, v projections (column-parallel in TP), attention per head, o projection (row)."""
 
-    def __init__(self, config, column, row):
+    def __init__(self, config, column, row, copy_in=None):
         super().__init__()
         hs = config.head_size
         self.head_size = hs
-        self.q = column(config.hidden, config.n_heads * hs)
+        # q, k and v read one input: in TP a single f (copy_in) serves all three, so backward
+        # all-reduces their summed input gradient once per block instead of three times
+        self.copy_in = copy_in or (lambda x: x)
+        self.q = column(config.hidden, config.n_heads * hs, input_is_copied=True)
         # no key bias: it adds q.b_k to a whole row of scores, which softmax ignores, so its
         # gradient is exactly zero and Adam would turn the roundoff left in it into real steps
-        self.k = column(config.hidden, config.n_kv_heads * hs, bias=False)
-        self.v = column(config.hidden, config.n_kv_heads * hs)
+        self.k = column(config.hidden, config.n_kv_heads * hs, bias=False, input_is_copied=True)
+        self.v = column(config.hidden, config.n_kv_heads * hs, input_is_copied=True)
         self.o = row(config.n_heads * hs, config.hidden)
 
     def forward(self, x):                               # x (B, T, H)
+        x = self.copy_in(x)                             # f: identity forward, all-reduce backward
         y = causal_self_attention(self.q(x), self.k(x), self.v(x), self.head_size)
         return self.o(y)                                # (B, T, H)
 
@@ -131,10 +140,10 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-LN transformer block: x + attn(ln1(x)), then + mlp(ln2(x))."""
 
-    def __init__(self, config, column, row):
+    def __init__(self, config, column, row, copy_in=None):
         super().__init__()
         self.ln1 = nn.LayerNorm(config.hidden)
-        self.attn = Attention(config, column, row)
+        self.attn = Attention(config, column, row, copy_in)
         self.ln2 = nn.LayerNorm(config.hidden)
         self.mlp = MLP(config, column, row)
 
@@ -152,7 +161,7 @@ class GPT(nn.Module):
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.hidden)
         self.wpe = nn.Embedding(config.seq_len, config.hidden)
-        self.blocks = nn.ModuleList(Block(config, nn.Linear, nn.Linear) for _ in range(config.n_layers))
+        self.blocks = nn.ModuleList(Block(config, _linear, _linear) for _ in range(config.n_layers))
         self.ln_f = nn.LayerNorm(config.hidden)
         if not config.tie_embeddings:
             self.lm_head = nn.Linear(config.hidden, config.vocab_size, bias=False)
@@ -210,8 +219,9 @@ class TensorParallelGPT(nn.Module):
         # init=False: the weights come from a single-device model (gpt_to_tp) or a checkpoint
         kw = dict(group=group, dtype=dtype, device=device, init=False)
 
-        def column(n_in, n_out, bias=True):  # W[out_t, in]: output Sharded, input Replicated
-            return ColumnParallelLinear(n_in, n_out, bias=bias, gather_output=False, **kw)
+        def column(n_in, n_out, bias=True, input_is_copied=False):  # W[out_t, in]: output Sharded
+            return ColumnParallelLinear(n_in, n_out, bias=bias, gather_output=False,
+                                        input_is_copied=input_is_copied, **kw)
 
         def row(n_in, n_out):      # W[out, in_t]: input Sharded, output Partial -> all-reduced
             return RowParallelLinear(n_in, n_out, bias=True, input_is_parallel=True, **kw)
@@ -219,7 +229,10 @@ class TensorParallelGPT(nn.Module):
         local = dict(dtype=dtype, device=device)
         self.wte = VocabParallelEmbedding(config.vocab_size, config.hidden, **kw)   # (V/t, H)
         self.wpe = nn.Embedding(config.seq_len, config.hidden, **local)            # replicated
-        self.blocks = nn.ModuleList(Block(config, column, row) for _ in range(config.n_layers))
+        def copy_in(x):  # f, shared by the q, k and v column layers of a block
+            return copy_to_tp_region(x, group)
+
+        self.blocks = nn.ModuleList(Block(config, column, row, copy_in) for _ in range(config.n_layers))
         for block in self.blocks:
             block.to(**local)  # the LayerNorms; the parallel layers already have dtype and device
         self.ln_f = nn.LayerNorm(config.hidden, **local)
@@ -239,7 +252,9 @@ class TensorParallelGPT(nn.Module):
         logits = F.linear(h, self.head_weight())        # (B, T, V/t) Sharded(vocab)
         if targets is None:
             return logits, None
-        loss = vocab_parallel_cross_entropy(logits.flatten(0, 1), targets.flatten(), group=self.group)
+        # the head's rows are the embedding's vocab shard, so its first id is known locally
+        loss = vocab_parallel_cross_entropy(logits.flatten(0, 1), targets.flatten(), group=self.group,
+                                            vocab_start=self.wte.vocab_start)
         return logits, loss
 
 

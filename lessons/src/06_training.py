@@ -21,7 +21,7 @@ against the same GPT trained on one device.
 What you will see:
 1. where each of the GPT's weights lives with t ranks, and the **memory per rank**;
 2. **training** on 2 simulated ranks, loss curves next to the single-device ones, step by step;
-3. the **communication per step**: 17 all-reduces, each one accounted for;
+3. the **communication per step**: 13 all-reduces, each one accounted for;
 4. the same run under **torchrun** on real processes (gloo), read back from its metrics file.
 
 Shapes: B batch, T sequence, H hidden, F ffn, V vocab, nh heads, nkv key/value heads,
@@ -147,21 +147,23 @@ for name, v in per_step.items():
 
 B, T, H, L = args.batch_size, config.seq_len, config.hidden, config.n_layers
 count = {f"forward g in the {L} blocks (attention o, MLP proj: 2 per block)": 2 * L,
-         f"backward f in the {L} blocks (q, k, v, MLP fc: 4 per block)": 4 * L,
+         f"backward f in the {L} blocks (q/k/v share one, MLP fc: 2 per block)": 2 * L,
          "embedding, forward g": 1, "LM head, backward f": 1,
          "cross-entropy: max, target logit, sum of exp": 3}
 for what, n in count.items():
     print(f"  {n:3d}  {what}")
 assert sum(count.values()) == per_step["all_reduce"]["calls"]
 print(f"= {sum(count.values())} all-reduces per step")"""),
-    new_markdown_cell(r"""Each block costs 2 all-reduces of a (B, T, H) activation forward and 4 backward: 4, not 2,
-because q, k and v are three column-parallel layers, each with its own f (a fused qkv weight
-would make it one, as in Megatron-LM). The cross-entropy's three all-reduces move (B·T)
-numbers each, never the (B, T, V) logits: that is the point of the vocabulary-parallel loss.
-The all-gather is the shard sizes, a few bytes. With the ring all-reduce a rank sends
-2 (t-1)/t times the payload: at t = 2, exactly the payload."""),
+    new_markdown_cell(r"""Each block costs 2 all-reduces of a (B, T, H) activation forward and 2 backward, as in
+Lesson 4. q, k and v are three column-parallel layers, but they read the same LayerNorm output,
+so the block applies one f to it and the three layers skip their own
+(`ColumnParallelLinear(..., input_is_copied=True)`): backward then all-reduces the *sum* of
+their input gradients once, instead of three times (Megatron-LM gets the same effect by fusing
+q, k and v into one weight). The cross-entropy's three all-reduces move (B·T) numbers each,
+never the (B, T, V) logits: that is the point of the vocabulary-parallel loss. With the ring
+all-reduce a rank sends 2 (t-1)/t times the payload: at t = 2, exactly the payload."""),
     new_code_cell("""act = B * T * H * 4  # one float32 (B, T, H) activation, in bytes
-expected = (6 * L + 2) * act + 3 * B * T * 4   # 6 per block + embedding + head, and the loss
+expected = (4 * L + 2) * act + 3 * B * T * 4   # 4 per block + embedding + head, and the loss
 print(f"formula: {expected:,} bytes/step; meter: {per_step['all_reduce']['bytes_sent']:,.0f}")
 assert expected == per_step["all_reduce"]["bytes_sent"]"""),
     new_markdown_cell(r"""## 4. The real thing: torchrun, gloo, separate processes

@@ -65,9 +65,12 @@ class ColumnParallelLinear(nn.Module):
     """
 
     def __init__(self, in_features, out_features, bias=True, gather_output=False, group=None,
-                 *, dtype=None, device=None, init=True):
+                 *, input_is_copied=False, dtype=None, device=None, init=True):
         super().__init__()
         self.group, self.gather_output = group, gather_output
+        # input_is_copied: the caller already applied f, once for several layers reading the
+        # same input (attention's q, k, v), so backward all-reduces their summed dX only once
+        self.input_is_copied = input_is_copied
         self.in_features, self.out_features = in_features, out_features
         t, rank = tp_world_size(group), tp_rank(group)
         self.output_sizes = shard_sizes(out_features, t)  # every rank's block, for the gather
@@ -101,7 +104,8 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x):
         # x: (..., in), Replicated. f makes backward sum dX over the ranks.
-        x = copy_to_tp_region(x, self.group)
+        if not self.input_is_copied:
+            x = copy_to_tp_region(x, self.group)
         y = F.linear(x, self.weight, self.bias)  # (..., out/t), Sharded(-1)
         if self.gather_output:
             y = gather_from_tp_region(y, self.group, self.output_sizes)  # (..., out), Replicated
