@@ -5,8 +5,8 @@
 """
 from pathlib import Path
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
+from lesson_notebook import write_notebook
 
 OUT = Path(__file__).resolve().parent.parent / "01_split_matmul.ipynb"
 
@@ -356,9 +356,4 @@ Lesson 2 builds the two collectives this needs, all-gather and all-reduce, from 
     new_code_cell("""print(f"lesson executed in {time.perf_counter() - LESSON_START:.1f} s")"""),
 ]
 
-nb = new_notebook(cells=cells, metadata={
-    "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-    "language_info": {"name": "python"},
-})
-nbformat.write(nb, OUT)
-print(f"wrote {OUT}")
+write_notebook(cells, OUT)

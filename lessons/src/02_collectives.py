@@ -5,8 +5,8 @@
 """
 from pathlib import Path
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
+from lesson_notebook import write_notebook
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE.parent / "02_collectives.ipynb"
@@ -337,9 +337,4 @@ the reduce-scatter is $(r - s - 1) \bmod p$; never modify the caller's array in 
 (`np.array_split` returns views); keep the input's dtype."""),
 ]
 
-nb = new_notebook(cells=cells, metadata={
-    "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-    "language_info": {"name": "python"},
-})
-nbformat.write(nb, OUT)
-print(f"wrote {OUT}")
+write_notebook(cells, OUT)

@@ -5,8 +5,8 @@
 """
 from pathlib import Path
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
+from lesson_notebook import write_notebook
 
 HERE = Path(__file__).resolve().parent
 DIAGRAM = (HERE / "layout_diagram.py").read_text()
@@ -261,9 +261,4 @@ Backward mirrors it: g backward is the identity, f backward the all-reduce. One 
     new_code_cell("""print(f"lesson executed in {time.perf_counter() - LESSON_START:.1f} s")"""),
 ]
 
-nb = new_notebook(cells=cells, metadata={
-    "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-    "language_info": {"name": "python"},
-})
-nbformat.write(nb, HERE.parent / "03_parallel_mlp.ipynb")
-print("wrote", HERE.parent / "03_parallel_mlp.ipynb")
+write_notebook(cells, HERE.parent / "03_parallel_mlp.ipynb")

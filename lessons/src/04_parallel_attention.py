@@ -5,8 +5,8 @@
 """
 from pathlib import Path
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
+from lesson_notebook import write_notebook
 
 HERE = Path(__file__).resolve().parent
 DIAGRAM = (HERE / "layout_diagram.py").read_text()
@@ -251,9 +251,4 @@ residuals: 2 all-reduces forward, 2 backward, $4 \times 2\frac{t-1}{t}BTH$ eleme
     new_code_cell("""print(f"lesson executed in {time.perf_counter() - LESSON_START:.1f} s")"""),
 ]
 
-nb = new_notebook(cells=cells, metadata={
-    "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-    "language_info": {"name": "python"},
-})
-nbformat.write(nb, HERE.parent / "04_parallel_attention.ipynb")
-print("wrote", HERE.parent / "04_parallel_attention.ipynb")
+write_notebook(cells, HERE.parent / "04_parallel_attention.ipynb")

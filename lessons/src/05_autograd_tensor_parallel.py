@@ -5,8 +5,8 @@
 """
 from pathlib import Path
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
+from lesson_notebook import write_notebook
 
 HERE = Path(__file__).resolve().parent
 NAME = "05_autograd_tensor_parallel.ipynb"
@@ -312,9 +312,4 @@ Next, Lesson 6 puts these layers into a GPT and trains it under `torchrun`."""),
     new_code_cell("""print(f"lesson executed in {time.perf_counter() - LESSON_START:.1f} s")"""),
 ]
 
-nb = new_notebook(cells=cells, metadata={
-    "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-    "language_info": {"name": "python"},
-})
-nbformat.write(nb, HERE.parent / NAME)
-print("wrote", HERE.parent / NAME)
+write_notebook(cells, HERE.parent / NAME)

@@ -5,8 +5,8 @@
 """
 from pathlib import Path
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
+from lesson_notebook import write_notebook
 
 HERE = Path(__file__).resolve().parent
 
@@ -204,9 +204,4 @@ plt.show()"""),
 * `python -m tp_from_scratch.bench train` under torchrun: our layers against DTensor's."""),
 ]
 
-nb = new_notebook(cells=cells, metadata={
-    "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-    "language_info": {"name": "python"},
-})
-nbformat.write(nb, HERE.parent / "06_training.ipynb")
-print("wrote", HERE.parent / "06_training.ipynb")
+write_notebook(cells, HERE.parent / "06_training.ipynb")
