@@ -41,6 +41,19 @@ def comm_from_env():
         " simulate ranks in one process.")
 
 
+def _finish(comm):
+    """Wait, bounded, for the sends in flight and for every rank to be done.
+
+    A rank that leaves early (even with exit status 0) must not end its process while the
+    others still wait for its messages: the launcher could then stop them before they name
+    it. Waiting here twice as long as any single wait lets them time out first, report
+    "waited ... for a message from rank R", and bring the job down.
+    """
+    comm.close()
+    comm.timeout = 2 * comm.timeout
+    comm.barrier()
+
+
 def spmd_main(fn):
     """Run ``fn(comm)`` with comm_from_env(); if it raises, report the rank and end the whole job.
 
@@ -51,9 +64,14 @@ def spmd_main(fn):
     comm = None
     try:
         comm = comm_from_env()
-        result = fn(comm)
-        if hasattr(comm, "close"):
-            comm.close()  # bounded wait for sends in flight, then a clean shutdown
+        try:
+            result = fn(comm)
+        except SystemExit as leaving:
+            if leaving.code not in (0, None):
+                raise
+            _finish(comm)  # a quiet sys.exit(0) still meets the others at the finish line
+            raise
+        _finish(comm)
         return result
     except BaseException as error:  # noqa: BLE001 - any failure must end the whole job
         if isinstance(error, SystemExit) and error.code in (0, None):
