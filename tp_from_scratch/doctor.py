@@ -86,23 +86,36 @@ def check_torch():
     return CheckResult("torch", True, f"torch {torch.__version__} ({cuda})")
 
 
-def check_gloo(timeout=90.0):
-    """2 processes under torchrun join a gloo process group and all-reduce [1] and [2] into [3]."""
+def _launch_two_ranks(name, launcher, command, what, ok, hang_fix, timeout):
+    """Run a 2-rank worker of this module under ``launcher``; (CompletedProcess, None) if ``ok(stdout)``.
+
+    Otherwise (None, a [FAIL] CheckResult): launcher missing, no answer within ``timeout``
+    (the process group is killed), or a wrong answer, each with its fix.
+    """
     try:
-        cmd = testing.torchrun_command(2, "tp_from_scratch.doctor", "--worker", "gloo")
+        cmd = command(2, "tp_from_scratch.doctor", "--worker", name.lower())
     except testing.LauncherNotFoundError as e:
-        return CheckResult("gloo", False, str(e).split(": ", 1)[0], testing.LAUNCHER_FIX["torchrun"])
+        return None, CheckResult(name, False, str(e).split(": ", 1)[0], testing.LAUNCHER_FIX[launcher])
     try:
         proc = testing.run_command(cmd, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        return CheckResult("gloo", False, f"2-rank all-reduce did not finish within {timeout:.0f} s"
-                           + _tail(e.output), _GLOO_HANG_FIX)
+        return None, CheckResult(name, False, f"{what} did not finish within {timeout:.0f} s"
+                                 + _tail(e.output), hang_fix)
+    if proc.returncode != 0 or not ok(proc.stdout):
+        return None, CheckResult(name, False, f"{what} failed (exit status {proc.returncode})"
+                                 + _tail(proc.stdout), hang_fix)
+    return proc, None
+
+
+def check_gloo(timeout=90.0):
+    """2 processes under torchrun join a gloo process group and all-reduce [1] and [2] into [3]."""
     # the ranks print concurrently, so lines may run together: each answer is bracketed
-    answered = set(re.findall(r"\[rank (\d+): all_reduce gave 3\]", proc.stdout))
-    if proc.returncode != 0 or answered != {"0", "1"}:
-        return CheckResult("gloo", False, f"2-rank all-reduce failed (exit status {proc.returncode})"
-                           + _tail(proc.stdout), _GLOO_HANG_FIX)
-    return CheckResult("gloo", True, "2-rank all-reduce under torchrun gave 3 on both ranks")
+    def ok(stdout):
+        return set(re.findall(r"\[rank (\d+): all_reduce gave 3\]", stdout)) == {"0", "1"}
+
+    proc, failed = _launch_two_ranks("gloo", "torchrun", testing.torchrun_command,
+                                     "2-rank all-reduce", ok, _GLOO_HANG_FIX, timeout)
+    return failed or CheckResult("gloo", True, "2-rank all-reduce under torchrun gave 3 on both ranks")
 
 
 _GLOO_HANG_FIX = ("gloo talks TCP on localhost: check that no firewall/VPN blocks it; if the host "
@@ -117,22 +130,15 @@ def check_mpi(timeout=60.0):
     """
     if not _installed("mpi4py"):
         return CheckResult("MPI", False, "mpi4py is not installed", testing.LAUNCHER_FIX["mpiexec"])
-    try:
-        cmd = testing.mpiexec_command(2, "tp_from_scratch.doctor", "--worker", "mpi")
-    except testing.LauncherNotFoundError as e:
-        return CheckResult("MPI", False, str(e).split(": ", 1)[0], testing.LAUNCHER_FIX["mpiexec"])
-    try:
-        proc = testing.run_command(cmd, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        return CheckResult("MPI", False, f"2-rank hello under {cmd[0]} did not finish within {timeout:.0f} s"
-                           + _tail(e.output), _MPI_HANG_FIX)
-    # a missing libmpi shows up here, as an ImportError in the ranks' output
-    if proc.returncode != 0 or "hello from ranks [0, 1] of 2, sum 3" not in proc.stdout:
-        return CheckResult("MPI", False, f"2-rank hello under {cmd[0]} failed (exit status {proc.returncode})"
-                           + _tail(proc.stdout), _MPI_HANG_FIX)
+    # a missing libmpi shows up as an ImportError in the ranks' output, so as a wrong answer
+    proc, failed = _launch_two_ranks("MPI", "mpiexec", testing.mpiexec_command, "2-rank hello under mpiexec",
+                                     lambda out: "hello from ranks [0, 1] of 2, sum 3" in out,
+                                     _MPI_HANG_FIX, timeout)
+    if failed:
+        return failed
     library = re.search(r"MPI library: (.*)", proc.stdout).group(1)
     return CheckResult("MPI", True, f"mpi4py {importlib.metadata.version('mpi4py')} with {library}; "
-                       f"2-rank hello under {cmd[0]}")
+                       f"2-rank hello under mpiexec")
 
 
 _MPI_HANG_FIX = ("use the venv's mpiexec (the mpich wheel), not a system one built for another MPI: "
