@@ -186,6 +186,52 @@ def test_bad_peer_and_bad_world_size_are_named():
         run_spmd(lambda comm: None, 0)
 
 
+def test_messages_without_a_header_arrive_into_out_and_are_metered_alike():
+    def fn(comm):
+        x = random_array(rank_rng(3, comm.rank), (4, 3))
+        comm.send(x, 1 - comm.rank, header=False)
+        out = np.empty((4, 3))
+        got = comm.recv(1 - comm.rank, out=out, header=False)
+        assert got is out
+        return x, out, comm.meter.snapshot()
+
+    (x0, out0, m0), (x1, out1, m1) = run_spmd(fn, 2)
+    assert_matches_reference(out0, x1, name="headerless message", rank=0, exact=True)
+    assert_matches_reference(out1, x0, name="headerless message", rank=1, exact=True)
+    assert (m0["messages_sent"], m0["bytes_sent"], m0["bytes_received"]) == (1, x0.nbytes, x1.nbytes)
+
+
+@pytest.mark.parametrize("send_header, recv_header, said", [
+    (True, False, "rank 0 sent rank 1 a message with a header, but rank 1 receives it without"),
+    (False, True, r"rank 0 sent rank 1 a message without a header \(header=False\), but rank 1 "
+                  "receives it with a header"),
+])
+def test_sender_and_receiver_must_agree_on_the_header(send_header, recv_header, said):
+    def fn(comm):
+        if comm.rank == 0:
+            comm.send(np.ones(3), 1, header=send_header)
+        else:
+            comm.recv(0, out=np.empty(3), header=recv_header)
+
+    with pytest.raises(SPMDError, match=said):
+        run_spmd(fn, 2)
+
+
+def test_headerless_recv_needs_out_and_a_buffer_of_the_right_shape():
+    with pytest.raises(SPMDError, match="recv from rank 0 with header=False needs out="):
+        run_spmd(lambda comm: comm.recv(0, header=False) if comm.rank == 1 else None, 2)
+
+    def fn(comm):
+        if comm.rank == 0:
+            comm.send(np.ones(6), 1, header=False)
+        else:
+            comm.recv(0, out=np.empty((2, 3)), header=False)  # same bytes, another shape
+
+    with pytest.raises(SPMDError, match=r"into an array of shape \(2, 3\) and dtype float64, "
+                                        r"but the message has shape \(6,\)"):
+        run_spmd(fn, 2)
+
+
 def test_recv_into_out_fills_it_and_checks_shape_and_dtype():
     def fn(comm):
         if comm.rank == 0:

@@ -63,13 +63,15 @@ def reduce_scatter(comm, x, axis=0, op="sum"):
     combine = _combine(op)
     ax = _axis(x, axis, "reduce_scatter")
     p, r = comm.world_size, comm.rank
-    with comm.collective("reduce_scatter", x, shape=x.shape, dtype=x.dtype.name, axis=ax, op=op):
+    with comm.collective("reduce_scatter", x, shape=x.shape, dtype=x.dtype, axis=ax, op=op):
         chunks = np.array_split(x, p, axis=ax)  # views into the input, only ever read
         partial = chunks[(r - 1) % p]
         for step in range(p - 1):
-            comm.send(partial, (r + 1) % p)  # partial of chunk (r - step - 1)
-            incoming = comm.recv((r - 1) % p)  # a fresh array this rank owns: add in place
-            partial = combine(incoming, chunks[(r - step - 2) % p], out=incoming)
+            # every rank knows every chunk's shape, so messages need no header (see Comm.send)
+            comm.send(partial, (r + 1) % p, header=False)  # partial of chunk (r - step - 1)
+            mine = chunks[(r - step - 2) % p]
+            incoming = comm.recv((r - 1) % p, out=np.empty(mine.shape, mine.dtype), header=False)
+            partial = combine(incoming, mine, out=incoming)  # a fresh array: add in place
         return np.array(partial, copy=True) if p == 1 else partial
 
 
@@ -83,7 +85,7 @@ def all_gather(comm, x, axis=0):
     x = np.asarray(x)
     ax = _axis(x, axis, "all_gather")
     p, r = comm.world_size, comm.rank
-    with comm.collective("all_gather", x, shape=_without(x.shape, ax), dtype=x.dtype.name, axis=ax):
+    with comm.collective("all_gather", x, shape=_without(x.shape, ax), dtype=x.dtype, axis=ax):
         shards = [None] * p
         shards[r] = x
         for step in range(p - 1):
@@ -93,11 +95,14 @@ def all_gather(comm, x, axis=0):
 
 
 def _ring_all_gather_into(comm, pieces):
-    """The all_gather ring on preallocated pieces: pieces[rank] is filled, the rest get received."""
+    """The all_gather ring on preallocated pieces: pieces[rank] is filled, the rest get received.
+
+    Every rank knows every piece's shape, so the messages go without a header.
+    """
     p, r = comm.world_size, comm.rank
     for step in range(p - 1):
-        comm.send(pieces[(r - step) % p], (r + 1) % p)
-        comm.recv((r - 1) % p, out=pieces[(r - step - 1) % p])
+        comm.send(pieces[(r - step) % p], (r + 1) % p, header=False)
+        comm.recv((r - 1) % p, out=pieces[(r - step - 1) % p], header=False)
 
 
 def all_reduce(comm, x, op="sum"):
@@ -113,7 +118,7 @@ def all_reduce(comm, x, op="sum"):
     """
     x = np.asarray(x)
     _combine(op)
-    with comm.collective("all_reduce", x, shape=x.shape, dtype=x.dtype.name, op=op):
+    with comm.collective("all_reduce", x, shape=x.shape, dtype=x.dtype, op=op):
         flat = x.reshape(-1)  # (N,): chunks balanced over all elements, whatever the shape
         out = np.empty_like(flat)
         pieces = np.array_split(out, comm.world_size)  # views: chunk r of the result
@@ -165,15 +170,16 @@ def reduce(comm, x, root=0, op="sum"):
     _check_root(comm, root)
     p = comm.world_size
     v = (comm.rank - root) % p
-    with comm.collective("reduce", x, shape=x.shape, dtype=x.dtype.name, root=root, op=op):
+    with comm.collective("reduce", x, shape=x.shape, dtype=x.dtype, root=root, op=op):
         partial = np.array(x, copy=True)
         mask = 1
         while mask < p:
             if v & mask:
-                comm.send(partial, (v - mask + root) % p)
+                comm.send(partial, (v - mask + root) % p, header=False)  # shapes agree: no header
                 return None
             if v + mask < p:
-                partial = combine(partial, comm.recv((v + mask + root) % p))
+                incoming = comm.recv((v + mask + root) % p, out=np.empty_like(partial), header=False)
+                partial = combine(partial, incoming, out=partial)
             mask <<= 1
         return partial
 
@@ -208,7 +214,7 @@ def gather(comm, x, root=0, axis=0):
     _check_root(comm, root)
     ax = _axis(x, axis, "gather")
     p = comm.world_size
-    with comm.collective("gather", x, shape=_without(x.shape, ax), dtype=x.dtype.name,
+    with comm.collective("gather", x, shape=_without(x.shape, ax), dtype=x.dtype,
                          root=root, axis=ax):
         if comm.rank != root:
             comm.send(x, root)
@@ -229,7 +235,7 @@ def all_to_all(comm, x, split_axis, concat_axis):
     sa = _axis(x, split_axis, "all_to_all")
     ca = _axis(x, concat_axis, "all_to_all")
     p, r = comm.world_size, comm.rank
-    with comm.collective("all_to_all", x, shape=_without(x.shape, ca), dtype=x.dtype.name,
+    with comm.collective("all_to_all", x, shape=_without(x.shape, ca), dtype=x.dtype,
                          split_axis=sa, concat_axis=ca):
         chunks = np.array_split(x, p, axis=sa)
         received = [None] * p

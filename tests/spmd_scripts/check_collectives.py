@@ -142,6 +142,28 @@ def main(comm):
         check(C.all_to_all(comm, even, 0, 1),
               np.concatenate([np.array_split(xq[: 2 * p], p)[r] for xq in xs], axis=1),
               native.all_to_all(even), "all_to_all", True)
+    # point to point around the ring: messages with and without a header, interleaved, one
+    # of them empty and one received into a non-contiguous view, must arrive intact and in order
+    right, left = (r + 1) % p, (r - 1) % p
+    def messages(q):
+        rng = rank_rng(9, q)
+        return [random_array(rng, (3, 4)), random_array(rng, (5,), np.float32),
+                np.zeros((0, 2)), random_array(rng, (2, 3), integer=True).astype(np.int64)]
+    mine = messages(r)
+    for message, header in zip(mine, (True, False, False, True)):
+        comm.send(message, right, header=header)
+        message[...] = -1  # a plain send copied it: overwriting now must not change what arrives
+    expected = messages(left)
+    got = [comm.recv(left),
+           comm.recv(left, out=np.empty(5, np.float32), header=False),
+           comm.recv(left, out=np.empty((0, 2)), header=False),
+           None]
+    strided = np.zeros((2, 6), np.int64)
+    comm.recv(left, out=strided[:, ::2])
+    got[3] = strided[:, ::2]
+    for k, (g, e) in enumerate(zip(got, expected)):
+        assert_matches_reference(g, e, name=f"point-to-point message {k}", rank=r, exact=True)
+    checks += 1
     if p >= 4 and p % 2 == 0:
         # a communicator over half of the ranks, as tensor parallelism inside data parallelism
         # uses: the collectives must address peers by their rank in the subgroup

@@ -50,6 +50,8 @@ def _plain(value):
         return tuple(_plain(v) for v in value)
     if isinstance(value, np.integer):
         return int(value)
+    if isinstance(value, np.dtype):
+        return value.name
     return value
 
 
@@ -121,36 +123,41 @@ class Comm:
             raise ValueError(
                 f"rank {self.rank}: {what} rank {peer!r} does not exist (world_size is {self.world_size})")
 
-    def send(self, array, dst):
-        """Send a copy of ``array`` to rank ``dst``; returns at once (buffered)."""
+    def send(self, array, dst, header=True):
+        """Send a copy of ``array`` to rank ``dst``; returns at once (buffered).
+
+        By default the message carries its shape and dtype (a header), so ``recv(src)`` can
+        allocate the result. ``header=False`` sends the payload alone, for a receiver that
+        already knows shape and dtype and calls ``recv(src, out=buffer, header=False)``: on
+        MPI and torch.distributed that is one message instead of two, as in their own
+        collectives. Both sides must agree; the simulator checks that they do.
+        """
         self._check_peer(dst, "send to")
         if array is None:
             raise TypeError(f"rank {self.rank}: send to rank {dst} needs an array, got None")
         array = np.ascontiguousarray(array)
         if array.dtype.hasobject:
             raise TypeError(f"rank {self.rank}: send to rank {dst} needs a numeric array, got dtype object")
-        self._send(array, int(dst))
+        self._send(array, int(dst), bool(header))
         self.meter.record_send(array.nbytes)
 
-    def recv(self, src, out=None):
+    def recv(self, src, out=None, header=True):
         """Wait (at most TP_TIMEOUT seconds) for the next array sent by rank ``src`` and return it.
 
         ``out``: an array of the message's shape and dtype to receive into (saves allocating
-        and copying a result buffer); it is returned.
+        and copying a result buffer); it is returned. ``header=False`` receives a message sent
+        with ``send(..., header=False)``: its shape and dtype are taken from ``out``.
         """
         self._check_peer(src, "recv from")
-        array = self._recv(int(src), out)
+        if not header and out is None:
+            raise ValueError(f"rank {self.rank}: recv from rank {src} with header=False needs "
+                             "out=: without a header, the buffer gives the message's shape and dtype")
+        array = self._recv(int(src), out, bool(header))
         self.meter.record_recv(array.nbytes)
         return array
 
     def barrier(self):
         """Wait until every rank has reached the barrier."""
-        raise NotImplementedError
-
-    def _send(self, array, dst):
-        raise NotImplementedError
-
-    def _recv(self, src, out=None):
         raise NotImplementedError
 
     def _check_out(self, out, shape, dtype, src):
@@ -172,11 +179,17 @@ class Comm:
         if outermost:
             index = self._collective_calls
             self._collective_calls += 1
-            self._check_collective(index, Fingerprint(name, **params))
+            if self.checks_collectives:  # built only when checked: it costs microseconds a call
+                self._check_collective(index, Fingerprint(name, **params))
         with self.meter.collective(name, x):
             yield
         if outermost:
             self._collective_done()
+
+    @property
+    def checks_collectives(self):
+        """True if collective calls are checked for agreement: under TP_DEBUG=1 (the simulator: always)."""
+        return getattr(self, "debug", False)
 
     def _collective_done(self):
         """Called after each outermost collective; process backends wait for their sends here."""
@@ -188,8 +201,6 @@ class Comm:
         fingerprint to every other rank (p-1 small messages, on their own tag and not metered)
         and compares what it receives. The simulator overrides this and always checks.
         """
-        if not getattr(self, "debug", False):
-            return
         mine = Fingerprint(fingerprint.name, call=index, **fingerprint.params)
         text = np.frombuffer(mine.as_text().encode(), dtype=np.uint8)
         others = [r for r in range(self.world_size) if r != self.rank]
@@ -200,17 +211,18 @@ class Comm:
             if theirs != mine:
                 raise mismatch_error(index, mine, self.rank, theirs, src)
 
-    # process backends: one message = a header (shape, dtype) and the payload, on a tag
-    def _send(self, array, dst):
-        self._raw_send(array, dst, TAG_DATA)
+    # a backend moves one message on a tag: a header (shape, dtype) then the payload, or,
+    # with header=False, the payload alone into the receiver's ``out``
+    def _send(self, array, dst, header=True):
+        self._raw_send(array, dst, TAG_DATA, header)
 
-    def _recv(self, src, out=None):
-        return self._raw_recv(src, TAG_DATA, out)
+    def _recv(self, src, out=None, header=True):
+        return self._raw_recv(src, TAG_DATA, out, header)
 
-    def _raw_send(self, array, dst, tag):
+    def _raw_send(self, array, dst, tag, header=True):
         raise NotImplementedError
 
-    def _raw_recv(self, src, tag, out=None):
+    def _raw_recv(self, src, tag, out=None, header=True):
         raise NotImplementedError
 
     def _timeout_message(self, what, peer=None):

@@ -1,7 +1,7 @@
 """MPIComm: the communicator over mpi4py, for scripts launched with ``mpiexec -n N``.
 
 A message is two MPI messages: a small pickled header (shape, dtype) and the payload as raw
-bytes (skipped when empty). Sends are non-blocking (Isend of a private copy) so that a ring
+bytes (skipped when empty); with header=False, the payload alone. Sends are non-blocking (Isend of a private copy) so that a ring
 step ``send(right); recv(left)`` cannot deadlock on large arrays. Every wait polls with a
 deadline (TP_TIMEOUT, default 30 s) instead of blocking in MPI: a peer that exited early
 turns into a CommTimeoutError naming it, never a hang. ``abort`` calls MPI Abort, which makes
@@ -64,31 +64,38 @@ class MPIComm(Comm):
         self.debug = debug_from_env() if debug is None else bool(debug)
         self._pending = []  # (requests, buffers) of sends that may still be in flight
 
-    def _raw_send(self, array, dst, tag):
+    def _raw_send(self, array, dst, tag, header=True):
         # MPI reads the buffer after we return, so a plain send copies it: the caller may
         # overwrite its array at once. Inside a collective the buffers are the collective's
         # own, left untouched until _collective_done waits for the sends: no copy needed.
         inside = self.meter.current is not None and tag == TAG_DATA
         data = np.ascontiguousarray(array) if inside else np.array(array, copy=True, order="C")
-        requests = [self.mpi.isend((data.shape, data.dtype.str), dst, 2 * tag)]
+        requests = [self.mpi.isend((data.shape, data.dtype.str), dst, 2 * tag)] if header else []
         if data.nbytes:
             requests.append(self.mpi.Isend([data.reshape(-1).view(np.uint8), MPI.BYTE], dst, 2 * tag + 1))
         self._pending.append((requests, data))
         self._pending = [(reqs, buf) for reqs, buf in self._pending
                          if not all(req.Test() for req in reqs)]
 
-    def _raw_recv(self, src, tag, out=None):
+    def _raw_recv(self, src, tag, out=None, header=True):
         deadline = time.monotonic() + self.timeout
         what = f"a message from rank {src}"
-        _wait_until(lambda: self.mpi.Iprobe(source=src, tag=2 * tag), deadline,
-                    lambda: self._timeout_message(what, src))
-        shape, dtype = self.mpi.recv(source=src, tag=2 * tag)
-        self._check_out(out, shape, np.dtype(dtype), src)
+        if header:
+            _wait_until(lambda: self.mpi.Iprobe(source=src, tag=2 * tag), deadline,
+                        lambda: self._timeout_message(what, src))
+            shape, dtype = self.mpi.recv(source=src, tag=2 * tag)
+            shape, dtype = tuple(shape), np.dtype(dtype)
+            self._check_out(out, shape, dtype, src)
+        else:  # the caller's buffer says what arrives
+            shape, dtype = out.shape, out.dtype
         direct = out is not None and out.flags.c_contiguous  # MPI can write straight into it
-        data = out if direct else np.empty(shape, dtype=np.dtype(dtype))
+        data = out if direct else np.empty(shape, dtype=dtype)
         if data.nbytes:
-            request = self.mpi.Irecv([data.reshape(-1).view(np.uint8), MPI.BYTE], src, 2 * tag + 1)
-            _wait_until(request.Test, deadline, lambda: self._timeout_message(what, src))
+            request, status = self.mpi.Irecv([data.reshape(-1).view(np.uint8), MPI.BYTE], src, 2 * tag + 1), MPI.Status()
+            _wait_until(lambda: request.Test(status), deadline, lambda: self._timeout_message(what, src))
+            if status.Get_count(MPI.BYTE) != data.nbytes:  # MPI accepts a shorter message
+                raise ValueError(f"rank {self.rank}: recv from rank {src} expected {data.nbytes} bytes "
+                                 f"of shape {tuple(shape)} and dtype {dtype}, got {status.Get_count(MPI.BYTE)}")
         if out is not None and not direct:
             np.copyto(out, data)
             return out

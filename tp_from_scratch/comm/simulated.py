@@ -43,7 +43,7 @@ class _World:
         self.world_size = world_size
         self.timeout = timeout
         self.cond = threading.Condition()
-        self.mailbox = {}                       # (src, dst, tag) -> deque of arrays
+        self.mailbox = {}                       # (src, dst, tag) -> deque of (array, header)
         self.state = [RUNNING] * world_size     # RUNNING | DONE | ("recv", src, tag) | ("barrier", gen)
         self.inside = [None] * world_size       # collective each rank is in, for messages
         self.barrier_count = 0
@@ -138,20 +138,26 @@ class SimulatedComm(Comm):
         finally:
             w.state[self.rank] = RUNNING
 
-    def _raw_send(self, array, dst, tag):
+    def _raw_send(self, array, dst, tag, header=True):
         w = self._world
         with w.cond:
             self._stop_if_failed()
             # a private copy: the sender may overwrite its array right after send returns
-            w.mailbox.setdefault((self.rank, dst, tag), deque()).append(np.array(array, copy=True))
+            w.mailbox.setdefault((self.rank, dst, tag), deque()).append((np.array(array, copy=True), header))
             w.cond.notify_all()
 
-    def _raw_recv(self, src, tag, out=None):
+    def _raw_recv(self, src, tag, out=None, header=True):
         w = self._world
         with w.cond:
             self._stop_if_failed()
             self._wait(("recv", src, tag))
-            message = w.mailbox[(src, self.rank, tag)].popleft()
+            message, sent_with_header = w.mailbox[(src, self.rank, tag)].popleft()
+        if sent_with_header != header:
+            # MPI or gloo would read a header as payload (or the reverse): wrong data or a hang
+            said = {True: "with a header", False: "without a header (header=False)"}
+            raise CommError(
+                f"rank {src} sent rank {self.rank} a message {said[sent_with_header]}, but rank "
+                f"{self.rank} receives it {said[header]}: both sides must pass the same header=")
         if out is None:
             return message
         self._check_out(out, message.shape, message.dtype, src)
@@ -170,6 +176,8 @@ class SimulatedComm(Comm):
                 w.cond.notify_all()
                 return
             self._wait(("barrier", gen))
+
+    checks_collectives = True  # always: the simulator sees every rank at no cost
 
     def _check_collective(self, index, fingerprint):
         w = self._world

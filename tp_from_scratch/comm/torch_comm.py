@@ -2,8 +2,8 @@
 
 gloo on CPU, nccl when the communicator's device is CUDA. Arrays in and out are numpy;
 they travel as torch tensors on ``comm.device``. A message is a fixed-size int64 header
-(ndim, dtype code, shape) followed by the payload (skipped when empty), both sent with
-isend so a ring step cannot deadlock. Every wait has a deadline (TP_TIMEOUT, default 30 s)
+(ndim, dtype code, shape) followed by the payload (skipped when empty), or the payload
+alone when sent with header=False; all go out with isend so a ring step cannot deadlock. Every wait has a deadline (TP_TIMEOUT, default 30 s)
 and the process group itself is created with that timeout.
 """
 import os
@@ -68,34 +68,39 @@ class TorchComm(Comm):
         if finished is False:
             raise CommTimeoutError(self._timeout_message(what, peer))
 
-    def _raw_send(self, array, dst, tag):
+    def _raw_send(self, array, dst, tag, header=True):
         array = np.asarray(array)
         if array.ndim > MAX_DIMS or array.dtype not in DTYPES:
             raise ValueError(f"rank {self.rank}: TorchComm cannot send an array of shape "
                              f"{array.shape} and dtype {array.dtype} (at most {MAX_DIMS} dims, "
                              f"dtypes {[d.name for d in DTYPES]})")
-        header = torch.zeros(HEADER, dtype=torch.int64)
-        header[0], header[1] = array.ndim, DTYPES.index(array.dtype)
-        header[2:2 + array.ndim] = torch.tensor(array.shape, dtype=torch.int64)
+        tensors = []  # (tensor, tag) in the order they go out
+        if header:
+            head = torch.zeros(HEADER, dtype=torch.int64)
+            head[0], head[1] = array.ndim, DTYPES.index(array.dtype)
+            head[2:2 + array.ndim] = torch.tensor(array.shape, dtype=torch.int64)
+            tensors.append((head.to(self.device), 2 * tag))
         # a plain send copies: the caller may overwrite its array once send returns. Inside
         # a collective the buffers stay untouched until _collective_done waits for the sends.
         inside = self.meter.current is not None and tag == TAG_DATA
-        tensors = [header.to(self.device)]
         if array.size:
             data = np.ascontiguousarray(array) if inside else np.array(array, copy=True, order="C")
-            tensors.append(torch.from_numpy(data).to(self.device))
-        for i, tensor in enumerate(tensors):
-            self._pending.append((dist.isend(tensor, self._peer(dst), self.group, tag=2 * tag + i), tensor))
+            tensors.append((torch.from_numpy(data).to(self.device), 2 * tag + 1))
+        for tensor, channel in tensors:
+            self._pending.append((dist.isend(tensor, self._peer(dst), self.group, tag=channel), tensor))
         self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
 
-    def _raw_recv(self, src, tag, out=None):
+    def _raw_recv(self, src, tag, out=None, header=True):
         what = f"a message from rank {src}"
-        header = torch.empty(HEADER, dtype=torch.int64, device=self.device)
-        self._wait(dist.irecv(header, self._peer(src), self.group, tag=2 * tag), what, src)
-        header = header.cpu().tolist()
-        ndim, dtype = header[0], DTYPES[header[1]]
-        shape = tuple(header[2:2 + ndim])
-        self._check_out(out, shape, dtype, src)
+        if header:
+            head = torch.empty(HEADER, dtype=torch.int64, device=self.device)
+            self._wait(dist.irecv(head, self._peer(src), self.group, tag=2 * tag), what, src)
+            head = head.cpu().tolist()
+            ndim, dtype = head[0], DTYPES[head[1]]
+            shape = tuple(head[2:2 + ndim])
+            self._check_out(out, shape, dtype, src)
+        else:  # the caller's buffer says what arrives (gloo and nccl check the byte count)
+            shape, dtype = out.shape, out.dtype
         # on the CPU, a contiguous ``out`` is received into directly (torch shares its memory)
         direct = out is not None and out.flags.c_contiguous and self.device.type == "cpu"
         data = torch.from_numpy(out if direct else np.empty(shape, dtype=dtype)).to(self.device)
