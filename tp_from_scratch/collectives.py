@@ -65,14 +65,26 @@ def reduce_scatter(comm, x, axis=0, op="sum"):
     p, r = comm.world_size, comm.rank
     with comm.collective("reduce_scatter", x, shape=x.shape, dtype=x.dtype, axis=ax, op=op):
         chunks = np.array_split(x, p, axis=ax)  # views into the input, only ever read
-        partial = chunks[(r - 1) % p]
-        for step in range(p - 1):
-            # every rank knows every chunk's shape, so messages need no header (see Comm.send)
-            comm.send(partial, (r + 1) % p, header=False)  # partial of chunk (r - step - 1)
-            mine = chunks[(r - step - 2) % p]
-            incoming = comm.recv((r - 1) % p, out=np.empty(mine.shape, mine.dtype), header=False)
-            partial = combine(incoming, mine, out=incoming)  # a fresh array: add in place
-        return np.array(partial, copy=True) if p == 1 else partial
+        return _ring_reduce_scatter_into(comm, chunks, np.empty(chunks[r].shape, x.dtype), combine)
+
+
+def _ring_reduce_scatter_into(comm, chunks, result, combine):
+    """The reduce_scatter ring on ``chunks`` (this rank's input, split); chunk r's sum lands in ``result``.
+
+    Every rank knows every chunk's shape, so the messages go without a header (see Comm.send).
+    """
+    p, r = comm.world_size, comm.rank
+    partial = chunks[(r - 1) % p]
+    for step in range(p - 1):
+        comm.send(partial, (r + 1) % p, header=False)  # partial of chunk (r - step - 1)
+        mine = chunks[(r - step - 2) % p]
+        # the last partial to arrive is chunk r's own: receive it straight into result
+        buffer = result if step == p - 2 else np.empty(mine.shape, mine.dtype)
+        incoming = comm.recv((r - 1) % p, out=buffer, header=False)
+        partial = combine(incoming, mine, out=incoming)  # this rank's own buffer: add in place
+    if p == 1:
+        result[...] = chunks[0]
+    return result
 
 
 def all_gather(comm, x, axis=0):
@@ -110,21 +122,21 @@ def all_reduce(comm, x, op="sum"):
 
     Algorithm, the bandwidth-optimal ring: flatten x to N elements, reduce_scatter so that
     rank r owns the reduced chunk r (array_split of the N elements), then all-gather the
-    chunks, each received straight into its place in the output (the chunk sizes are known,
-    so no concatenation is needed). Every rank ends with bit-identical results (the
+    chunks. Every chunk is received straight into its place in the output: reduce_scatter's
+    last sum lands in chunk r, the all-gather fills the others (the chunk sizes are known,
+    so no copy or concatenation is needed). Every rank ends with bit-identical results (the
     all-gather copies, it does not add).
     Cost per rank: 2(p-1) messages, 2 nbytes - nbytes(chunk r) - nbytes(chunk r+1) bytes
     sent, which is 2(p-1)/p of the array when p divides its size.
     """
     x = np.asarray(x)
-    _combine(op)
+    combine = _combine(op)
     with comm.collective("all_reduce", x, shape=x.shape, dtype=x.dtype, op=op):
         flat = x.reshape(-1)  # (N,): chunks balanced over all elements, whatever the shape
         out = np.empty_like(flat)
         pieces = np.array_split(out, comm.world_size)  # views: chunk r of the result
-        pieces[comm.rank][...] = reduce_scatter(comm, flat, axis=0, op=op)
-        with comm.collective("all_gather", out):
-            _ring_all_gather_into(comm, pieces)
+        _ring_reduce_scatter_into(comm, np.array_split(flat, comm.world_size), pieces[comm.rank], combine)
+        _ring_all_gather_into(comm, pieces)
         return out.reshape(x.shape)
 
 

@@ -54,22 +54,23 @@ class Meter:
         finally:
             self._stack.pop()
 
-    def _book(self, field, nbytes):
-        count_field = field.replace("bytes", "messages")
-        setattr(self, count_field, getattr(self, count_field) + 1)
-        setattr(self, field, getattr(self, field) + nbytes)
-        if self._stack:
-            traffic = self.by_collective[self._stack[0]]
-            setattr(traffic, count_field, getattr(traffic, count_field) + 1)
-            setattr(traffic, field, getattr(traffic, field) + nbytes)
-
     def record_send(self, nbytes):
         """Count one sent message of ``nbytes`` payload bytes."""
-        self._book("bytes_sent", int(nbytes))
+        self.messages_sent += 1
+        self.bytes_sent += nbytes
+        if self._stack:
+            traffic = self.by_collective[self._stack[0]]
+            traffic.messages_sent += 1
+            traffic.bytes_sent += nbytes
 
     def record_recv(self, nbytes):
         """Count one received message of ``nbytes`` payload bytes."""
-        self._book("bytes_received", int(nbytes))
+        self.messages_received += 1
+        self.bytes_received += nbytes
+        if self._stack:
+            traffic = self.by_collective[self._stack[0]]
+            traffic.messages_received += 1
+            traffic.bytes_received += nbytes
 
     def snapshot(self):
         """A plain dict of every counter (safe to keep: later traffic does not change it)."""
