@@ -192,7 +192,7 @@ class RecordingComm:
         self.sent_to.add(dst)
         return self._comm.send(array, dst, *args, **kwargs)
 
-    def recv(self, src, *args, **kwargs):  # the library's recv also takes out=
+    def recv(self, src, *args, **kwargs):  # the library's recv also takes out= and header=
         self.received_from.add(src)
         return self._comm.recv(src, *args, **kwargs)
 

@@ -93,6 +93,27 @@ try:
 except SPMDError as error:
     print(str(error).splitlines()[0])"""),
 
+    new_markdown_cell(r"""**Headers.** So that `recv(src)` can allocate the result, each message here carries a small
+header with the array's shape and dtype. MPI and torch.distributed work the other way round: the
+receiver passes a buffer of the right size (`MPI_Recv(buf, count, ...)`, `dist.recv(tensor)`). On
+a real link the header is a second message, one more latency α (section 4). When the receiver
+already knows what arrives, as in a reduce-scatter where every rank can compute every chunk's
+shape, both sides can leave it out: `comm.send(x, dst, header=False)` and
+`comm.recv(src, out=buffer, header=False)`. The library's `reduce_scatter`, `all_reduce` and
+`reduce` do so. Both sides must agree, and the simulator checks that they do."""),
+    new_code_cell("""def no_header(comm, header_on_recv):
+    if comm.rank == 0:
+        comm.send(np.arange(4.0), dst=1, header=False)   # payload only: rank 1 knows the shape
+        return None
+    buffer = np.empty(4)
+    return comm.recv(src=0, out=buffer, header=header_on_recv)
+
+print("received:", run_spmd(no_header, 2, header_on_recv=False)[1])
+try:
+    run_spmd(no_header, 2, header_on_recv=True)            # the two sides disagree
+except SPMDError as error:
+    print(str(error).splitlines()[0])"""),
+
     # ------------------------------------------------------------------ gallery
     new_markdown_cell(r"""## 2. The collectives, drawn
 
@@ -182,9 +203,9 @@ panel shows what the ranks hold before a step; the red blocks are the ones they 
     def __init__(self, comm):
         self.comm, self.sent = comm, []
 
-    def send(self, array, dst):
+    def send(self, array, dst, **options):  # options: header=False, see section 1
         self.sent.append((dst, np.array(array, copy=True)))
-        self.comm.send(array, dst)
+        self.comm.send(array, dst, **options)
 
     def __getattr__(self, name):           # rank, world_size, recv, meter, ...: the real ones
         return getattr(self.comm, name)

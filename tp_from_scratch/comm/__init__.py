@@ -7,8 +7,10 @@
     from tp_from_scratch.comm import spmd_main
     spmd_main(fn)                   # fn(comm_from_env()); a failing rank brings the job down
 
-Every communicator has ``rank``, ``world_size``, ``send(array, dst)``, ``recv(src, out=None)``,
-``barrier()`` and a ``meter``. Arrays are numpy arrays.
+Every communicator has ``rank``, ``world_size``, ``send(array, dst, header=True)``,
+``recv(src, out=None, header=True)``, ``barrier()`` and a ``meter``. Arrays are numpy arrays.
+A message carries its shape and dtype unless both sides pass ``header=False`` (the receiver
+then gives ``out=``, as MPI and torch.distributed receivers always do).
 
 When something goes wrong (TP_TIMEOUT=seconds bounds every wait, default 30; TP_DEBUG=1
 checks collectives across processes):

@@ -99,7 +99,9 @@ class TorchComm(Comm):
             ndim, dtype = head[0], DTYPES[head[1]]
             shape = tuple(head[2:2 + ndim])
             self._check_out(out, shape, dtype, src)
-        else:  # the caller's buffer says what arrives (gloo and nccl check the byte count)
+        else:  # the caller's buffer says what arrives. Unchecked here: gloo aborts on a longer
+            # message but accepts a shorter one, nccl checks nothing. header=False is for code
+            # whose sizes the simulator has proven, like the library's collectives.
             shape, dtype = out.shape, out.dtype
         # on the CPU, a contiguous ``out`` is received into directly (torch shares its memory)
         direct = out is not None and out.flags.c_contiguous and self.device.type == "cpu"
