@@ -61,6 +61,16 @@ def test_all_reduce_keeps_int_dtype_and_scalar_shape(p):
 
 
 @pytest.mark.parametrize("p", WORLD_SIZES)
+def test_reduce_and_broadcast_keep_scalar_shape(p):
+    xs = [np.array(r + 1.5) for r in range(p)]  # 0-d arrays: they must arrive 0-d, not as (1,)
+    for r, y in enumerate(run_checked(lambda c, x: C.reduce(c, x, root=p - 1), xs)):
+        if r == p - 1:
+            assert_matches_reference(y, np.sum(xs), name="reduce of 0-d arrays", rank=r, exact=True)
+    for r, y in enumerate(run_checked(lambda c, x: C.broadcast(c, x if c.rank == 0 else None), xs)):
+        assert_matches_reference(y, xs[0], name="broadcast of a 0-d array", rank=r, exact=True)
+
+
+@pytest.mark.parametrize("p", WORLD_SIZES)
 @pytest.mark.parametrize("rows, axis", [(7, 0), (3, 0), (7, 1), (7, -1)])
 def test_reduce_scatter_splits_like_array_split(p, rows, axis):
     shape = (rows, 4) if axis == 0 else (4, rows)

@@ -77,7 +77,6 @@ def test_debug_fingerprint_exchange_names_the_disagreement(late, rank2_side, oth
     simulator's raw messages: every rank learns what every other rank is doing, so whichever
     rank reports first names both sides."""
     def fn(comm):
-        comm.debug = True
         params = dict(name="all_reduce", shape=(4,), dtype="<f8", root=0)
         if comm.rank == 2:
             params.update(late)
@@ -92,11 +91,43 @@ def test_debug_fingerprint_exchange_names_the_disagreement(late, rank2_side, oth
 
 def test_debug_fingerprint_exchange_passes_when_ranks_agree_and_is_not_metered():
     def fn(comm):
-        comm.debug = True
         Comm._check_collective(comm, 0, Fingerprint("all_reduce", shape=(4,)))
         return comm.meter.snapshot()["messages_sent"]
 
     assert run_spmd(fn, 3) == [0, 0, 0]
+
+
+class ProcessLikeComm(Comm):
+    """A one-rank process backend that notes each fingerprint check instead of exchanging it."""
+
+    def __init__(self, debug):
+        super().__init__(0, 1)
+        self.debug, self.checked = debug, []
+
+    def _check_collective(self, index, fingerprint):
+        self.checked.append((index, fingerprint))
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_process_backends_check_collectives_only_under_debug(debug):
+    comm = ProcessLikeComm(debug)
+    for _ in range(2):
+        with comm.collective("all_reduce", np.ones(3), shape=(3,), dtype=np.dtype("float32")):
+            with comm.collective("reduce_scatter", shape=(3,)):  # nested: never checked
+                pass
+    expected = [(k, Fingerprint("all_reduce", shape=(3,), dtype="float32")) for k in range(2)]
+    assert comm.checks_collectives == debug
+    assert comm.checked == (expected if debug else [])
+
+
+def test_mpicomm_rejects_a_headerless_message_shorter_than_the_buffer():
+    code = ("import numpy as np; from tp_from_scratch.comm import MPIComm; c = MPIComm(); "
+            "c.send(np.ones(2), 0, header=False)\n"
+            "try:\n    c.recv(0, out=np.empty(3), header=False)\n"
+            "except ValueError as e:\n    print(e)")
+    result = run_command([sys.executable, "-c", code], timeout=60)
+    assert ("into a buffer of shape (3,) and dtype float64 (24 bytes) got a message of 16 bytes"
+            in result.stdout), result.stdout
 
 
 def test_mpicomm_works_as_a_single_process_world():

@@ -186,19 +186,25 @@ def test_bad_peer_and_bad_world_size_are_named():
         run_spmd(lambda comm: None, 0)
 
 
-def test_messages_without_a_header_arrive_into_out_and_are_metered_alike():
+def test_messages_with_and_without_a_header_interleave_and_are_metered_alike():
     def fn(comm):
-        x = random_array(rank_rng(3, comm.rank), (4, 3))
-        comm.send(x, 1 - comm.rank, header=False)
+        rng, other = rank_rng(3, comm.rank), 1 - comm.rank
+        mine = [random_array(rng, (4, 3)), random_array(rng, (2,)), random_array(rng, (5,))]
+        for x, header in zip(mine, (False, True, False)):
+            comm.send(x, other, header=header)
         out = np.empty((4, 3))
-        got = comm.recv(1 - comm.rank, out=out, header=False)
-        assert got is out
-        return x, out, comm.meter.snapshot()
+        got = [comm.recv(other, out=out, header=False), comm.recv(other),
+               comm.recv(other, out=np.empty(5), header=False)]
+        assert got[0] is out
+        return mine, got, comm.meter.snapshot()
 
-    (x0, out0, m0), (x1, out1, m1) = run_spmd(fn, 2)
-    assert_matches_reference(out0, x1, name="headerless message", rank=0, exact=True)
-    assert_matches_reference(out1, x0, name="headerless message", rank=1, exact=True)
-    assert (m0["messages_sent"], m0["bytes_sent"], m0["bytes_received"]) == (1, x0.nbytes, x1.nbytes)
+    results = run_spmd(fn, 2)
+    for rank, (_, got, meter) in enumerate(results):
+        sent = results[1 - rank][0]
+        for k, (g, s) in enumerate(zip(got, sent)):
+            assert_matches_reference(g, s, name=f"message {k}", rank=rank, exact=True)
+        nbytes = sum(s.nbytes for s in sent)
+        assert (meter["messages_received"], meter["bytes_received"]) == (3, nbytes)
 
 
 @pytest.mark.parametrize("send_header, recv_header, said", [

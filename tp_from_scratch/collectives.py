@@ -71,7 +71,9 @@ def reduce_scatter(comm, x, axis=0, op="sum"):
 def _ring_reduce_scatter_into(comm, chunks, result, combine):
     """The reduce_scatter ring on ``chunks`` (this rank's input, split); chunk r's sum lands in ``result``.
 
-    Every rank knows every chunk's shape, so the messages go without a header (see Comm.send).
+    ``result``: a new array of chunk r's shape and dtype, not a view of the input (the last
+    sum is received into it). Every rank knows every chunk's shape, so the messages go
+    without a header (see Comm.send).
     """
     p, r = comm.world_size, comm.rank
     partial = chunks[(r - 1) % p]
@@ -82,7 +84,7 @@ def _ring_reduce_scatter_into(comm, chunks, result, combine):
         buffer = result if step == p - 2 else np.empty(mine.shape, mine.dtype)
         incoming = comm.recv((r - 1) % p, out=buffer, header=False)
         partial = combine(incoming, mine, out=incoming)  # this rank's own buffer: add in place
-    if p == 1:
+    if p == 1:  # no step ran: the sum over one rank is its own chunk
         result[...] = chunks[0]
     return result
 

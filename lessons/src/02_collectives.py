@@ -100,7 +100,9 @@ a real link the header is a second message, one more latency α (section 4). Whe
 already knows what arrives, as in a reduce-scatter where every rank can compute every chunk's
 shape, both sides can leave it out: `comm.send(x, dst, header=False)` and
 `comm.recv(src, out=buffer, header=False)`. The library's `reduce_scatter`, `all_reduce` and
-`reduce` do so. Both sides must agree, and the simulator checks that they do."""),
+`reduce` do so. Both sides must agree. The simulator checks that they do; MPI and gloo do not,
+and would hang or hand back the wrong bytes instead, which is one more reason to run new code
+on the simulator first."""),
     new_code_cell("""def no_header(comm, header_on_recv):
     if comm.rank == 0:
         comm.send(np.arange(4.0), dst=1, header=False)   # payload only: rank 1 knows the shape

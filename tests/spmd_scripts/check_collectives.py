@@ -148,9 +148,10 @@ def main(comm):
     def messages(q):
         rng = rank_rng(9, q)
         return [random_array(rng, (3, 4)), random_array(rng, (5,), np.float32),
-                np.zeros((0, 2)), random_array(rng, (2, 3), integer=True).astype(np.int64)]
+                np.zeros((0, 2)), random_array(rng, (2, 3), integer=True).astype(np.int64),
+                random_array(rng, (3, 2)), np.array(rng.standard_normal())]
     mine = messages(r)
-    for message, header in zip(mine, (True, False, False, True)):
+    for message, header in zip(mine, (True, False, False, True, False, True)):
         comm.send(message, right, header=header)
         message[...] = -1  # a plain send copied it: overwriting now must not change what arrives
     expected = messages(left)
@@ -161,6 +162,9 @@ def main(comm):
     strided = np.zeros((2, 6), np.int64)
     comm.recv(left, out=strided[:, ::2])
     got[3] = strided[:, ::2]
+    columns = np.zeros((2, 3))  # a non-contiguous buffer for a message without a header
+    got.append(comm.recv(left, out=columns.T, header=False))
+    got.append(comm.recv(left))  # a 0-d array arrives 0-d
     for k, (g, e) in enumerate(zip(got, expected)):
         assert_matches_reference(g, e, name=f"point-to-point message {k}", rank=r, exact=True)
     checks += 1

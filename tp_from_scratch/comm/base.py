@@ -1,10 +1,11 @@
 """The communicator interface every backend implements: rank, world_size, send, recv, barrier.
 
 Backends (simulated threads, MPI, torch.distributed) implement ``_raw_send``,
-``_raw_recv`` (a message on a tag) and ``barrier``; this base class validates arguments and
-feeds the meter, so the three backends count traffic identically. Collectives announce
-themselves with ``comm.collective(name, x, **params)``, which is where ranks are checked
-to agree (always on the simulator, under TP_DEBUG=1 elsewhere).
+``_raw_recv`` (a message on a tag, with or without its header) and ``barrier``; this base
+class validates arguments and feeds the meter, so the three backends count traffic
+identically. Collectives announce themselves with ``comm.collective(name, x, **params)``,
+which is where ranks are checked to agree (always on the simulator, under TP_DEBUG=1
+elsewhere).
 
 Two settings come from the environment, read when a communicator is created:
 
@@ -130,12 +131,15 @@ class Comm:
         allocate the result. ``header=False`` sends the payload alone, for a receiver that
         already knows shape and dtype and calls ``recv(src, out=buffer, header=False)``: on
         MPI and torch.distributed that is one message instead of two, as in their own
-        collectives. Both sides must agree; the simulator checks that they do.
+        collectives. Both sides must agree, and the buffer must match the message: the
+        simulator checks both, MPI only the byte count, gloo only that the message is not
+        longer, nccl nothing. On process backends TP_DEBUG=1 is the guard: the collectives'
+        fingerprints include shape and dtype, so ranks that disagree fail by name.
         """
         self._check_peer(dst, "send to")
         if array is None:
             raise TypeError(f"rank {self.rank}: send to rank {dst} needs an array, got None")
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")  # contiguous, and a 0-d array stays 0-d
         if array.dtype.hasobject:
             raise TypeError(f"rank {self.rank}: send to rank {dst} needs a numeric array, got dtype object")
         self._send(array, int(dst), bool(header))
@@ -197,9 +201,9 @@ class Comm:
     def _check_collective(self, index, fingerprint):
         """Raise CollectiveMismatchError if ranks disagree about this collective call.
 
-        Process backends check only under TP_DEBUG=1 (``self.debug``): each rank sends its
-        fingerprint to every other rank (p-1 small messages, on their own tag and not metered)
-        and compares what it receives. The simulator overrides this and always checks.
+        Called only when ``checks_collectives`` (on process backends: under TP_DEBUG=1). Each
+        rank sends its fingerprint to every other rank (p-1 small messages, on their own tag
+        and not metered) and compares what it receives. The simulator overrides this.
         """
         mine = Fingerprint(fingerprint.name, call=index, **fingerprint.params)
         text = np.frombuffer(mine.as_text().encode(), dtype=np.uint8)

@@ -54,6 +54,8 @@ class Meter:
         finally:
             self._stack.pop()
 
+    # record_send and record_recv run once per message: plain increments, no shared helper,
+    # because under 4 ranks on 2 cores each microsecond here slows the whole ring
     def record_send(self, nbytes):
         """Count one sent message of ``nbytes`` payload bytes."""
         self.messages_sent += 1

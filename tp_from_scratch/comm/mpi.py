@@ -1,8 +1,9 @@
 """MPIComm: the communicator over mpi4py, for scripts launched with ``mpiexec -n N``.
 
 A message is two MPI messages: a small pickled header (shape, dtype) and the payload as raw
-bytes (skipped when empty); with header=False, the payload alone. Sends are non-blocking (Isend of a private copy) so that a ring
-step ``send(right); recv(left)`` cannot deadlock on large arrays. Every wait polls with a
+bytes (skipped when empty); with header=False, the payload alone. Sends are non-blocking
+(Isend of a private copy) so that a ring step ``send(right); recv(left)`` cannot deadlock on
+large arrays. Every wait polls with a
 deadline (TP_TIMEOUT, default 30 s) instead of blocking in MPI: a peer that exited early
 turns into a CommTimeoutError naming it, never a hang. ``abort`` calls MPI Abort, which makes
 mpiexec kill every rank.
@@ -91,11 +92,16 @@ class MPIComm(Comm):
         direct = out is not None and out.flags.c_contiguous  # MPI can write straight into it
         data = out if direct else np.empty(shape, dtype=dtype)
         if data.nbytes:
-            request, status = self.mpi.Irecv([data.reshape(-1).view(np.uint8), MPI.BYTE], src, 2 * tag + 1), MPI.Status()
-            _wait_until(lambda: request.Test(status), deadline, lambda: self._timeout_message(what, src))
-            if status.Get_count(MPI.BYTE) != data.nbytes:  # MPI accepts a shorter message
-                raise ValueError(f"rank {self.rank}: recv from rank {src} expected {data.nbytes} bytes "
-                                 f"of shape {tuple(shape)} and dtype {dtype}, got {status.Get_count(MPI.BYTE)}")
+            status = MPI.Status()
+            request = self.mpi.Irecv([data.reshape(-1).view(np.uint8), MPI.BYTE], src, 2 * tag + 1)
+            _wait_until(lambda: request.Test(status), deadline,
+                        lambda: self._timeout_message(what, src))
+            received = status.Get_count(MPI.BYTE)
+            if received != data.nbytes:  # MPI accepts a shorter message than the buffer
+                raise ValueError(
+                    f"rank {self.rank}: recv from rank {src} into a buffer of shape {tuple(shape)} "
+                    f"and dtype {dtype} ({data.nbytes} bytes) got a message of {received} bytes; "
+                    "with header=False both sides must agree on the shape")
         if out is not None and not direct:
             np.copyto(out, data)
             return out

@@ -153,7 +153,8 @@ class SimulatedComm(Comm):
             self._wait(("recv", src, tag))
             message, sent_with_header = w.mailbox[(src, self.rank, tag)].popleft()
         if sent_with_header != header:
-            # MPI or gloo would read a header as payload (or the reverse): wrong data or a hang
+            # MPI or gloo would leave a header queued for a later recv (wrong shapes from then
+            # on) or wait for one that never comes; nccl, which has no tags, would read it as data
             said = {True: "with a header", False: "without a header (header=False)"}
             raise CommError(
                 f"rank {src} sent rank {self.rank} a message {said[sent_with_header]}, but rank "

@@ -3,7 +3,8 @@
 gloo on CPU, nccl when the communicator's device is CUDA. Arrays in and out are numpy;
 they travel as torch tensors on ``comm.device``. A message is a fixed-size int64 header
 (ndim, dtype code, shape) followed by the payload (skipped when empty), or the payload
-alone when sent with header=False; all go out with isend so a ring step cannot deadlock. Every wait has a deadline (TP_TIMEOUT, default 30 s)
+alone when sent with header=False; all go out with isend so a ring step cannot
+deadlock. Every wait has a deadline (TP_TIMEOUT, default 30 s)
 and the process group itself is created with that timeout.
 """
 import os
@@ -70,7 +71,7 @@ class TorchComm(Comm):
 
     def _raw_send(self, array, dst, tag, header=True):
         array = np.asarray(array)
-        if array.ndim > MAX_DIMS or array.dtype not in DTYPES:
+        if (header and array.ndim > MAX_DIMS) or array.dtype not in DTYPES:
             raise ValueError(f"rank {self.rank}: TorchComm cannot send an array of shape "
                              f"{array.shape} and dtype {array.dtype} (at most {MAX_DIMS} dims, "
                              f"dtypes {[d.name for d in DTYPES]})")
@@ -100,8 +101,7 @@ class TorchComm(Comm):
             shape = tuple(head[2:2 + ndim])
             self._check_out(out, shape, dtype, src)
         else:  # the caller's buffer says what arrives. Unchecked here: gloo aborts on a longer
-            # message but accepts a shorter one, nccl checks nothing. header=False is for code
-            # whose sizes the simulator has proven, like the library's collectives.
+            # message but accepts a shorter one, nccl checks nothing (see Comm.send)
             shape, dtype = out.shape, out.dtype
         # on the CPU, a contiguous ``out`` is received into directly (torch shares its memory)
         direct = out is not None and out.flags.c_contiguous and self.device.type == "cpu"
