@@ -16,6 +16,7 @@ help:
 	@echo "make grade    grade YOUR exercises in exercises/ and print a summary"
 	@echo "make lessons  re-execute every notebook in place (outputs are committed)"
 	@echo "make doctor   check Python, numpy, torch, gloo, MPI and jupyter"
+	@echo "make bench    from-scratch vs native all-reduce and one ring step, under mpiexec and torchrun (RANKS=2)"
 
 $(STAMP): requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed; set PYTHON=python3.x")'
@@ -44,6 +45,15 @@ lessons: $(STAMP)
 
 doctor: $(STAMP)
 	$(PY) -m tp_from_scratch.doctor
+
+# The figures in the README's "Measured figures": printed side by side, JSON in runs/bench/
+RANKS ?= 2
+BENCH_ALL_REDUCE := collectives --ops all_reduce --min-bytes 1M --max-bytes 16M --factor 4
+bench: $(STAMP)
+	$(VENV)/bin/mpiexec -n $(RANKS) $(PY) -m tp_from_scratch.bench $(BENCH_ALL_REDUCE) --json runs/bench/all_reduce_mpi$(RANKS).json
+	$(VENV)/bin/torchrun --standalone --nproc-per-node $(RANKS) -m tp_from_scratch.bench $(BENCH_ALL_REDUCE) --json runs/bench/all_reduce_torch$(RANKS).json
+	$(VENV)/bin/mpiexec -n $(RANKS) $(PY) -m tp_from_scratch.bench p2p --json runs/bench/p2p_mpi$(RANKS).json
+	$(VENV)/bin/torchrun --standalone --nproc-per-node $(RANKS) -m tp_from_scratch.bench p2p --json runs/bench/p2p_torch$(RANKS).json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis runs

@@ -8,6 +8,7 @@ import sys
 
 BENCHMARKS = {
     "collectives": "from-scratch ring collectives against MPI / torch.distributed (mpiexec or torchrun)",
+    "p2p": "one ring step: the communicator's send/recv against the backend's bare calls",
     "train": "tensor-parallel GPT training throughput (torchrun)",
 }
 

@@ -6,7 +6,12 @@ tensors sharing memory with the numpy arrays (on the communicator's device for n
 Only even splits: shards along axis 0 must all have the same length, as MPI's and
 gloo's fixed-size collectives demand.
 """
+import time
+from datetime import timedelta
+
 import numpy as np
+
+BENCH_TAG = 7  # apart from the communicators' own tags (0-3)
 
 
 class MPINative:
@@ -63,6 +68,20 @@ class MPINative:
         out = np.empty_like(x)
         self.mpi.Alltoall(np.ascontiguousarray(x), out)
         return out
+
+    def ring_step(self, x, out, timeout=30.0):
+        """Send x to rank + 1 and receive ``out`` from rank - 1 with mpi4py's own Isend/Irecv.
+
+        Waits the way MPIComm does (polling, yielding the core), so a comparison with it
+        measures the communicator's Python, not a different way of waiting.
+        """
+        from tp_from_scratch.comm.mpi import _wait_until
+        right, left = (self.rank + 1) % self.world_size, (self.rank - 1) % self.world_size
+        deadline = time.monotonic() + timeout
+        sent = self.mpi.Isend(x, right, tag=BENCH_TAG)
+        received = self.mpi.Irecv(out, left, tag=BENCH_TAG)
+        for request in (received, sent):
+            _wait_until(request.Test, deadline, lambda: f"rank {self.rank}: ring step timed out")
 
     def barrier(self):
         self.mpi.Barrier()
@@ -145,6 +164,17 @@ class TorchNative:
         out = self.torch.empty_like(t)
         self.dist.all_to_all_single(out, t, group=self.group)
         return self._np(out)
+
+    def ring_step(self, x, out, timeout=30.0):
+        """Send x to rank + 1 and receive ``out`` from rank - 1 with dist.isend/irecv."""
+        right, left = (self.rank + 1) % self.world_size, (self.rank - 1) % self.world_size
+        limit = timedelta(seconds=timeout)
+        sent = self.dist.isend(self._t(x), self._global(right), self.group, tag=BENCH_TAG)
+        received = self.torch.from_numpy(out).to(self.device)  # on the CPU: out's own memory
+        self.dist.irecv(received, self._global(left), self.group, tag=BENCH_TAG).wait(timeout=limit)
+        sent.wait(timeout=limit)
+        if self.device.type != "cpu":
+            np.copyto(out, self._np(received))
 
     def barrier(self):
         self.dist.barrier(group=self.group)
