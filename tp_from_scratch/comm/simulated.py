@@ -99,6 +99,8 @@ class _World:
 class SimulatedComm(Comm):
     """The communicator run_spmd hands to each rank: mailboxes in memory, shared with its peers."""
 
+    checks_collectives = True  # always: the simulator sees every rank at no cost
+
     def __init__(self, world, rank):
         super().__init__(rank, world.world_size)
         self._world = world
@@ -177,8 +179,6 @@ class SimulatedComm(Comm):
                 w.cond.notify_all()
                 return
             self._wait(("barrier", gen))
-
-    checks_collectives = True  # always: the simulator sees every rank at no cost
 
     def _check_collective(self, index, fingerprint):
         w = self._world
