@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tp_from_scratch.bench.collectives import sizes
+from tp_from_scratch.bench.common import sizes
 from tp_from_scratch.bench.p2p import WAYS, parse_args
 from tp_from_scratch.testing import mpiexec_command, run_command, torchrun_command
 

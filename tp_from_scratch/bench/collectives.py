@@ -18,13 +18,11 @@ Before timing a size, the two results are compared (integer-valued data, so bit 
 This is a benchmark, not a test: nothing here asserts a speed.
 """
 import argparse
-import json
-import time
-from pathlib import Path
 
 import numpy as np
 
 from tp_from_scratch import collectives
+from tp_from_scratch.bench.common import add_size_options, check_size_options, sizes, time_calls, write_report
 from tp_from_scratch.bench.native import native_for
 from tp_from_scratch.comm import spmd_main
 from tp_from_scratch.compare import assert_matches_reference
@@ -37,22 +35,6 @@ MIB = 2 ** 20
 def bus_factor(op, p):
     """busbw / algbw: the fraction of the array each rank's link carries in a ring."""
     return 2 * (p - 1) / p if op == "all_reduce" else (p - 1) / p
-
-
-def parse_bytes(text):
-    """'8', '64K', '16M', '1G' -> bytes."""
-    units = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}
-    text = text.strip().upper().removesuffix("B")
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
-
-
-def sizes(min_bytes, max_bytes, factor):
-    """min_bytes, min_bytes*factor, ..., and max_bytes itself (so 8 B .. 16 MiB ends at 16 MiB)."""
-    out, size = [], min_bytes
-    while size < max_bytes:
-        out.append(size)
-        size *= factor
-    return out + [max_bytes]
 
 
 def element_count(op, size, p, itemsize):
@@ -72,29 +54,6 @@ def make_case(op, comm, count):
     if op == "all_reduce":
         return (lambda: collectives.all_reduce(comm, x)), (lambda: native.all_reduce(x))
     return (lambda: collectives.reduce_scatter(comm, x)), (lambda: native.reduce_scatter(x))
-
-
-def time_calls(comm, calls, warmup, iters):
-    """Median seconds per call of each of ``calls``, on the slowest rank.
-
-    The calls take turns, iteration by iteration, so both implementations see the same
-    machine: on a shared laptop other processes come and go, and timing one implementation
-    after the other would compare two different machines. Each call starts after a barrier;
-    a call's time is that of the slowest rank. The median, not the mean: one call in twenty
-    can stall for a scheduler time slice (milliseconds), which would swamp the mean.
-    """
-    for _ in range(warmup):
-        for call in calls:
-            call()
-    seconds = np.zeros((iters, len(calls)))
-    for i in range(iters):
-        for j, call in enumerate(calls):
-            comm.barrier()
-            start = time.perf_counter()
-            call()
-            seconds[i, j] = time.perf_counter() - start
-    slowest = collectives.all_reduce(comm, seconds, op="max")  # (iters, calls): the slowest rank per call
-    return np.median(slowest, axis=0), slowest.min(axis=0)
 
 
 def measure(comm, op, size, warmup, iters):
@@ -161,11 +120,7 @@ def run(comm, args):
             say(format_row(row), flush=True)
     for line in summary(rows):
         say("# " + line)
-    if args.json and comm.rank == 0:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"ranks": p, "backend": native.name, "comm": type(comm).__name__,
-                                               "warmup": args.warmup, "iters": args.iters, "rows": rows}, indent=1))
-        say(f"# wrote {args.json}")
+    write_report(comm, args, native.name, rows, say)
     return rows
 
 
@@ -173,15 +128,9 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m tp_from_scratch.bench collectives", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ops", nargs="+", choices=OPS, default=OPS)
-    parser.add_argument("--min-bytes", type=parse_bytes, default=parse_bytes("8"))
-    parser.add_argument("--max-bytes", type=parse_bytes, default=parse_bytes("16M"))
-    parser.add_argument("--factor", type=int, default=4, help="size multiplier between rows (nccl-tests -f)")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--json", help="also write every row to this JSON file (rank 0)")
+    add_size_options(parser, max_bytes="16M", factor=4, warmup=5)
     args = parser.parse_args(argv)
-    if args.min_bytes < 1 or args.max_bytes < args.min_bytes or args.factor < 2:
-        parser.error("need 1 <= --min-bytes <= --max-bytes and --factor >= 2")
+    check_size_options(parser, args)
     return args
 
 

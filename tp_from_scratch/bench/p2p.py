@@ -20,12 +20,10 @@ timing, each way's received array is compared bit for bit with the left neighbou
 This is a benchmark, not a test: nothing here asserts a speed.
 """
 import argparse
-import json
-from pathlib import Path
 
 import numpy as np
 
-from tp_from_scratch.bench.collectives import parse_bytes, sizes, time_calls
+from tp_from_scratch.bench.common import add_size_options, check_size_options, sizes, time_calls, write_report
 from tp_from_scratch.bench.native import native_for
 from tp_from_scratch.comm import spmd_main
 from tp_from_scratch.compare import assert_matches_reference
@@ -99,27 +97,19 @@ def run(comm, args):
         row["backend"] = native.name
         rows.append(row)
         say(format_row(row), flush=True)
-    if args.json and comm.rank == 0:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"ranks": comm.world_size, "backend": native.name,
-                                               "comm": type(comm).__name__, "rows": rows}, indent=1))
-        say(f"# wrote {args.json}")
+    write_report(comm, args, native.name, rows, say)
     return rows
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m tp_from_scratch.bench p2p", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--min-bytes", type=parse_bytes, default=parse_bytes("8"))
-    parser.add_argument("--max-bytes", type=parse_bytes, default=parse_bytes("1M"))
-    parser.add_argument("--factor", type=int, default=8, help="size multiplier between rows")
+    add_size_options(parser, max_bytes="1M", factor=8, warmup=3)
     parser.add_argument("--steps", type=int, default=8, help="ring steps per timed call")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--json", help="also write every row to this JSON file (rank 0)")
     args = parser.parse_args(argv)
-    if args.min_bytes < 1 or args.max_bytes < args.min_bytes or args.factor < 2 or args.steps < 1:
-        parser.error("need 1 <= --min-bytes <= --max-bytes, --factor >= 2 and --steps >= 1")
+    check_size_options(parser, args)
+    if args.steps < 1:
+        parser.error("need --steps >= 1")
     return args
 
 
