@@ -29,7 +29,7 @@ $(STAMP): requirements.txt
 
 # The main job: a tp=2 GPT trained by 2 CPU processes, each loss next to the single-device one
 demo: $(STAMP)
-	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.train --tp 2 --steps 50 \
+	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --steps 50 \
 		--compare-single --metrics runs/demo/metrics.jsonl --plot runs/demo/loss.png
 
 test: $(STAMP)
@@ -38,13 +38,13 @@ test: $(STAMP)
 	$(PY) -m pytest --nbmake lessons -q
 
 grade: $(STAMP)
-	$(PY) -m tp_from_scratch.grade
+	$(PY) -m tp_from_scratch.tools.grade
 
 lessons: $(STAMP)
 	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace lessons/*.ipynb
 
 doctor: $(STAMP)
-	$(PY) -m tp_from_scratch.doctor
+	$(PY) -m tp_from_scratch.tools.doctor
 
 # The figures in the README's "Measured figures": printed side by side, JSON in runs/bench/
 RANKS ?= 2

@@ -6,7 +6,7 @@ Grade a submission:   TP_IMPL=/path/to/their/exercises pytest exercises
 """
 import pytest
 
-from tp_from_scratch.grading import exercise_id_of, load_implementation
+from tp_from_scratch.tools.grading import exercise_id_of, load_implementation
 
 
 def pytest_collection_modifyitems(items):

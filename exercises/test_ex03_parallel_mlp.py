@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tp_from_scratch.compare import assert_all_match, assert_matches_reference
-from tp_from_scratch.grading import collective_calls, run_graded
+from tp_from_scratch.tools.grading import collective_calls, run_graded
 from tp_from_scratch.layers import reference
 from tp_from_scratch.sharding import shard
 from tp_from_scratch.testing import random_array, rank_rng

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.grading import collective_calls, run_graded
+from tp_from_scratch.tools.grading import collective_calls, run_graded
 from tp_from_scratch.testing import random_array, rank_rng
 
 WORLD_SIZES = [1, 2, 3, 4]

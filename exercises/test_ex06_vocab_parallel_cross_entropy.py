@@ -11,7 +11,7 @@ import torch
 from torch.nn import functional as F
 
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.grading import run_graded
+from tp_from_scratch.tools.grading import run_graded
 from tp_from_scratch.sharding import shard_sizes
 from tp_from_scratch.testing import random_array, rank_rng
 

@@ -10,7 +10,7 @@ import pytest
 
 from tp_from_scratch.bench.collectives import OPS, bus_factor, element_count
 from tp_from_scratch.bench.common import parse_bytes, sizes
-from tp_from_scratch.testing import mpiexec_command, run_command, torchrun_command
+from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
 
 MODULE = "tp_from_scratch.bench"
 

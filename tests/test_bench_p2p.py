@@ -10,7 +10,7 @@ import pytest
 
 from tp_from_scratch.bench.common import sizes
 from tp_from_scratch.bench.p2p import WAYS, parse_args
-from tp_from_scratch.testing import mpiexec_command, run_command, torchrun_command
+from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
 
 MODULE = "tp_from_scratch.bench"
 TINY = ["p2p", "--min-bytes", "8", "--max-bytes", "512", "--factor", "8",

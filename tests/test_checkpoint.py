@@ -5,10 +5,10 @@ import textwrap
 import pytest
 import torch
 
-from tp_from_scratch import checkpoint as ckpt
+from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.model import GPTConfig, init_gpt, shard_state_dict, shard_tensor
-from tp_from_scratch.testing import run_command, subprocess_env
+from tp_from_scratch.gpt.model import GPTConfig, init_gpt, shard_state_dict, shard_tensor
+from tp_from_scratch.comm.launchers import run_command, subprocess_env
 
 CONFIG = GPTConfig(vocab_size=13, seq_len=8, n_layers=1, hidden=16, n_heads=4, n_kv_heads=2, ffn=32)
 
@@ -127,7 +127,7 @@ KILLER = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
     import tests.test_checkpoint as t
-    from tp_from_scratch import checkpoint as ckpt
+    from tp_from_scratch.gpt import checkpoint as ckpt
     root = Path(sys.argv[1])
     for kill_at in map(int, sys.argv[2:]):
         t.save_sharded(root / str(kill_at), *t.trained_state(1), tp=2, step=1)

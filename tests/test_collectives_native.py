@@ -6,7 +6,7 @@ a mismatch fails its rank and spmd_main turns that into a non-zero exit.
 """
 import pytest
 
-from tp_from_scratch.testing import mpiexec_command, run_command, subprocess_env, torchrun_command
+from tp_from_scratch.comm.launchers import mpiexec_command, run_command, subprocess_env, torchrun_command
 
 SCRIPT = "tests.spmd_scripts.check_collectives"
 # checks per rank: 2 data kinds x (all_reduce, reduce_scatter) x 2 ops + all_gather, broadcast,

@@ -8,7 +8,7 @@ import pytest
 from tp_from_scratch.comm import (Comm, Fingerprint, SPMDError, comm_from_env, run_spmd,
                                   timeout_from_env)
 from tp_from_scratch.comm.launch import launcher_from_env
-from tp_from_scratch.testing import run_command, subprocess_env
+from tp_from_scratch.comm.launchers import run_command, subprocess_env
 
 
 @pytest.mark.parametrize("env, expected", [

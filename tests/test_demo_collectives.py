@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tp_from_scratch.testing import mpiexec_command, run_command, torchrun_command
+from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
 
 MODULE = "tp_from_scratch.demos.collectives"
 COLLECTIVES = ["all_reduce(sum)", "all_reduce(max)", "reduce_scatter", "reduce_scatter (uneven)",

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tp_from_scratch import testing
+from tp_from_scratch.comm import launchers
 from tp_from_scratch.demos import dtensor_shard
 
 
@@ -16,7 +16,7 @@ from tp_from_scratch.demos import dtensor_shard
 def test_dtensor_shard_1_equals_our_shard_along_axis_1():
     # Lesson 1 runs the seed's Shard(0); here the other axis, on a shape that is not square
     cmd = [sys.executable, "-m", "tp_from_scratch.demos.dtensor_shard", "--rows", "6", "--cols", "64", "--axis", "1"]
-    proc = testing.run_command(cmd, timeout=170)
+    proc = launchers.run_command(cmd, timeout=170)
     assert proc.returncode == 0, proc.stdout
     for rank in (0, 1):
         assert (f"rank {rank}: Global shape: torch.Size([6, 64]), Local shape: torch.Size([6, 32]), "
@@ -40,7 +40,7 @@ def test_under_mpiexec_it_says_to_use_torchrun(monkeypatch, capsys):
 
 
 def test_missing_torchrun_is_said_clearly(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(testing, "VENV_BIN", tmp_path)  # no venv launcher ...
+    monkeypatch.setattr(launchers, "VENV_BIN", tmp_path)  # no venv launcher ...
     monkeypatch.setenv("PATH", str(tmp_path))           # ... and nothing on PATH
     for name in ("RANK", "TORCHELASTIC_RUN_ID", "PMI_RANK"):
         monkeypatch.delenv(name, raising=False)         # not launched yet: the demo must start torchrun

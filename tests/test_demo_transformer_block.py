@@ -9,7 +9,7 @@ import re
 import pytest
 
 from tp_from_scratch.demos import transformer_block
-from tp_from_scratch.testing import mpiexec_command, run_command, torchrun_command
+from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
 
 MODULE = "tp_from_scratch.demos.transformer_block"
 

@@ -10,13 +10,14 @@ import sys
 
 import pytest
 
-from tp_from_scratch import doctor, testing
+from tp_from_scratch.comm import launchers
+from tp_from_scratch.tools import doctor
 
 
 @pytest.fixture
 def no_launchers(tmp_path, monkeypatch):
     """A machine where neither the venv nor PATH holds mpiexec, torchrun or jupyter."""
-    monkeypatch.setattr(testing, "VENV_BIN", tmp_path)
+    monkeypatch.setattr(launchers, "VENV_BIN", tmp_path)
     monkeypatch.setenv("PATH", str(tmp_path))
     return tmp_path
 
@@ -33,7 +34,7 @@ def fake_launcher(directory, name, script):
 @pytest.mark.timeout(180)
 def test_doctor_passes_on_this_machine():
     # the real thing: torchrun + gloo, mpiexec + mpi4py and a jupyter kernel all launched
-    proc = testing.run_command([sys.executable, "-m", "tp_from_scratch.doctor"], timeout=170)
+    proc = launchers.run_command([sys.executable, "-m", "tp_from_scratch.tools.doctor"], timeout=170)
     assert proc.returncode == 0, proc.stdout
     ok_lines = [line for line in proc.stdout.splitlines() if line.startswith("[OK]")]
     assert len(ok_lines) == len(doctor.CHECKS), proc.stdout
@@ -45,21 +46,21 @@ def test_require_launcher_prefers_the_venv_then_path(tmp_path, monkeypatch):
     venv, elsewhere = tmp_path / "venv", tmp_path / "elsewhere"
     venv.mkdir()
     elsewhere.mkdir()
-    monkeypatch.setattr(testing, "VENV_BIN", venv)
+    monkeypatch.setattr(launchers, "VENV_BIN", venv)
     monkeypatch.setenv("PATH", str(elsewhere))
     on_path = fake_launcher(elsewhere, "mpiexec", "exit 0")
-    assert testing.require_launcher("mpiexec") == str(on_path)
+    assert launchers.require_launcher("mpiexec") == str(on_path)
     in_venv = fake_launcher(venv, "mpiexec", "exit 0")
-    assert testing.require_launcher("mpiexec") == str(in_venv)
-    assert testing.mpiexec_command(2, "some.module")[0] == str(in_venv)
+    assert launchers.require_launcher("mpiexec") == str(in_venv)
+    assert launchers.mpiexec_command(2, "some.module")[0] == str(in_venv)
 
 
 @pytest.mark.parametrize("name, command", [
-    ("mpiexec", lambda: testing.mpiexec_command(2, "some.module")),
-    ("torchrun", lambda: testing.torchrun_command(2, "some.module")),
+    ("mpiexec", lambda: launchers.mpiexec_command(2, "some.module")),
+    ("torchrun", lambda: launchers.torchrun_command(2, "some.module")),
 ])
 def test_missing_launcher_error_names_it_and_says_how_to_install(no_launchers, name, command):
-    with pytest.raises(testing.LauncherNotFoundError) as err:
+    with pytest.raises(launchers.LauncherNotFoundError) as err:
         command()
     message = str(err.value)
     assert message.startswith(f"{name} not found")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tp_from_scratch.testing import mpiexec_command, run_command, subprocess_env, torchrun_command
+from tp_from_scratch.comm.launchers import mpiexec_command, run_command, subprocess_env, torchrun_command
 
 SCRIPT = "tests.spmd_scripts.fail_rank"
 TIMEOUT = 3

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tp_from_scratch.grade import run_graders
-from tp_from_scratch.grading import EXERCISE_DIR, EXERCISES, REPO
+from tp_from_scratch.tools.grade import run_graders
+from tp_from_scratch.tools.grading import EXERCISE_DIR, EXERCISES, REPO
 
 KNOWN_WRONG = Path(__file__).parent / "known_wrong"
 

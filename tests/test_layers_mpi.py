@@ -8,7 +8,7 @@ that rank, and spmd_main ends the job with a non-zero status naming the rank.
 """
 import pytest
 
-from tp_from_scratch.testing import mpiexec_command, run_command
+from tp_from_scratch.comm.launchers import mpiexec_command, run_command
 
 
 @pytest.mark.slow

@@ -3,10 +3,10 @@ import pytest
 import torch
 
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.data import global_batch
-from tp_from_scratch.model import (GPTConfig, init_gpt, shard_axis, shard_state_dict,
+from tp_from_scratch.gpt.data import global_batch
+from tp_from_scratch.gpt.model import (GPTConfig, init_gpt, shard_axis, shard_state_dict,
                                    unshard_state_dict)
-from tp_from_scratch.testing import run_command, torchrun_command
+from tp_from_scratch.comm.launchers import run_command, torchrun_command
 
 SMALL = GPTConfig(vocab_size=13, seq_len=8, n_layers=2, hidden=16, n_heads=4, n_kv_heads=2, ffn=24,
                   tie_embeddings=False)
@@ -68,8 +68,8 @@ def test_config_errors_name_the_quantity(config, tp, message):
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_tp_gpt_equals_single_device_under_torchrun(nproc):
     # logits, loss, every gradient, the parameters after one step, tied and untied, float64
-    # and float32: see tp_from_scratch/model_checks.py
-    out = run_command(torchrun_command(nproc, "tp_from_scratch.model_checks"), timeout=280)
+    # and float32: see tp_from_scratch/gpt/checks.py
+    out = run_command(torchrun_command(nproc, "tp_from_scratch.gpt.checks"), timeout=280)
     assert out.returncode == 0, out.stdout[-4000:]
     for dtype in ("float64", "float32"):
         assert f"model checks passed (tp={nproc}, {dtype}, tied and untied head)" in out.stdout

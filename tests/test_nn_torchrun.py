@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tp_from_scratch.testing import run_command, torchrun_command
+from tp_from_scratch.comm.launchers import run_command, torchrun_command
 
 
 @pytest.mark.slow

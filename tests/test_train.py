@@ -15,10 +15,10 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from tp_from_scratch import checkpoint as ckpt
-from tp_from_scratch import train
+from tp_from_scratch.gpt import checkpoint as ckpt
+from tp_from_scratch.gpt import train
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.testing import free_port, run_command, torchrun_command
+from tp_from_scratch.comm.launchers import free_port, run_command, torchrun_command
 
 STEPS = 50
 LAUNCH_TIMEOUT = 240
@@ -44,13 +44,13 @@ def launch(nproc, args, tmp, name, nnodes=1):
     metrics = tmp / f"{name}.jsonl"
     argv = [a.replace("{dir}", str(tmp)) for a in args] + ["--metrics", metrics, "--no-progress"]
     if nnodes == 1:
-        out = run_command(torchrun_command(nproc, "tp_from_scratch.train", *argv), timeout=LAUNCH_TIMEOUT)
+        out = run_command(torchrun_command(nproc, "tp_from_scratch.gpt.train", *argv), timeout=LAUNCH_TIMEOUT)
         assert out.returncode == 0, f"{name} failed:\n{out.stdout[-4000:]}"
     else:
         port, results = free_port(), [None] * nnodes
 
         def node(i):   # one torchrun launcher per "node", meeting at 127.0.0.1:port
-            cmd = torchrun_command(nproc // nnodes, "tp_from_scratch.train", *argv,
+            cmd = torchrun_command(nproc // nnodes, "tp_from_scratch.gpt.train", *argv,
                                    nnodes=nnodes, node_rank=i, port=port)
             results[i] = run_command(cmd, timeout=LAUNCH_TIMEOUT)
 

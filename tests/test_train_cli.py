@@ -4,7 +4,7 @@ All of these are caught before any process group exists, so they run in-process.
 """
 import pytest
 
-from tp_from_scratch import train
+from tp_from_scratch.gpt import train
 
 
 @pytest.mark.parametrize("argv, world, message", [
@@ -49,8 +49,8 @@ def test_loading_a_checkpoint_of_another_model_fails_clearly(tmp_path):
     # one plain process (no torchrun): save 1 step, then load it into a model with another width
     import sys
 
-    from tp_from_scratch.testing import run_command
-    base = [sys.executable, "-m", "tp_from_scratch.train", "--no-progress", "--steps", "1"]
+    from tp_from_scratch.comm.launchers import run_command
+    base = [sys.executable, "-m", "tp_from_scratch.gpt.train", "--no-progress", "--steps", "1"]
     saved = run_command(base + ["--save", str(tmp_path / "ck")], timeout=100)
     assert saved.returncode == 0, saved.stdout
     out = run_command(base + ["--steps", "2", "--load", str(tmp_path / "ck"), "--hidden", "32"], timeout=100)

@@ -48,7 +48,8 @@ from tp_from_scratch.matmul import (column_parallel_matmul, matmul_reference, ro
                                     shard_memory, sum_partials)
 from tp_from_scratch.plots import draw_matrix, draw_split_matmul, memory_bars
 from tp_from_scratch.sharding import shard, unshard
-from tp_from_scratch.testing import random_array, rank_rng, run_command, torchrun_command
+from tp_from_scratch.testing import random_array, rank_rng
+from tp_from_scratch.comm.launchers import run_command, torchrun_command
 
 LESSON_START = time.perf_counter()"""),
     new_markdown_cell(r"""## 1. Why one layer can outgrow one device

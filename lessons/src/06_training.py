@@ -15,7 +15,7 @@ cells = [
 
 Lesson 5 built the torch layers: `ColumnParallelLinear`, `RowParallelLinear`,
 `VocabParallelEmbedding` and `vocab_parallel_cross_entropy`, on Megatron's f and g. Here they
-become a small GPT (`tp_from_scratch/model.py`) and we train it, checking **every step's loss**
+become a small GPT (`tp_from_scratch/gpt/model.py`) and we train it, checking **every step's loss**
 against the same GPT trained on one device.
 
 What you will see:
@@ -25,7 +25,7 @@ What you will see:
 4. the same run under **torchrun** on real processes (gloo), read back from its metrics file.
 
 Shapes: B batch, T sequence, H hidden, F ffn, V vocab, nh heads, nkv key/value heads,
-hs head size, t the TP degree. The training script is `tp_from_scratch/train.py`
+hs head size, t the TP degree. The training script is `tp_from_scratch/gpt/train.py`
 (`make demo` runs it); this notebook only calls the library."""),
     new_code_cell("""import sys, json, time
 from pathlib import Path
@@ -37,13 +37,13 @@ import numpy as np
 import torch
 import matplotlib.pyplot as plt
 
-from tp_from_scratch import train
+from tp_from_scratch.gpt import train
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.compare import TOLERANCE, assert_matches_reference
-from tp_from_scratch.data import entropy_rate
-from tp_from_scratch.model import GPT, GPTConfig, shard_axis, shard_tensor
+from tp_from_scratch.gpt.data import entropy_rate
+from tp_from_scratch.gpt.model import GPT, GPTConfig, shard_axis, shard_tensor
 
-ARGV = ["--steps", "50", "--dtype", "float32"]       # the defaults of `python -m tp_from_scratch.train`
+ARGV = ["--steps", "50", "--dtype", "float32"]       # the defaults of `python -m tp_from_scratch.gpt.train`
 args = train.build_parser().parse_args(ARGV)
 config = train.config_from_args(args)
 print(config)"""),
@@ -89,7 +89,7 @@ replicated part is small and each doubling of t nearly halves the memory.
 
 `train.train_on_comm` is one TP rank's run: the GPT built from the same seed as the
 single-device one and converted to this rank's shard (`model.gpt_to_tp`), the same batches
-(a seeded Markov chain, `tp_from_scratch.data`), AdamW. `run_spmd` runs it on 2 threads
+(a seeded Markov chain, `tp_from_scratch.gpt.data`), AdamW. `run_spmd` runs it on 2 threads
 that talk through the from-scratch collectives. `train.single_device_run` trains the plain
 `GPT` on the same batches. The Markov chain's entropy rate is the best loss any model can reach."""),
     new_code_cell("""t0 = time.perf_counter()
@@ -169,16 +169,16 @@ assert expected == per_step["all_reduce"]["bytes_sent"]"""),
     new_markdown_cell(r"""## 4. The real thing: torchrun, gloo, separate processes
 
 The same training script that `make demo` runs, launched from here on 2 processes with a free
-port and a timeout (`testing.run_command` kills the whole process group if time runs out).
+port and a timeout (`launchers.run_command` kills the whole process group if time runs out).
 It writes one JSON object per step; its losses must again equal the single-device ones.
 For a GPU machine, add `--device cuda`; for several nodes, see the docstring of
-`tp_from_scratch/train.py`."""),
-    new_code_cell("""from tp_from_scratch.testing import run_command, torchrun_command
+`tp_from_scratch/gpt/train.py`."""),
+    new_code_cell("""from tp_from_scratch.comm.launchers import run_command, torchrun_command
 import tempfile
 
 metrics = Path(tempfile.mkdtemp()) / "metrics.jsonl"
 t0 = time.perf_counter()
-out = run_command(torchrun_command(2, "tp_from_scratch.train", "--tp", "2", *ARGV,
+out = run_command(torchrun_command(2, "tp_from_scratch.gpt.train", "--tp", "2", *ARGV,
                                    "--metrics", metrics, "--no-progress"), timeout=240, cwd=REPO)
 assert out.returncode == 0, out.stdout[-3000:]
 print("\\n".join(line for line in out.stdout.splitlines() if not line.startswith(("W", "[W"))))
@@ -196,7 +196,7 @@ plt.show()"""),
     new_markdown_cell(r"""## What to try next
 
 * `make demo`: this run in your terminal, with a progress bar and a verdict per step.
-* `torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.train --tp 2 --dtype float64
+* `torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.gpt.train --tp 2 --dtype float64
   --compare-single`: dp = 2 × tp = 2, near-bitwise.
 * `--impl dtensor`: PyTorch's own tensor parallelism on the same model; the losses agree.
 * `--save runs/ck --steps 20`, then `--load runs/ck --tp 4 --steps 50` on 4 processes: the

@@ -24,7 +24,7 @@ import argparse
 import numpy as np
 
 from tp_from_scratch.bench.common import add_size_options, check_size_options, sizes, time_calls, write_report
-from tp_from_scratch.bench.native import native_for
+from tp_from_scratch.comm.native import native_for
 from tp_from_scratch.comm import spmd_main
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.testing import random_array, rank_rng

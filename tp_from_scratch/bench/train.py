@@ -15,8 +15,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from tp_from_scratch.data import global_batch
-from tp_from_scratch.model import GPTConfig, gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.data import global_batch
+from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt
 
 
 def parse(argv):
@@ -64,7 +64,7 @@ def main(argv=None):
 def run(args):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from tp_from_scratch.dtensor_gpt import parallelize_gpt
+    from tp_from_scratch.gpt.dtensor_plan import parallelize_gpt
     from tp_from_scratch.nn import set_collective_impl
 
     tp, rank = dist.get_world_size(), dist.get_rank()

@@ -24,8 +24,8 @@ import numpy as np
 from tp_from_scratch.comm.launch import launcher_from_env
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.sharding import check_divisible, shard
-from tp_from_scratch.testing import (LauncherNotFoundError, random_array, rank_rng, run_command,
-                                     torchrun_command)
+from tp_from_scratch.testing import random_array, rank_rng
+from tp_from_scratch.comm.launchers import LauncherNotFoundError, run_command, torchrun_command
 
 MODULE = "tp_from_scratch.demos.dtensor_shard"
 

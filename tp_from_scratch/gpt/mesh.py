@@ -40,8 +40,8 @@ def setup_mesh(tp, device="cpu", timeout=120.0, dtensor=False):
     """
     timeout = timedelta(seconds=timeout)
     backend = "nccl" if device == "cuda" else "gloo"
-    if "RANK" not in os.environ:  # plain `python -m tp_from_scratch.train`: a world of one
-        from tp_from_scratch.testing import free_port
+    if "RANK" not in os.environ:  # plain `python -m tp_from_scratch.gpt.train`: a world of one
+        from tp_from_scratch.comm.launchers import free_port
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",
                                 rank=0, world_size=1, timeout=timeout)
     else:

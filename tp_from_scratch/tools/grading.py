@@ -17,7 +17,7 @@ import os
 import types
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXERCISE_DIR = REPO / "exercises"
 
 # exercise id -> (file stem in exercises/, library modules that hold the reference versions)

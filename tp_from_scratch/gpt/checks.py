@@ -1,6 +1,6 @@
 """Check the tensor-parallel GPT against the single-device GPT, under torchrun.
 
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.model_checks [--dtype float64 ...]
+    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.checks [--dtype float64 ...]
 
 Every rank builds the same single-device GPT (same seed), converts it to its TP shard, and
 runs one forward and backward on the same batch. Then, against the single-device model:
@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.data import global_batch
-from tp_from_scratch.model import (GPTConfig, gather_state_dict, gpt_to_tp, init_gpt,
+from tp_from_scratch.gpt.data import global_batch
+from tp_from_scratch.gpt.model import (GPTConfig, gather_state_dict, gpt_to_tp, init_gpt,
                                    shard_axis, tp_to_gpt)
 from tp_from_scratch.nn import gather_from_tp_region
 

@@ -1,9 +1,9 @@
 """Grade exercises and print a per-exercise summary: passed, not yet, or failing.
 
-    python -m tp_from_scratch.grade                  # your own files in exercises/
-    python -m tp_from_scratch.grade --reference      # the library (should all pass)
-    python -m tp_from_scratch.grade class/*/         # an instructor: one row per submission
-    python -m tp_from_scratch.grade class/*/ --csv grades.csv
+    python -m tp_from_scratch.tools.grade                  # your own files in exercises/
+    python -m tp_from_scratch.tools.grade --reference      # the library (should all pass)
+    python -m tp_from_scratch.tools.grade class/*/         # an instructor: one row per submission
+    python -m tp_from_scratch.tools.grade class/*/ --csv grades.csv
 
 A submission is a directory holding files named like the stubs (ex01_split_matmul.py, ...).
 "not yet" means every failure is the stub's NotImplementedError; "failing" shows the
@@ -19,8 +19,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tp_from_scratch.grading import EXERCISES, EXERCISE_DIR, REPO, exercise_id_of
-from tp_from_scratch.testing import run_command, subprocess_env
+from tp_from_scratch.tools.grading import EXERCISES, EXERCISE_DIR, REPO, exercise_id_of
+from tp_from_scratch.comm.launchers import run_command, subprocess_env
 
 
 @dataclass

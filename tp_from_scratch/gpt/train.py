@@ -1,25 +1,25 @@
 """Train the small GPT with tensor parallelism (and data parallelism), checked against one device.
 
     # 2 CPU processes, tp=2, each step's loss next to the single-device loss, a loss plot
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.train --tp 2 --compare-single --plot runs/loss.png
+    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --compare-single --plot runs/loss.png
     # dp=2 x tp=2 on 4 processes; float64, the mode to debug in
-    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.train --tp 2 --dtype float64
+    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.gpt.train --tp 2 --dtype float64
     # PyTorch's own TP (DTensor) on the same model and weights
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.train --tp 2 --impl dtensor
+    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --impl dtensor
     # save at tp=2, resume at tp=4
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.train --tp 2 --steps 20 --save runs/ckpt
-    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.train --tp 4 --steps 50 --load runs/ckpt
+    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --steps 20 --save runs/ckpt
+    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.gpt.train --tp 4 --steps 50 --load runs/ckpt
     # one node with 8 GPUs: tp=8 (NCCL)
-    torchrun --standalone --nproc-per-node 8 -m tp_from_scratch.train --tp 8 --device cuda
+    torchrun --standalone --nproc-per-node 8 -m tp_from_scratch.gpt.train --tp 8 --device cuda
     # two nodes with 8 GPUs each: tp=8 inside a node, dp=2 across nodes; run on each node
     torchrun --nnodes 2 --node-rank 0|1 --nproc-per-node 8 --master-addr NODE0 --master-port 29500 \\
-        -m tp_from_scratch.train --tp 8 --device cuda
+        -m tp_from_scratch.gpt.train --tp 8 --device cuda
 
-The world of ranks is a dp x tp mesh (tp_from_scratch/mesh.py): rank = dp_index * tp + tp_index,
+The world of ranks is a dp x tp mesh (tp_from_scratch/gpt/mesh.py): rank = dp_index * tp + tp_index,
 so the ranks of one TP group are neighbours (on one node, where the bandwidth is). Gradients
 are averaged over each DP group (the ranks holding the same shard) after backward.
 
-Batches are a function of (seed, step) (tp_from_scratch.data); DP rank d takes rows
+Batches are a function of (seed, step) (tp_from_scratch.gpt.data); DP rank d takes rows
 d*B/dp .. (d+1)*B/dp of the global batch, so the global loss is the same at every dp and
 tp, and equals the single-device loss on the whole batch up to summation order.
 """
@@ -33,13 +33,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tp_from_scratch import checkpoint as ckpt
+from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.compare import TOLERANCE, assert_matches_reference
-from tp_from_scratch.data import global_batch, local_batch
-from tp_from_scratch.mesh import setup_mesh
-from tp_from_scratch.model import (GPTConfig, count_parameters, gpt_to_tp, init_gpt,
+from tp_from_scratch.gpt.data import global_batch, local_batch
+from tp_from_scratch.gpt.mesh import setup_mesh
+from tp_from_scratch.gpt.model import (GPTConfig, count_parameters, gpt_to_tp, init_gpt,
                                    shard_tensor)
-from tp_from_scratch.traffic import CollectiveCounter
+from tp_from_scratch.gpt.traffic import CollectiveCounter
 
 
 # ---------------------------------------------------------------------------------------
@@ -47,7 +47,7 @@ from tp_from_scratch.traffic import CollectiveCounter
 # ---------------------------------------------------------------------------------------
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m tp_from_scratch.train", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tp_from_scratch.gpt.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree t (divides the world size)")
     p.add_argument("--steps", type=int, default=50, help="train until this step (a resumed run continues)")
@@ -233,7 +233,7 @@ def build(args, config, mesh, start):
     if start is not None:
         full.load_state_dict(start["model"])
     if args.impl == "dtensor":
-        from tp_from_scratch.dtensor_gpt import parallelize_gpt
+        from tp_from_scratch.gpt.dtensor_plan import parallelize_gpt
         model = parallelize_gpt(full.to(mesh.device), mesh.device_mesh["tp"])
     else:
         model = gpt_to_tp(full, mesh.tp_group).to(mesh.device)

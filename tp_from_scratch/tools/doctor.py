@@ -1,11 +1,11 @@
 """Is this machine ready for the course? One [OK] or [FAIL] line per tool, each FAIL with a fix.
 
-    python -m tp_from_scratch.doctor                 # everything (about 10-30 s)
-    python -m tp_from_scratch.doctor --only mpi gloo # just some checks
+    python -m tp_from_scratch.tools.doctor                 # everything (about 10-30 s)
+    python -m tp_from_scratch.tools.doctor --only mpi gloo # just some checks
 
 Checks: Python (>= 3.10), numpy, torch (CUDA is reported, never required), gloo (a 2-rank
 all-reduce under torchrun), MPI (a 2-rank hello under the venv's mpiexec) and jupyter (a
-kernel that runs a cell). The two launches go through testing.run_command with a timeout
+kernel that runs a cell). The two launches go through launchers.run_command with a timeout
 and a fresh port, so the doctor itself can never hang. Exit status 1 if anything failed.
 """
 import argparse
@@ -16,7 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from tp_from_scratch import testing
+from tp_from_scratch.comm import launchers
 
 SETUP_FIX = "run `make test` (it creates .venv from requirements.txt), or `pip install -r requirements.txt`"
 MIN_PYTHON = (3, 10)
@@ -93,11 +93,11 @@ def _launch_two_ranks(name, launcher, command, what, ok, hang_fix, timeout):
     (the process group is killed), or a wrong answer, each with its fix.
     """
     try:
-        cmd = command(2, "tp_from_scratch.doctor", "--worker", name.lower())
-    except testing.LauncherNotFoundError as e:
-        return None, CheckResult(name, False, str(e).split(": ", 1)[0], testing.LAUNCHER_FIX[launcher])
+        cmd = command(2, "tp_from_scratch.tools.doctor", "--worker", name.lower())
+    except launchers.LauncherNotFoundError as e:
+        return None, CheckResult(name, False, str(e).split(": ", 1)[0], launchers.LAUNCHER_FIX[launcher])
     try:
-        proc = testing.run_command(cmd, timeout=timeout)
+        proc = launchers.run_command(cmd, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         return None, CheckResult(name, False, f"{what} did not finish within {timeout:.0f} s"
                                  + _tail(e.output), hang_fix)
@@ -113,7 +113,7 @@ def check_gloo(timeout=90.0):
     def ok(stdout):
         return set(re.findall(r"\[rank (\d+): all_reduce gave 3\]", stdout)) == {"0", "1"}
 
-    proc, failed = _launch_two_ranks("gloo", "torchrun", testing.torchrun_command,
+    proc, failed = _launch_two_ranks("gloo", "torchrun", launchers.torchrun_command,
                                      "2-rank all-reduce", ok, _GLOO_HANG_FIX, timeout)
     return failed or CheckResult("gloo", True, "2-rank all-reduce under torchrun gave 3 on both ranks")
 
@@ -129,9 +129,9 @@ def check_mpi(timeout=60.0):
     in this process (and in a test session, for every later test).
     """
     if not _installed("mpi4py"):
-        return CheckResult("MPI", False, "mpi4py is not installed", testing.LAUNCHER_FIX["mpiexec"])
+        return CheckResult("MPI", False, "mpi4py is not installed", launchers.LAUNCHER_FIX["mpiexec"])
     # a missing libmpi shows up as an ImportError in the ranks' output, so as a wrong answer
-    proc, failed = _launch_two_ranks("MPI", "mpiexec", testing.mpiexec_command, "2-rank hello under mpiexec",
+    proc, failed = _launch_two_ranks("MPI", "mpiexec", launchers.mpiexec_command, "2-rank hello under mpiexec",
                                      lambda out: "hello from ranks [0, 1] of 2, sum 3" in out,
                                      _MPI_HANG_FIX, timeout)
     if failed:
@@ -142,16 +142,16 @@ def check_mpi(timeout=60.0):
 
 
 _MPI_HANG_FIX = ("use the venv's mpiexec (the mpich wheel), not a system one built for another MPI: "
-                 + testing.LAUNCHER_FIX["mpiexec"])
+                 + launchers.LAUNCHER_FIX["mpiexec"])
 
 
 def check_jupyter(timeout=90.0):
     """The jupyter command exists and its python3 kernel starts and runs a cell with numpy."""
     try:
-        jupyter = testing.require_launcher("jupyter")
+        jupyter = launchers.require_launcher("jupyter")
         import nbclient
         import nbformat
-    except (testing.LauncherNotFoundError, ImportError) as e:
+    except (launchers.LauncherNotFoundError, ImportError) as e:
         return CheckResult("jupyter", False, f"not installed ({str(e).split(': ', 1)[0]})", SETUP_FIX)
     code = "import sys, numpy; print(sys.executable)"
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])

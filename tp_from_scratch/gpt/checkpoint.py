@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from tp_from_scratch.model import GPTConfig, shard_tensor, unshard_tensor
+from tp_from_scratch.gpt.model import GPTConfig, shard_tensor, unshard_tensor
 
 FORMAT = "tp_from_scratch checkpoint v1"
 SINGLE_FORMAT = "tp_from_scratch single-device state dict v1"
@@ -295,7 +295,7 @@ def _load_single_device(path, config):
 
 
 def main(argv=None):
-    """python -m tp_from_scratch.checkpoint export CKPT_ROOT OUT.pt  |  info CKPT_ROOT"""
+    """python -m tp_from_scratch.gpt.checkpoint export CKPT_ROOT OUT.pt  |  info CKPT_ROOT"""
     import argparse
     parser = argparse.ArgumentParser(description="inspect or export tp_from_scratch checkpoints")
     sub = parser.add_subparsers(dest="cmd", required=True)
