@@ -46,10 +46,10 @@ class Block:
 
     def forward(self, comm, x):
         self.local = block.shard_block_params(self.params, self.config, comm.world_size, comm.rank)
-        return block.block_forward(comm, x, self.local, self.config)
+        return block.parallel_block_forward(comm, x, self.local, self.config)
 
     def backward(self, comm, dy, cache):
-        return block.block_backward(comm, dy, cache)
+        return block.parallel_block_backward(comm, dy, cache)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -98,14 +98,14 @@ class Sublayer:
     def forward(self, comm, x):
         t, r = comm.world_size, comm.rank
         if self.kind == "mlp":
-            return mlp.mlp_forward(comm, x, mlp.shard_mlp_params(self.params, t, r))
+            return mlp.parallel_mlp_forward(comm, x, mlp.shard_mlp_params(self.params, t, r))
         local = attention.shard_attention_params(self.params, 4, 2, t, r)
-        return attention.attention_forward(comm, x, local, 4, 2)
+        return attention.parallel_attention_forward(comm, x, local, 4, 2)
 
     def backward(self, comm, dy, cache):
         if self.kind == "mlp":
-            return mlp.mlp_backward(comm, dy, cache)
-        return attention.attention_backward(comm, dy, cache)
+            return mlp.parallel_mlp_backward(comm, dy, cache)
+        return attention.parallel_attention_backward(comm, dy, cache)
 
 
 @pytest.mark.parametrize("kind", ["mlp", "attention"])

@@ -4,14 +4,18 @@ Everything parallel is compared with these references, so they get two independe
   * every hand-written backward agrees with central finite differences of its own forward
     (float64, a handful of random coordinates of every input and parameter);
   * every forward (and, as a second opinion, every gradient) agrees with PyTorch's own
-    layers and autograd: F.gelu(approximate="tanh"), F.layer_norm, scaled_dot_product_attention.
+    layers and autograd: F.linear, F.gelu(approximate="tanh"), F.layer_norm,
+    scaled_dot_product_attention, on the same parameters in torch's layout (params_to_torch).
+It also checks the two facts the shared vocabulary rests on: the parameter names fit the torch
+GPT's Block (a strict load_state_dict), and a key bias, which neither model has, could never
+change the output nor get a gradient.
 """
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.compare import assert_all_match, assert_matches_reference
 from tp_from_scratch.layers import BlockConfig, reference as ref
 from tp_from_scratch.testing import random_array, rank_rng
 
@@ -119,22 +123,25 @@ def test_block_backward_matches_finite_differences():
 
 
 def torch_block(x, p, config):
-    """The same pre-LN GQA block written with torch's own functions (y = x @ W convention)."""
+    """The same pre-LN GQA block written with torch's own functions, on a torch state_dict.
+
+    p holds torch's layout, weight (out, in), and F.linear computes x @ weight.T + bias.
+    """
     nh, nkv, H = config.n_heads, config.n_kv_heads, config.hidden
     B, T, _ = x.shape
 
     def heads(y, n):  # (B, T, n*hs) -> (B, n, T, hs)
         return y.view(B, T, n, -1).transpose(1, 2)
 
-    a = F.layer_norm(x, (H,), p["ln1_g"], p["ln1_b"], eps=1e-5)
-    q = heads(a @ p["attn.wq"] + p["attn.bq"], nh)
-    k = heads(a @ p["attn.wk"] + p["attn.bk"], nkv).repeat_interleave(nh // nkv, dim=1)
-    v = heads(a @ p["attn.wv"] + p["attn.bv"], nkv).repeat_interleave(nh // nkv, dim=1)
+    a = F.layer_norm(x, (H,), p["ln1.weight"], p["ln1.bias"], eps=1e-5)
+    q = heads(F.linear(a, p["attn.q.weight"], p["attn.q.bias"]), nh)
+    k = heads(F.linear(a, p["attn.k.weight"]), nkv).repeat_interleave(nh // nkv, dim=1)
+    v = heads(F.linear(a, p["attn.v.weight"], p["attn.v.bias"]), nkv).repeat_interleave(nh // nkv, dim=1)
     o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
-    h = x + o.transpose(1, 2).reshape(B, T, -1) @ p["attn.wo"] + p["attn.bo"]
-    m = F.layer_norm(h, (H,), p["ln2_g"], p["ln2_b"], eps=1e-5)
-    mlp = F.gelu(m @ p["mlp.w1"] + p["mlp.b1"], approximate="tanh") @ p["mlp.w2"] + p["mlp.b2"]
-    return h + mlp
+    h = x + F.linear(o.transpose(1, 2).reshape(B, T, -1), p["attn.o.weight"], p["attn.o.bias"])
+    m = F.layer_norm(h, (H,), p["ln2.weight"], p["ln2.bias"], eps=1e-5)
+    fc = F.gelu(F.linear(m, p["mlp.fc.weight"], p["mlp.fc.bias"]), approximate="tanh")
+    return h + F.linear(fc, p["mlp.proj.weight"], p["mlp.proj.bias"])
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -150,15 +157,17 @@ def test_block_matches_torch(n_kv_heads, dtype):
     dx, grads = ref.block_backward(dy, cache)
 
     tx = torch.tensor(x, requires_grad=True)
-    tp = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
+    tp = {k: v.requires_grad_() for k, v in ref.params_to_torch(params).items()}  # weights (out, in)
     ty = torch_block(tx, tp, config)
     ty.backward(torch.tensor(dy))
+    torch_grads = ref.params_from_torch({k: v.grad for k, v in tp.items()})  # back to (in, out)
 
     # torch fuses and orders its sums differently: the summation-order tolerance applies
     assert_matches_reference(y, ty, name="block output")
     assert_matches_reference(dx, tx.grad, name="grad of x")
+    assert set(grads) == set(torch_grads)
     for k in params:
-        assert_matches_reference(grads[k], tp[k].grad, name=f"grad of {k}")
+        assert_matches_reference(grads[k], torch_grads[k], name=f"grad of {k}")
 
 
 def test_float32_stays_float32():
@@ -170,3 +179,70 @@ def test_float32_stays_float32():
     dx, grads = ref.block_backward(np.ones_like(y), cache)
     assert y.dtype == dx.dtype == np.float32
     assert all(g.dtype == np.float32 for g in grads.values())
+
+
+# ----------------------------------------------------------------------------------------
+# One vocabulary with the torch GPT: same names, same biases, weights transposed
+# ----------------------------------------------------------------------------------------
+
+
+def test_params_round_trip_through_a_torch_state_dict():
+    rng = rank_rng(8)
+    config = BlockConfig(hidden=8, n_heads=4, n_kv_heads=2, ffn=12)
+    params = ref.init_block_params(rng, config, np.float32)
+    state = ref.params_to_torch(params)
+    assert set(state) == set(params)
+    for name, value in params.items():
+        # torch stores weight (out, in) = W^T; 1-D tensors keep their shape
+        assert tuple(state[name].shape) == value.T.shape, name
+        assert_matches_reference(state[name].numpy(), value.T, name=name, exact=True)
+    back = ref.params_from_torch(state)
+    for name, value in params.items():
+        assert_matches_reference(back[name], value, name=f"{name} after the round trip", exact=True)
+        assert not np.shares_memory(back[name], value), name  # fresh arrays, nothing aliased
+    state["attn.q.weight"][0, 0] += 1  # and the torch side holds copies too
+    assert_matches_reference(back["attn.q.weight"], params["attn.q.weight"], name="q.weight", exact=True)
+
+
+def test_block_params_fit_the_torch_gpt_block_exactly():
+    # the names, shapes and bias choices of the numpy block are those of gpt.model.Block:
+    # a strict load fails on any missing, extra or mis-shaped entry
+    from tp_from_scratch.gpt.model import GPT, GPTConfig
+
+    config = BlockConfig(hidden=16, n_heads=4, n_kv_heads=2, ffn=24)
+    torch_block_module = GPT(GPTConfig(vocab_size=11, seq_len=4, n_layers=1, hidden=16, n_heads=4,
+                                       n_kv_heads=2, ffn=24)).blocks[0]
+    params = ref.init_block_params(rank_rng(9), config, np.float32)
+    torch_block_module.load_state_dict(ref.params_to_torch(params), strict=True)
+    loaded = ref.params_from_torch(torch_block_module.state_dict())
+    assert_all_match(loaded, params, exact=True)
+
+
+def test_a_key_bias_changes_nothing_and_gets_no_gradient():
+    # Why neither model has attn.k.bias: q_i . (k_j + b_k) = q_i . k_j + q_i . b_k adds the same
+    # number to every score in row i, and softmax is unchanged by a constant added to its row.
+    rng = rank_rng(10)
+    nh, nkv, H = 4, 2, 8
+    params = ref.init_attention_params(rng, H, nh, nkv)
+    x, do = random_array(rng, (2, 5, H)), random_array(rng, (2, 5, H))
+    bias = 3 * random_array(rng, (H // nh * nkv,))
+    o_without, _ = ref.qkv_attention_forward(x, params, nh, nkv)
+
+    def attend(q_bias, k_bias):  # the attention of qkv_attention_forward, with extra biases
+        q = x @ params["q.weight"] + params["q.bias"] + q_bias
+        k = x @ params["k.weight"] + k_bias
+        v = x @ params["v.weight"] + params["v.bias"]
+        out, cache = ref.causal_attention_forward(
+            ref.split_heads(q, nh), ref.split_heads(k, nkv), ref.split_heads(v, nkv))
+        return ref.merge_heads(out), cache
+
+    o_with, cache = attend(0, bias)
+    assert_matches_reference(o_with, o_without, name="attention output with a key bias")
+    _, dk, dv = ref.causal_attention_backward(ref.split_heads(do, nh), cache)
+    grad_k_bias = ref.merge_heads(dk).reshape(-1, bias.size).sum(axis=0)  # dL/db_k, like a bias's
+    grad_v_bias = ref.merge_heads(dv).reshape(-1, bias.size).sum(axis=0)
+    # the gradient is a sum of terms of order 1 that cancel exactly: only roundoff is left
+    assert_matches_reference(grad_k_bias, np.zeros_like(bias), name="gradient of a key bias")
+    # while the same bias on the queries, or the value bias's gradient, are anything but zero
+    assert np.abs(attend(np.resize(bias, H), 0)[0] - o_without).max() > 1e-2
+    assert np.abs(grad_v_bias).max() > 1e-2

@@ -13,7 +13,7 @@ from tp_from_scratch.testing import rank_rng
 def test_mlp_round_trip_is_exact(t):
     params = ref.init_mlp_params(rank_rng(1), hidden=5, ffn=12)
     local = [mlp.shard_mlp_params(params, t, r) for r in range(t)]
-    assert local[0]["w1"].shape == (5, 12 // t) and local[0]["w2"].shape == (12 // t, 5)
+    assert local[0]["fc.weight"].shape == (5, 12 // t) and local[0]["proj.weight"].shape == (12 // t, 5)
     assert_all_match(mlp.gather_mlp_params(local), params, exact=True)
 
 
@@ -47,32 +47,34 @@ def test_each_rank_holds_the_kv_heads_its_query_heads_read():
         for r in range(t):
             first, count = attention.kv_heads_of_rank(nh, nkv, t, r)
             local = attention.shard_attention_params(params, nh, nkv, t, r)
-            assert_matches_reference(local["wk"], params["wk"][:, first * hs:(first + count) * hs],
-                                     name="wk", rank=r, exact=True)
+            for key in ("k.weight", "v.weight"):
+                assert_matches_reference(local[key], params[key][:, first * hs:(first + count) * hs],
+                                         name=key, rank=r, exact=True)
 
 
 def test_replicated_kv_gradients_are_summed_when_gathered():
     # 4 ranks, 2 KV heads: ranks 0,1 share KV head 0 and ranks 2,3 share KV head 1
     rng = rank_rng(5)
     grads = [{k: rng.standard_normal(s) for k, s in
-              [("wq", (4, 2)), ("bq", (2,)), ("wk", (4, 2)), ("bk", (2,)), ("wv", (4, 2)),
-               ("bv", (2,)), ("wo", (2, 4))]} for _ in range(4)]
-    bo = rng.standard_normal(4)
+              [("q.weight", (4, 2)), ("q.bias", (2,)), ("k.weight", (4, 2)), ("v.weight", (4, 2)),
+               ("v.bias", (2,)), ("o.weight", (2, 4))]} for _ in range(4)]
+    o_bias = rng.standard_normal(4)
     for g in grads:
-        g["bo"] = bo.copy()
+        g["o.bias"] = o_bias.copy()
     full = attention.gather_attention_grads(grads, n_heads=4, n_kv_heads=2)
-    assert_matches_reference(full["wk"][:, :2], grads[0]["wk"] + grads[1]["wk"], name="wk head 0")
-    assert_matches_reference(full["bv"][2:], grads[2]["bv"] + grads[3]["bv"], name="bv head 1")
+    assert_matches_reference(full["k.weight"][:, :2], grads[0]["k.weight"] + grads[1]["k.weight"],
+                             name="k.weight head 0")
+    assert_matches_reference(full["v.bias"][2:], grads[2]["v.bias"] + grads[3]["v.bias"], name="v.bias head 1")
     # while parameters (not gradients) must be equal copies: unequal ones are refused
-    with pytest.raises(ValueError, match="replicated wk of ranks \\[0, 1\\] differs"):
+    with pytest.raises(ValueError, match="replicated k.weight of ranks \\[0, 1\\] differs"):
         attention.gather_attention_params(grads, n_heads=4, n_kv_heads=2)
 
 
 def test_replicated_copies_that_drifted_are_refused():
     params = ref.init_mlp_params(rank_rng(6), hidden=4, ffn=8)
     local = [mlp.shard_mlp_params(params, 2, r) for r in range(2)]
-    local[1]["b2"][0] += 1e-12
-    with pytest.raises(ValueError, match="replicated b2 differs between rank 0 and rank 1"):
+    local[1]["proj.bias"][0] += 1e-12
+    with pytest.raises(ValueError, match="replicated proj.bias differs between rank 0 and rank 1"):
         mlp.gather_mlp_params(local)
 
 
@@ -120,7 +122,7 @@ def test_layers_never_modify_their_inputs():
     def parallel(comm):
         local = block.shard_block_params(params, config, comm.world_size, comm.rank)
         before = {k: v.copy() for k, v in local.items()}
-        block.block_backward(comm, dy, block.block_forward(comm, x, local, config)[1])
+        block.parallel_block_backward(comm, dy, block.parallel_block_forward(comm, x, local, config)[1])
         assert_all_match(local, before, rank=comm.rank, exact=True)
 
     run_spmd(parallel, 2)

@@ -46,10 +46,11 @@ def parse_args(argv=None):
 
 def parameter_groups(config, tp):
     """Block param keys by how they are stored: split 1/t, KV heads copied, or replicated."""
-    replicated = {"ln1_g", "ln1_b", "ln2_g", "ln2_b", "attn.bo", "mlp.b2"}
-    kv = {"attn.wk", "attn.bk", "attn.wv", "attn.bv"}
+    replicated = {"ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias", "attn.o.bias", "mlp.proj.bias"}
+    kv = {"attn.k.weight", "attn.v.weight", "attn.v.bias"}
     copied = kv if config.n_kv_heads < tp else set()
-    split = {"attn.wq", "attn.bq", "attn.wo", "mlp.w1", "mlp.b1", "mlp.w2"} | (kv - copied)
+    split = {"attn.q.weight", "attn.q.bias", "attn.o.weight", "mlp.fc.weight", "mlp.fc.bias",
+             "mlp.proj.weight"} | (kv - copied)
     groups = {"split 1/t": split, "KV copies": copied, "replicated": replicated}
     return {name: keys for name, keys in groups.items() if keys}
 
@@ -68,8 +69,8 @@ def run(comm, args):
 
     # the parallel block: the meter sees exactly one forward and one backward
     comm.meter.reset()
-    y, cache = block.block_forward(comm, x, local, config)
-    dx, grads = block.block_backward(comm, dy, cache)
+    y, cache = block.parallel_block_forward(comm, x, local, config)
+    dx, grads = block.parallel_block_backward(comm, dy, cache)
     table = comm.meter.table()
     sent = comm.meter.by_collective["all_reduce"].bytes_sent
 
@@ -115,13 +116,13 @@ def report(args, config, t, verdicts, groups, full, every, table, sent, verdict_
     for label, row in rows:
         print("   " + label.ljust(8) + "".join(str(b).rjust(12) for b in row) + str(sum(row)).rjust(12))
     split = names.index("split 1/t")
-    print(f"   split 1/t:  W_q, W_o, W_1, W_2 (and W_k, W_v when t divides nkv) and their biases;"
+    print(f"   split 1/t:  q, o, fc, proj weights (and k, v when t divides nkv) and the column biases;"
           f" {int(every[0][split])} = {full[split]} / {t} on each rank")
     if "KV copies" in groups:
         print(f"   KV copies:  {config.n_kv_heads} KV heads < t={t}: each rank holds the one its query"
               f" heads read, so each KV head is stored on t/nkv = {t // config.n_kv_heads} ranks")
-    print("   replicated: LayerNorm gains and biases, and the biases added after an all-reduce"
-          " (attn.bo, mlp.b2)\n")
+    print("   replicated: LayerNorm weights and biases, and the biases added after an all-reduce"
+          " (attn.o.bias, mlp.proj.bias)\n")
 
     theory = 4 * 2 * (t - 1) * B * T * H * itemsize / t
     print("3. Communication of one forward + backward (rank 0's meter):")

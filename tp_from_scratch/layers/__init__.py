@@ -9,8 +9,16 @@
   check.py      every layer against its reference on one rank of any backend
                 (`mpiexec -n 4 python -m tp_from_scratch.layers.check`)
 
-Every parallel function takes the communicator ``comm`` explicitly, so the same code runs
-on the simulator (run_spmd), under mpiexec (MPIComm) and under torchrun (TorchComm).
+Every parallel function takes the communicator ``comm`` as its FIRST argument, so the same
+code runs on the simulator (run_spmd), under mpiexec (MPIComm) and under torchrun (TorchComm).
+The parallel versions are named parallel_mlp_forward(comm, x, params_local) and so on; the
+single-device ones in reference.py keep the plain names, e.g. mlp_forward(x, params).
+
+One vocabulary with the torch code of Lessons 5 and 6: parameter names are those of the torch
+GPT's Block (ln1.weight, attn.q.weight, attn.o.bias, mlp.fc.weight, mlp.proj.bias, ...), with
+the same bias choices (no attn.k.bias). One difference, on purpose: numpy keeps the math
+layout W (in, out) and computes y = x @ W + b, while torch's nn.Linear stores weight (out, in)
+= W^T. reference.params_from_torch / params_to_torch convert, transposing the 2-D weights.
 """
 from tp_from_scratch.layers import reference
 from tp_from_scratch.layers.reference import BlockConfig

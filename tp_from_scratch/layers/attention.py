@@ -4,7 +4,12 @@
       -> f -> q, k, v = x @ Wq_i, x @ Wk_i, x @ Wv_i   this rank's heads: column-parallel by heads
       -> causal attention over the local heads      (B, T, nh/t*hs)  Sharded(-1), no communication
       -> o_i @ Wo_i                                  (B, T, H)        Partial, Wo[nh*hs_t, H]
-      -> g -> + bo                                   (B, T, H)        Replicated: one all-reduce
+      -> g -> + b_o                                  (B, T, H)        Replicated: one all-reduce
+
+Params are named as in the torch GPT's Attention, weights in the math layout (in, out):
+q.weight (H, nh*hs), q.bias, k.weight (H, nkv*hs) (no key bias: see reference.attention_forward),
+v.weight (H, nkv*hs), v.bias, o.weight (nh*hs, H), o.bias (H,). The single-device version is
+reference.attention_forward(x, params, n_heads, n_kv_heads).
 
 Heads never exchange data inside attention, so splitting by heads needs no communication
 until the output projection. The three projections q, k, v share one f: their partial
@@ -55,7 +60,7 @@ def kv_heads_of_rank(n_heads, n_kv_heads, tp, rank):
 
 
 def _local_slices(n_heads, n_kv_heads, head_size, tp, rank):
-    """Column slices of this rank's query heads and KV heads in wq / wk, wv."""
+    """Column slices of this rank's query heads in q.weight and KV heads in k.weight, v.weight."""
     q_per_rank = n_heads // tp
     first_kv, n_kv = kv_heads_of_rank(n_heads, n_kv_heads, tp, rank)
     q = slice(rank * q_per_rank * head_size, (rank + 1) * q_per_rank * head_size)
@@ -63,7 +68,7 @@ def _local_slices(n_heads, n_kv_heads, head_size, tp, rank):
     return q, kv
 
 
-def attention_forward(comm, x, params_local, n_heads, n_kv_heads):
+def parallel_attention_forward(comm, x, params_local, n_heads, n_kv_heads):
     """Causal self-attention over this rank's heads, then a row-parallel output projection.
 
     x (B, T, H) Replicated; params_local from shard_attention_params; n_heads, n_kv_heads are
@@ -73,12 +78,12 @@ def attention_forward(comm, x, params_local, n_heads, n_kv_heads):
     _, n_kv_local = kv_heads_of_rank(n_heads, n_kv_heads, tp, comm.rank)
     o_local, c_attn = qkv_attention_forward(  # (B, T, nh/t*hs), Sharded(-1)
         f_forward(comm, x), params_local, n_heads // tp, n_kv_local)
-    y, c_out = row_parallel_linear_forward(comm, o_local, params_local["wo"], params_local["bo"])
+    y, c_out = row_parallel_linear_forward(comm, o_local, params_local["o.weight"], params_local["o.bias"])
     return y, (c_attn, c_out)
 
 
-def attention_backward(comm, dy, cache):
-    """Backward of attention_forward for dy (B, T, H) Replicated; one all-reduce (f backward).
+def parallel_attention_backward(comm, dy, cache):
+    """Backward of parallel_attention_forward for dy (B, T, H) Replicated; one all-reduce (f backward).
 
     Returns (dx (B, T, H) Replicated, grads_local) with the keys of the local params. For a
     Replicated KV head, this rank's gradient is its own query heads' contribution (Partial).
@@ -86,7 +91,7 @@ def attention_backward(comm, dy, cache):
     c_attn, c_out = cache
     do_local, dwo, dbo = row_parallel_linear_backward(comm, dy, c_out)  # (B, T, nh/t*hs)
     dx_partial, grads = qkv_attention_backward(do_local, c_attn)        # (B, T, H), Partial
-    grads.update(wo=dwo, bo=dbo)
+    grads.update({"o.weight": dwo, "o.bias": dbo})
     return f_backward(comm, dx_partial), grads
 
 
@@ -95,28 +100,31 @@ def shard_attention_params(params, n_heads, n_kv_heads, tp, rank):
 
     Raises a ValueError naming the quantity when heads do not split evenly over tp ranks.
     """
-    head_size = params["wq"].shape[1] // n_heads
+    head_size = params["q.weight"].shape[1] // n_heads
     q, kv = _local_slices(n_heads, n_kv_heads, head_size, tp, rank)
-    local = {"wq": params["wq"][:, q], "bq": params["bq"][q],
-             "wk": params["wk"][:, kv], "bk": params["bk"][kv],
-             "wv": params["wv"][:, kv], "bv": params["bv"][kv],
-             "wo": params["wo"][q, :], "bo": params["bo"]}
+    local = {"q.weight": params["q.weight"][:, q], "q.bias": params["q.bias"][q],
+             "k.weight": params["k.weight"][:, kv],
+             "v.weight": params["v.weight"][:, kv], "v.bias": params["v.bias"][kv],
+             "o.weight": params["o.weight"][q, :], "o.bias": params["o.bias"]}
     return {k: v.copy() for k, v in local.items()}
 
 
 def _gather(params_local, n_heads, n_kv_heads, combine_copies):
     tp = len(params_local)
+    def every(key):
+        return [p[key] for p in params_local]
+
     full = {
-        "wq": np.concatenate([p["wq"] for p in params_local], axis=1),  # (H, nh*hs)
-        "bq": np.concatenate([p["bq"] for p in params_local]),          # (nh*hs,)
-        "wo": np.concatenate([p["wo"] for p in params_local], axis=0),  # (nh*hs, H)
-        "bo": replicated_value([p["bo"] for p in params_local], "bo"),  # (H,)
+        "q.weight": np.concatenate(every("q.weight"), axis=1),       # (H, nh*hs)
+        "q.bias": np.concatenate(every("q.bias")),                   # (nh*hs,)
+        "o.weight": np.concatenate(every("o.weight"), axis=0),       # (nh*hs, H)
+        "o.bias": replicated_value(every("o.bias"), "o.bias"),       # (H,)
     }
     # the ranks holding each KV block, in rank order: one rank each when Sharded
     holders = {}
     for rank in range(tp):
         holders.setdefault(kv_heads_of_rank(n_heads, n_kv_heads, tp, rank)[0], []).append(rank)
-    for key, axis in (("wk", 1), ("bk", 0), ("wv", 1), ("bv", 0)):
+    for key, axis in (("k.weight", 1), ("v.weight", 1), ("v.bias", 0)):
         blocks = [combine_copies([params_local[r][key] for r in ranks], f"{key} of ranks {ranks}")
                   for _, ranks in sorted(holders.items())]
         full[key] = np.concatenate(blocks, axis=axis)
@@ -126,7 +134,7 @@ def _gather(params_local, n_heads, n_kv_heads, combine_copies):
 def gather_attention_params(params_local, n_heads, n_kv_heads):
     """The full attention params from every rank's local params (inverse of shard_attention_params).
 
-    Copies of a Replicated KV head (and bo) must be equal, and are checked to be.
+    Copies of a Replicated KV head (and o.bias) must be equal, and are checked to be.
     """
     return _gather(params_local, n_heads, n_kv_heads, replicated_value)
 

@@ -13,43 +13,46 @@ all-reduce sends 2(t-1)/t of its input per rank, hence per block per step, per r
     4 x 2(t-1)/t x B*T*H x itemsize bytes.
 LayerNorm weights are Replicated; their gradients come out identical on every rank because
 they only see Replicated tensors (the all-reduced activations and their gradients).
-Local params: ln1_g, ln1_b, ln2_g, ln2_b (H,), "attn.*" from shard_attention_params,
-"mlp.*" from shard_mlp_params.
+Local params, named as in the torch GPT's Block: ln1.weight, ln1.bias, ln2.weight, ln2.bias
+(H,), "attn.*" from shard_attention_params, "mlp.*" from shard_mlp_params. The single-device
+version is reference.block_forward(x, params, config).
 """
 from tp_from_scratch.layers.attention import (
-    attention_backward, attention_forward, gather_attention_grads, gather_attention_params,
-    shard_attention_params)
+    gather_attention_grads, gather_attention_params, parallel_attention_backward,
+    parallel_attention_forward, shard_attention_params)
 from tp_from_scratch.layers.linear import replicated_value
-from tp_from_scratch.layers.mlp import gather_mlp_params, mlp_backward, mlp_forward, shard_mlp_params
+from tp_from_scratch.layers.mlp import (
+    gather_mlp_params, parallel_mlp_backward, parallel_mlp_forward, shard_mlp_params)
 from tp_from_scratch.layers.reference import (  # noqa: F401  (BlockConfig is part of this API)
     BlockConfig, layernorm_backward, layernorm_forward, sub_params)
 
-LAYERNORM_KEYS = ("ln1_g", "ln1_b", "ln2_g", "ln2_b")
+LAYERNORM_KEYS = ("ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias")
 
 
-def block_forward(comm, x, params_local, config):
+def parallel_block_forward(comm, x, params_local, config):
     """The block on x (B, T, H) Replicated; 2 all-reduces. Returns (y (B, T, H) Replicated, cache)."""
     p = params_local
-    a, c_ln1 = layernorm_forward(x, p["ln1_g"], p["ln1_b"])
-    att, c_att = attention_forward(comm, a, sub_params(p, "attn."), config.n_heads, config.n_kv_heads)
+    a, c_ln1 = layernorm_forward(x, p["ln1.weight"], p["ln1.bias"])
+    att, c_att = parallel_attention_forward(comm, a, sub_params(p, "attn."), config.n_heads,
+                                            config.n_kv_heads)
     h = x + att
-    m, c_ln2 = layernorm_forward(h, p["ln2_g"], p["ln2_b"])
-    mlp, c_mlp = mlp_forward(comm, m, sub_params(p, "mlp."))
+    m, c_ln2 = layernorm_forward(h, p["ln2.weight"], p["ln2.bias"])
+    mlp, c_mlp = parallel_mlp_forward(comm, m, sub_params(p, "mlp."))
     return h + mlp, (c_ln1, c_att, c_ln2, c_mlp)
 
 
-def block_backward(comm, dy, cache):
-    """Backward of block_forward for dy (B, T, H) Replicated; 2 all-reduces (one per f).
+def parallel_block_backward(comm, dy, cache):
+    """Backward of parallel_block_forward for dy (B, T, H) Replicated; 2 all-reduces (one per f).
 
     Returns (dx (B, T, H) Replicated, grads_local) with the keys of the local params.
     """
     c_ln1, c_att, c_ln2, c_mlp = cache
-    dm, g_mlp = mlp_backward(comm, dy, c_mlp)
+    dm, g_mlp = parallel_mlp_backward(comm, dy, c_mlp)
     dh_ln, dg2, db2 = layernorm_backward(dm, c_ln2)
     dh = dy + dh_ln  # the residual passes dy straight through
-    da, g_att = attention_backward(comm, dh, c_att)
+    da, g_att = parallel_attention_backward(comm, dh, c_att)
     dx_ln, dg1, db1 = layernorm_backward(da, c_ln1)
-    grads = {"ln1_g": dg1, "ln1_b": db1, "ln2_g": dg2, "ln2_b": db2}
+    grads = {"ln1.weight": dg1, "ln1.bias": db1, "ln2.weight": dg2, "ln2.bias": db2}
     grads.update({f"attn.{k}": v for k, v in g_att.items()})
     grads.update({f"mlp.{k}": v for k, v in g_mlp.items()})
     return dh + dx_ln, grads

@@ -39,7 +39,7 @@ class Verdict:
         return not self.message
 
     def __str__(self):
-        return f"{self.name:<16} max error {self.error:.2e}  {'OK' if self.ok else 'MISMATCH ' + self.message}"
+        return f"{self.name:<24} max error {self.error:.2e}  {'OK' if self.ok else 'MISMATCH ' + self.message}"
 
 
 def compare(verdicts, got, expected, name, rank, exact=False):
@@ -118,7 +118,8 @@ def check_linear_pair(comm, batch=2, seq=3, hidden=4, ffn=8, seed=0, dtype=np.fl
     y_ref, c2 = ref.linear_forward(a, w2, b2)
     da, dw2, db2 = ref.linear_backward(dy, c2)
     dx_ref, dw1, db1 = ref.linear_backward(da, c1)
-    grads_ref = {k: v for k, v in {"w1": dw1, "b1": db1, "w2": dw2, "b2": db2}.items() if v is not None}
+    named = {"fc.weight": dw1, "fc.bias": db1, "proj.weight": dw2, "proj.bias": db2}  # the MLP's names
+    grads_ref = {k: v for k, v in named.items() if v is not None}
 
     t, r = comm.world_size, comm.rank
     w1_i, b1_i = linear.shard_column_parallel_linear(w1, b1, t, r, "ffn size")
@@ -135,21 +136,21 @@ def check_linear_pair(comm, batch=2, seq=3, hidden=4, ffn=8, seed=0, dtype=np.fl
         dx, dw1_i, db1_i = linear.column_parallel_linear_backward(comm, da_i, ca)
         if not bias:  # no bias, no bias gradient
             assert db1_i is None and db2_ is None
-            return dx, {"w1": dw1_i, "w2": dw2_i}
-        return dx, {"w1": dw1_i, "b1": db1_i, "w2": dw2_i, "b2": db2_}
+            return dx, {"fc.weight": dw1_i, "proj.weight": dw2_i}
+        return dx, {"fc.weight": dw1_i, "fc.bias": db1_i, "proj.weight": dw2_i, "proj.bias": db2_}
 
     def gather(grads):  # the pair's gradients are sharded exactly like the MLP's parameters
         if bias:
             return mlp.gather_mlp_params(grads)
-        return {"w1": np.concatenate([g["w1"] for g in grads], axis=1),
-                "w2": np.concatenate([g["w2"] for g in grads], axis=0)}
+        return {"fc.weight": np.concatenate([g["fc.weight"] for g in grads], axis=1),
+                "proj.weight": np.concatenate([g["proj.weight"] for g in grads], axis=0)}
 
     return run_and_compare(comm, x, dy, forward, backward, (y_ref, dx_ref, grads_ref),
                            gather, per_direction=1, exact=integer)
 
 
 def check_mlp(comm, batch=2, seq=3, hidden=4, ffn=8, seed=0, dtype=np.float64):
-    """The parallel MLP (mlp.py) against reference.mlp_forward / mlp_backward."""
+    """parallel_mlp_forward / _backward (mlp.py) against reference.mlp_forward / mlp_backward."""
     rng = rank_rng(seed)
     params = ref.init_mlp_params(rng, hidden, ffn, dtype)
     x, dy = random_array(rng, (batch, seq, hidden), dtype), random_array(rng, (batch, seq, hidden), dtype)
@@ -157,8 +158,8 @@ def check_mlp(comm, batch=2, seq=3, hidden=4, ffn=8, seed=0, dtype=np.float64):
     dx_ref, grads_ref = ref.mlp_backward(dy, cache)
     local = mlp.shard_mlp_params(params, comm.world_size, comm.rank)
     return run_and_compare(
-        comm, x, dy, lambda x: mlp.mlp_forward(comm, x, local),
-        lambda dy, c: mlp.mlp_backward(comm, dy, c), (y_ref, dx_ref, grads_ref),
+        comm, x, dy, lambda x: mlp.parallel_mlp_forward(comm, x, local),
+        lambda dy, c: mlp.parallel_mlp_backward(comm, dy, c), (y_ref, dx_ref, grads_ref),
         mlp.gather_mlp_params, per_direction=1)
 
 
@@ -171,8 +172,8 @@ def check_attention(comm, batch=2, seq=4, hidden=8, n_heads=4, n_kv_heads=2, see
     dx_ref, grads_ref = ref.attention_backward(dy, cache)
     local = attention.shard_attention_params(params, n_heads, n_kv_heads, comm.world_size, comm.rank)
     return run_and_compare(
-        comm, x, dy, lambda x: attention.attention_forward(comm, x, local, n_heads, n_kv_heads),
-        lambda dy, c: attention.attention_backward(comm, dy, c), (y_ref, dx_ref, grads_ref),
+        comm, x, dy, lambda x: attention.parallel_attention_forward(comm, x, local, n_heads, n_kv_heads),
+        lambda dy, c: attention.parallel_attention_backward(comm, dy, c), (y_ref, dx_ref, grads_ref),
         lambda g: attention.gather_attention_grads(g, n_heads, n_kv_heads), per_direction=1)
 
 
@@ -186,8 +187,8 @@ def check_block(comm, config, batch=2, seq=4, seed=0, dtype=np.float64):
     dx_ref, grads_ref = ref.block_backward(dy, cache)
     local = block.shard_block_params(params, config, comm.world_size, comm.rank)
     return run_and_compare(
-        comm, x, dy, lambda x: block.block_forward(comm, x, local, config),
-        lambda dy, c: block.block_backward(comm, dy, c), (y_ref, dx_ref, grads_ref),
+        comm, x, dy, lambda x: block.parallel_block_forward(comm, x, local, config),
+        lambda dy, c: block.parallel_block_backward(comm, dy, c), (y_ref, dx_ref, grads_ref),
         lambda g: block.gather_block_grads(g, config), per_direction=2)
 
 

@@ -4,7 +4,12 @@ Every tensor-parallel layer in this package is checked against these functions, 
 functions are themselves checked against finite differences (tests/test_layers_reference.py).
 
 Conventions
-  * Weights follow the math convention Y = X @ W + b, with W of shape (in, out).
+  * Weights follow the math convention Y = X @ W + b, with W of shape (in, out). torch's
+    nn.Linear stores the transpose, weight (out, in) = W^T, and computes x @ weight.T + bias.
+  * Parameter names are those of the torch GPT (tp_from_scratch.gpt.model.Block), so one dict
+    of names fits both: ln1.weight, ln1.bias, attn.{q,k,v,o}.weight and .bias (no
+    attn.k.bias, see attention_forward), ln2.weight, ln2.bias, mlp.{fc,proj}.weight and .bias.
+    params_from_torch / params_to_torch convert a state_dict by transposing the 2-D weights.
   * Each ``*_forward`` returns ``(output, cache)``; the matching ``*_backward`` takes the
     gradient of the output and that cache, and returns the gradients of the inputs
     (and a dict of parameter gradients, keyed like the params).
@@ -44,7 +49,7 @@ def linear_backward(dy, cache):
 
 
 # ---------------------------------------------------------------------------------------
-# GeLU, the tanh approximation (as in GPT-2):
+# GeLU, the tanh approximation (GPT-2's "gelu_new"):
 #   gelu(x) = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
 # ---------------------------------------------------------------------------------------
 _GELU_C = np.sqrt(2.0 / np.pi)
@@ -52,7 +57,13 @@ _GELU_A = 0.044715
 
 
 def gelu_forward(x):
-    """GeLU with the tanh approximation, element-wise; returns (y, cache)."""
+    """GeLU with the tanh approximation, element-wise; returns (y, cache).
+
+    This is GPT-2's "gelu_new", torch's F.gelu(x, approximate="tanh"). The torch GPT of
+    Lesson 6 uses torch's default, the exact erf form 0.5 x (1 + erf(x / sqrt 2)); the two
+    differ by up to 4.7e-4 (near |x| = 2.7), so compare a numpy block with a torch block
+    only when both use the same form.
+    """
     c, a = x.dtype.type(_GELU_C), x.dtype.type(_GELU_A)  # keep float32 inputs in float32
     tanh_u = np.tanh(c * (x + a * x**3))
     return 0.5 * x * (1 + tanh_u), (x, tanh_u)
@@ -102,20 +113,23 @@ def layernorm_backward(dy, cache):
 
 
 def mlp_forward(x, params):
-    """y = gelu(x @ w1 + b1) @ w2 + b2 for x (B, T, H), w1 (H, F), w2 (F, H); returns (y, cache)."""
-    a, c1 = linear_forward(x, params["w1"], params["b1"])  # (B, T, F)
-    h, cg = gelu_forward(a)                                 # (B, T, F)
-    y, c2 = linear_forward(h, params["w2"], params["b2"])  # (B, T, H)
+    """y = gelu(x @ W_fc + b_fc) @ W_proj + b_proj for x (B, T, H); returns (y, cache).
+
+    params: fc.weight (H, F), fc.bias (F,), proj.weight (F, H), proj.bias (H,).
+    """
+    a, c1 = linear_forward(x, params["fc.weight"], params["fc.bias"])      # (B, T, F)
+    h, cg = gelu_forward(a)                                                 # (B, T, F)
+    y, c2 = linear_forward(h, params["proj.weight"], params["proj.bias"])  # (B, T, H)
     return y, (c1, cg, c2)
 
 
 def mlp_backward(dy, cache):
-    """Backward of mlp_forward: returns (dx, grads) with grads keyed w1, b1, w2, b2."""
+    """Backward of mlp_forward: returns (dx, grads) with the keys of the params."""
     c1, cg, c2 = cache
-    dh, dw2, db2 = linear_backward(dy, c2)
+    dh, dw_proj, db_proj = linear_backward(dy, c2)
     da = gelu_backward(dh, cg)
-    dx, dw1, db1 = linear_backward(da, c1)
-    return dx, {"w1": dw1, "b1": db1, "w2": dw2, "b2": db2}
+    dx, dw_fc, db_fc = linear_backward(da, c1)
+    return dx, {"fc.weight": dw_fc, "fc.bias": db_fc, "proj.weight": dw_proj, "proj.bias": db_proj}
 
 
 # ---------------------------------------------------------------------------------------
@@ -182,37 +196,41 @@ def causal_attention_backward(dout, cache):
 def qkv_attention_forward(x, params, n_heads, n_kv_heads):
     """Project x to q, k, v, attend causally, merge heads; no output projection.
 
-    x (B, T, H), params wq (H, nh*hs), wk, wv (H, nkv*hs) and biases. Returns (o (B, T, nh*hs), cache).
+    x (B, T, H), params q.weight (H, nh*hs), q.bias, k.weight (H, nkv*hs) (no bias: see
+    attention_forward), v.weight (H, nkv*hs), v.bias. Returns (o (B, T, nh*hs), cache).
     Shared by the reference and the parallel attention (which passes its local heads).
     """
-    q, cq = linear_forward(x, params["wq"], params["bq"])  # (B, T, nh*hs)
-    k, ck = linear_forward(x, params["wk"], params["bk"])  # (B, T, nkv*hs)
-    v, cv = linear_forward(x, params["wv"], params["bv"])  # (B, T, nkv*hs)
+    q, cq = linear_forward(x, params["q.weight"], params["q.bias"])  # (B, T, nh*hs)
+    k, ck = linear_forward(x, params["k.weight"], None)              # (B, T, nkv*hs)
+    v, cv = linear_forward(x, params["v.weight"], params["v.bias"])  # (B, T, nkv*hs)
     out, ca = causal_attention_forward(
         split_heads(q, n_heads), split_heads(k, n_kv_heads), split_heads(v, n_kv_heads))
     return merge_heads(out), (cq, ck, cv, ca)
 
 
 def qkv_attention_backward(do, cache):
-    """Backward of qkv_attention_forward: returns (dx, grads) with keys wq, bq, wk, bk, wv, bv."""
+    """Backward of qkv_attention_forward: returns (dx, grads) with the keys of its params."""
     cq, ck, cv, ca = cache
     nh = ca[0].shape[1]
     dq, dk, dv = causal_attention_backward(split_heads(do, nh), ca)
     dx_q, dwq, dbq = linear_backward(merge_heads(dq), cq)
-    dx_k, dwk, dbk = linear_backward(merge_heads(dk), ck)
+    dx_k, dwk, _ = linear_backward(merge_heads(dk), ck)
     dx_v, dwv, dbv = linear_backward(merge_heads(dv), cv)
-    grads = {"wq": dwq, "bq": dbq, "wk": dwk, "bk": dbk, "wv": dwv, "bv": dbv}
+    grads = {"q.weight": dwq, "q.bias": dbq, "k.weight": dwk, "v.weight": dwv, "v.bias": dbv}
     return dx_q + dx_k + dx_v, grads
 
 
 def attention_forward(x, params, n_heads, n_kv_heads):
-    """Causal multi-head (GQA) self-attention: y = attend(x Wq, x Wk, x Wv) Wo + bo.
+    """Causal multi-head (GQA) self-attention: y = attend(x W_q + b_q, x W_k, x W_v + b_v) W_o + b_o.
 
-    x (B, T, H); params wq (H, nh*hs), wk, wv (H, nkv*hs), bq, bk, bv, wo (nh*hs, H), bo (H,).
-    Returns (y (B, T, H), cache).
+    x (B, T, H); params q.weight (H, nh*hs), q.bias (nh*hs,), k.weight, v.weight (H, nkv*hs),
+    v.bias (nkv*hs,), o.weight (nh*hs, H), o.bias (H,). Returns (y (B, T, H), cache).
+    No key bias, as in the torch GPT: it would add q_i . b_k to every score of query i, the
+    same value along the whole row that softmax normalises, so it never changes the output
+    and its gradient is exactly zero (tests/test_layers_reference.py checks both).
     """
-    o, c_attn = qkv_attention_forward(x, params, n_heads, n_kv_heads)  # (B, T, nh*hs)
-    y, c_out = linear_forward(o, params["wo"], params["bo"])           # (B, T, H)
+    o, c_attn = qkv_attention_forward(x, params, n_heads, n_kv_heads)       # (B, T, nh*hs)
+    y, c_out = linear_forward(o, params["o.weight"], params["o.bias"])      # (B, T, H)
     return y, (c_attn, c_out)
 
 
@@ -221,7 +239,7 @@ def attention_backward(dy, cache):
     c_attn, c_out = cache
     do, dwo, dbo = linear_backward(dy, c_out)
     dx, grads = qkv_attention_backward(do, c_attn)
-    grads.update(wo=dwo, bo=dbo)
+    grads.update({"o.weight": dwo, "o.bias": dbo})
     return dx, grads
 
 
@@ -262,13 +280,14 @@ def sub_params(params, prefix):
 def block_forward(x, params, config):
     """Pre-LN block on x (B, T, H): h = x + attn(ln1(x)); y = h + mlp(ln2(h)). Returns (y, cache).
 
-    params: ln1_g, ln1_b, ln2_g, ln2_b (H,), attention params prefixed "attn.", MLP params
-    prefixed "mlp."; config: anything with n_heads and n_kv_heads (e.g. layers.BlockConfig).
+    params: ln1.weight, ln1.bias, ln2.weight, ln2.bias (H,), attention params prefixed "attn.",
+    MLP params prefixed "mlp." (the torch GPT Block's names); config: anything with n_heads
+    and n_kv_heads (e.g. layers.BlockConfig).
     """
-    a, c_ln1 = layernorm_forward(x, params["ln1_g"], params["ln1_b"])
+    a, c_ln1 = layernorm_forward(x, params["ln1.weight"], params["ln1.bias"])
     att, c_att = attention_forward(a, sub_params(params, "attn."), config.n_heads, config.n_kv_heads)
     h = x + att
-    m, c_ln2 = layernorm_forward(h, params["ln2_g"], params["ln2_b"])
+    m, c_ln2 = layernorm_forward(h, params["ln2.weight"], params["ln2.bias"])
     mlp, c_mlp = mlp_forward(m, sub_params(params, "mlp."))
     return h + mlp, (c_ln1, c_att, c_ln2, c_mlp)
 
@@ -281,7 +300,7 @@ def block_backward(dy, cache):
     dh = dy + dh_ln  # the residual passes dy straight through
     da, g_att = attention_backward(dh, c_att)
     dx_ln, dg1, db1 = layernorm_backward(da, c_ln1)
-    grads = {"ln1_g": dg1, "ln1_b": db1, "ln2_g": dg2, "ln2_b": db2}
+    grads = {"ln1.weight": dg1, "ln1.bias": db1, "ln2.weight": dg2, "ln2.bias": db2}
     grads.update({f"attn.{k}": v for k, v in g_att.items()})
     grads.update({f"mlp.{k}": v for k, v in g_mlp.items()})
     return dh + dx_ln, grads
@@ -293,23 +312,25 @@ def block_backward(dy, cache):
 
 
 def init_mlp_params(rng, hidden, ffn, dtype=np.float64):
-    """Random MLP params w1 (H, F), b1 (F,), w2 (F, H), b2 (H,), scaled like 1/sqrt(fan_in)."""
+    """Random MLP params (see mlp_forward), weights scaled like 1/sqrt(fan_in)."""
     return {
-        "w1": (rng.standard_normal((hidden, ffn)) / np.sqrt(hidden)).astype(dtype),
-        "b1": (0.1 * rng.standard_normal(ffn)).astype(dtype),
-        "w2": (rng.standard_normal((ffn, hidden)) / np.sqrt(ffn)).astype(dtype),
-        "b2": (0.1 * rng.standard_normal(hidden)).astype(dtype),
+        "fc.weight": (rng.standard_normal((hidden, ffn)) / np.sqrt(hidden)).astype(dtype),
+        "fc.bias": (0.1 * rng.standard_normal(ffn)).astype(dtype),
+        "proj.weight": (rng.standard_normal((ffn, hidden)) / np.sqrt(ffn)).astype(dtype),
+        "proj.bias": (0.1 * rng.standard_normal(hidden)).astype(dtype),
     }
 
 
 def init_attention_params(rng, hidden, n_heads, n_kv_heads, head_size=None, dtype=np.float64):
     """Random attention params (see attention_forward); head_size defaults to hidden / n_heads."""
     hs = head_size or hidden // n_heads
-    shapes = {"wq": (hidden, n_heads * hs), "wk": (hidden, n_kv_heads * hs),
-              "wv": (hidden, n_kv_heads * hs), "wo": (n_heads * hs, hidden)}
-    params = {k: (rng.standard_normal(s) / np.sqrt(s[0])).astype(dtype) for k, s in shapes.items()}
-    for k, w in list(params.items()):
-        params["b" + k[1]] = (0.1 * rng.standard_normal(w.shape[1])).astype(dtype)
+    shapes = {"q": (hidden, n_heads * hs), "k": (hidden, n_kv_heads * hs),
+              "v": (hidden, n_kv_heads * hs), "o": (n_heads * hs, hidden)}
+    params = {}
+    for name, (n_in, n_out) in shapes.items():
+        params[f"{name}.weight"] = (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(dtype)
+        if name != "k":  # no key bias (see attention_forward)
+            params[f"{name}.bias"] = (0.1 * rng.standard_normal(n_out)).astype(dtype)
     return params
 
 
@@ -317,12 +338,42 @@ def init_block_params(rng, config, dtype=np.float64):
     """Random block params for a config with hidden, n_heads, n_kv_heads, ffn (see block_forward)."""
     H = config.hidden
     params = {
-        "ln1_g": (1 + 0.1 * rng.standard_normal(H)).astype(dtype),
-        "ln1_b": (0.1 * rng.standard_normal(H)).astype(dtype),
-        "ln2_g": (1 + 0.1 * rng.standard_normal(H)).astype(dtype),
-        "ln2_b": (0.1 * rng.standard_normal(H)).astype(dtype),
+        "ln1.weight": (1 + 0.1 * rng.standard_normal(H)).astype(dtype),
+        "ln1.bias": (0.1 * rng.standard_normal(H)).astype(dtype),
+        "ln2.weight": (1 + 0.1 * rng.standard_normal(H)).astype(dtype),
+        "ln2.bias": (0.1 * rng.standard_normal(H)).astype(dtype),
     }
     attn = init_attention_params(rng, H, config.n_heads, config.n_kv_heads, dtype=dtype)
     params.update({f"attn.{k}": v for k, v in attn.items()})
     params.update({f"mlp.{k}": v for k, v in init_mlp_params(rng, H, config.ffn, dtype).items()})
     return params
+
+
+# ---------------------------------------------------------------------------------------
+# The same parameters as a torch state_dict: same names, 2-D weights transposed
+# ---------------------------------------------------------------------------------------
+
+
+def params_from_torch(state_dict):
+    """numpy params (W (in, out)) from a torch state_dict (weight (out, in) = W^T), same names.
+
+    Every 2-D tensor is a linear weight and comes back transposed; 1-D ones (biases,
+    LayerNorm weights) are copied as they are. E.g. the dict of a tp_from_scratch.gpt.model
+    Block gives params for block_forward. Fresh, contiguous arrays: nothing aliases the tensors.
+    """
+    params = {}
+    for name, value in state_dict.items():
+        a = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+        params[name] = np.ascontiguousarray(a.T if a.ndim == 2 else a).copy()
+    return params
+
+
+def params_to_torch(params):
+    """A torch state_dict (weight (out, in)) from numpy params (W (in, out)): the inverse of params_from_torch.
+
+    Load it with module.load_state_dict(...); the tensors are fresh copies on the CPU.
+    """
+    import torch  # only here: the numpy layers themselves never need torch
+
+    return {name: torch.from_numpy(np.ascontiguousarray(a.T if a.ndim == 2 else a).copy())
+            for name, a in params.items()}
