@@ -1,0 +1,155 @@
+"""The planner's formulas against the things they describe, counted at test time.
+
+* parameters: Megatron-LM 2019 Table 1's four GPT-2 models, and for our own model the exact
+  sum(p.numel()) of the single-device GPT and of each TP rank's shard;
+* FLOPs: torch's FlopCounterMode on a real forward, and forward + backward;
+* bytes: the Comm meter of every simulated TP rank after real training steps, and the
+  trainer's own report under torchrun for dp=2 x tp=2.
+"""
+import re
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from tp_from_scratch.comm import run_spmd
+from tp_from_scratch.comm.launchers import run_command, torchrun_command
+from tp_from_scratch.gpt import plan, train
+from tp_from_scratch.gpt.model import GPT, GPTConfig, count_parameters, gpt_to_tp, init_gpt
+
+
+def gpt2(hidden, heads, layers, vocab=51200, seq=1024):
+    return GPTConfig(vocab_size=vocab, seq_len=seq, n_layers=layers, hidden=hidden,
+                     n_heads=heads, n_kv_heads=heads)
+
+
+# ---- parameters -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("hidden, heads, layers, exact, paper", [
+    (1536, 16, 40, 1_213_479_936, "1.2B"),
+    (1920, 20, 54, 2_490_408_960, "2.5B"),
+    (2304, 24, 64, 4_199_109_120, "4.2B"),
+    (3072, 32, 72, 8_317_040_640, "8.3B"),
+])
+def test_megatron_table1_gpt2_sizes(hidden, heads, layers, exact, paper):
+    # Shoeybi et al. 2019, Table 1: vocabulary 51,200, sequence 1024, GPT-2 blocks (12H^2 + 13H each)
+    n = plan.parameter_count(gpt2(hidden, heads, layers), "gpt2")
+    assert n == exact
+    assert plan.rounded(n) == paper
+
+
+def test_well_known_sizes_gpt2_small_and_llama3():
+    assert plan.parameter_count(gpt2(768, 12, 12, vocab=50257), "gpt2") == 124_439_808
+    llama3_8b = GPTConfig(vocab_size=128256, seq_len=8192, n_layers=32, hidden=4096, n_heads=32,
+                          n_kv_heads=8, ffn=14336, tie_embeddings=False)
+    assert plan.parameter_count(llama3_8b, "llama") == 8_030_261_248
+    llama3_70b = GPTConfig(vocab_size=128256, seq_len=8192, n_layers=80, hidden=8192, n_heads=64,
+                           n_kv_heads=8, ffn=28672, tie_embeddings=False)
+    assert plan.rounded(plan.parameter_count(llama3_70b, "llama")) == "70.6B"
+
+
+CONFIGS = {
+    "default (tied, GQA 8/4)": GPTConfig(),
+    "untied": GPTConfig(tie_embeddings=False),
+    "GQA 8/2, ffn 100": GPTConfig(n_kv_heads=2, ffn=100),
+    "multi-head, untied, odd vocab": GPTConfig(vocab_size=101, n_kv_heads=8, tie_embeddings=False),
+    "t=3 shapes": GPTConfig(hidden=48, n_heads=6, n_kv_heads=3, ffn=96, n_layers=3),
+}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_exact_count_equals_the_models_numel(name):
+    config = CONFIGS[name]
+    assert plan.parameter_count(config) == sum(p.numel() for p in GPT(config).parameters())
+    # and every tensor the planner lists is a parameter of that shape (once per layer)
+    shapes = {n: p.numel() for n, p in GPT(config).named_parameters()}
+    for tensor in plan.parameters(config):
+        found = [v for n, v in shapes.items() if n == tensor.name or n.endswith("." + tensor.name)]
+        assert len(found) == tensor.copies and sum(found) == tensor.count(), tensor.name
+
+
+@pytest.mark.parametrize("name, t", [("default (tied, GQA 8/4)", 2), ("untied", 4),
+                                     ("multi-head, untied, odd vocab", 4), ("t=3 shapes", 3)])
+def test_local_count_equals_each_tp_ranks_shard(name, t):
+    # the vocabulary splits unevenly (67 and 101 are prime): ranks hold different counts
+    config = CONFIGS[name]
+    full = init_gpt(config, 0)
+    counts = run_spmd(lambda comm: count_parameters(gpt_to_tp(full, comm))[0], t)
+    assert counts == [plan.parameter_count(config, "ours", t, r) for r in range(t)]
+
+
+# ---- FLOPs ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["default (tied, GQA 8/4)", "GQA 8/2, ffn 100", "multi-head, untied, odd vocab"])
+def test_flops_equal_torchs_flop_counter(name):
+    config = CONFIGS[name]
+    model = init_gpt(config, 0)
+    idx = torch.randint(0, config.vocab_size, (3, config.seq_len))
+    with FlopCounterMode(display=False) as forward:
+        model(idx, idx)
+    with FlopCounterMode(display=False) as step:
+        _, loss = model(idx, idx)
+        loss.backward()
+    assert forward.get_total_flops() == plan.forward_flops(config, "ours", 3)
+    assert step.get_total_flops() == plan.step_flops(config, "ours", 3)
+
+
+# ---- bytes on the wire ------------------------------------------------------------------
+
+TRAIN_CONFIGS = {  # tp -> extra trainer flags (hidden 48 with 6 / 3 heads makes t=3 valid)
+    1: [], 2: [], 3: ["--hidden", "48", "--heads", "6", "--kv-heads", "3"], 4: ["--untied"],
+}
+STEPS = 2
+
+
+@pytest.mark.parametrize("t", sorted(TRAIN_CONFIGS))
+def test_ring_bytes_equal_the_meter_of_every_simulated_rank(t):
+    # train_on_comm: the trainer's own model, data and optimizer on run_spmd's ranks, whose
+    # collectives are the from-scratch ring; the meter books every message each rank sends
+    argv = ["--tp", str(t), "--steps", str(STEPS), *TRAIN_CONFIGS[t]]
+
+    def rank(comm):
+        comm.meter.reset()
+        train.train_on_comm(comm, argv)
+        return comm.meter.snapshot()
+
+    args = train.build_parser().parse_args(argv)
+    config = train.config_from_args(args)
+    for r, meter in enumerate(run_spmd(rank, t, timeout=60)):
+        rows = plan.traffic(config, t, args.batch_size, itemsize=4, tp_rank=r)
+        assert meter["by_collective"]["all_reduce"]["calls"] == STEPS * sum(x["calls"] for x in rows)
+        assert meter["messages_sent"] == STEPS * sum(x["ring_messages"] for x in rows)
+        assert meter["bytes_sent"] == STEPS * sum(x["ring_bytes"] for x in rows), f"rank {r}"
+
+
+def table_rows(text, header):
+    """The whitespace-separated rows of the text table that starts at the line ``header`` begins."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 1:]:
+        if not line.strip() or not re.match(r"^[\w(-]", line):
+            break
+        if not line.startswith("-"):
+            rows.append(line.split())
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_dp2_tp2_trainer_reports_the_predicted_bytes():
+    # one launch, two meters: torch.distributed's dp all-reduces (payload, CollectiveCounter)
+    # and the from-scratch ring of the tp group (TorchComm meter, totals over the steps)
+    argv = ["--tp", "2", "--steps", str(STEPS), "--no-progress", "--collectives", "scratch"]
+    out = run_command(torchrun_command(4, "tp_from_scratch.gpt.train", *argv), timeout=120)
+    assert out.returncode == 0, out.stdout[-4000:]
+    args = train.build_parser().parse_args(argv)
+    rows = plan.traffic(train.config_from_args(args), 2, args.batch_size, dp=2, itemsize=4)
+    dp = [r for r in rows if r["group"] == "dp"]
+    tp = [r for r in rows if r["group"] == "tp"]
+    counted = {(r[0], r[1]): r for r in table_rows(out.stdout, "collective               group")}
+    assert float(counted["all_reduce", "dp"][2]) == sum(r["calls"] for r in dp)
+    assert int(counted["all_reduce", "dp"][3].replace(",", "")) == sum(r["payload_bytes"] for r in dp)
+    ring = {r[0]: r for r in table_rows(out.stdout, "collective  calls")}
+    assert int(ring["all_reduce"][1]) == STEPS * sum(r["calls"] for r in tp)
+    assert int(ring["all_reduce"][3]) == STEPS * sum(r["ring_bytes"] for r in tp)

@@ -1,0 +1,549 @@
+"""When does tensor parallelism pay? A cost model of one training step, in formulas you can check.
+
+    # GPT-2 8.3B as in Megatron-LM (2019), Table 1, on one 8-GPU NVLink node
+    python -m tp_from_scratch.gpt.plan --arch gpt2 --hidden 3072 --heads 32 --layers 72 \\
+        --vocab-size 51200 --seq-len 1024 --tp 8 --profile h100-nvlink
+    # the run the trainer would make with the same flags, on this machine's measured profile
+    python -m tp_from_scratch.gpt.plan --tp 2 --profile runs/profile.json
+    # measure this machine: matmul FLOP/s per process, alpha and beta of gloo's all-reduce
+    python -m tp_from_scratch.gpt.plan --calibrate            # writes runs/profile.json
+
+The model flags are the trainer's (tp_from_scratch.gpt.train), so you plan the run you launch.
+What it prints, for a model of V vocab, T positions, L layers, H hidden, nh / nkv heads of
+size hs, F ffn, with t TP ranks, B sequences per DP rank:
+
+* parameters, exactly, per architecture: ``ours`` (tp_from_scratch.gpt.model.GPT: no key
+  bias, learned positions, LayerNorm with bias, tied unless --untied), ``gpt2`` (the same
+  plus a key bias, multi-head, tied) and ``llama`` (RMSNorm, SwiGLU, no biases, no learned
+  positions, untied, grouped-query attention);
+* memory per rank for each t: weights, gradients, AdamW state and activations;
+* the collectives our trainer makes per step, with the bytes each one sends per rank;
+* FLOPs per step (backward = 2x forward, so a step is 3x forward) and a predicted step time
+  compute / (FLOP/s) + sum over collectives of (messages * alpha + bytes * beta);
+* the TP degree at which one layer's communication takes longer than its compute.
+
+The predicted time assumes no overlap of compute and communication: our trainer has none.
+"""
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tp_from_scratch.sharding import shard_sizes
+
+ARCHS = ("ours", "gpt2", "llama")
+
+# Link and chip presets: vendor-spec numbers (peak, not sustained), labelled as such.
+# alpha (latency per message) is not a vendor number: it is an assumption, said so.
+PRESETS = {
+    "h100-nvlink": {
+        "source": "vendor spec: H100 SXM dense BF16 989 TFLOP/s; NVLink 4 900 GB/s bidirectional "
+                  "aggregate per GPU, taken as 450 GB/s per direction; alpha 5 us assumed",
+        "matmul_flops": {"1": 989e12},
+        "all_reduce": {"native": {"alpha_s": 5e-6, "beta_s_per_byte": 1 / 450e9}}},
+    "h100-infiniband": {
+        "source": "vendor spec: H100 SXM dense BF16 989 TFLOP/s; InfiniBand NDR 400 Gb/s = 50 GB/s "
+                  "per direction per GPU (one NIC each); alpha 10 us assumed",
+        "matmul_flops": {"1": 989e12},
+        "all_reduce": {"native": {"alpha_s": 10e-6, "beta_s_per_byte": 1 / 50e9}}},
+}
+
+
+# ---------------------------------------------------------------------------------------
+# Parameters: every tensor of the model, with the axis TP splits
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tensor:
+    """A parameter of shape (rows, cols), ``copies`` of it (one per layer for block parameters).
+
+    split: True when TP cuts ``rows`` over the ranks (column weights by output, row weights by
+    input, embeddings by vocabulary); False when every rank holds all of it (norms, row biases).
+    matmul: True when the forward multiplies every token by it (2 FLOPs per element per token).
+    """
+    name: str
+    rows: int
+    cols: int = 1
+    split: bool = False
+    copies: int = 1
+    matmul: bool = False
+
+    def count(self, t=1, rank=0):
+        """Elements on TP rank ``rank`` of ``t`` (uneven splits like numpy.array_split)."""
+        rows = shard_sizes(self.rows, t)[rank] if self.split else self.rows
+        return self.copies * rows * self.cols
+
+
+def parameters(config, arch="ours"):
+    """Every parameter of the model described by ``config`` (a GPTConfig), as Tensors."""
+    if arch not in ARCHS:
+        raise ValueError(f"arch {arch!r} is not one of {ARCHS}")
+    V, T, L, H, F = config.vocab_size, config.seq_len, config.n_layers, config.hidden, config.ffn
+    q, kv = config.n_heads * config.head_size, config.n_kv_heads * config.head_size
+    if arch == "llama":
+        return [Tensor("embed.weight", V, H, split=True),
+                Tensor("attn_norm.weight", H, copies=L),
+                Tensor("q.weight", q, H, True, L, True),
+                Tensor("k.weight", kv, H, True, L, True),
+                Tensor("v.weight", kv, H, True, L, True),
+                Tensor("o.weight", q, H, True, L, True),          # rows = its input, split
+                Tensor("ffn_norm.weight", H, copies=L),
+                Tensor("gate.weight", F, H, True, L, True),
+                Tensor("up.weight", F, H, True, L, True),
+                Tensor("down.weight", F, H, True, L, True),       # rows = its input, split
+                Tensor("norm.weight", H),
+                Tensor("lm_head.weight", V, H, True, 1, True)]
+    block = [Tensor("ln1.weight", H, copies=L), Tensor("ln1.bias", H, copies=L),
+             Tensor("attn.q.weight", q, H, True, L, True), Tensor("attn.q.bias", q, 1, True, L),
+             Tensor("attn.k.weight", kv, H, True, L, True)]
+    if arch == "gpt2":
+        block.append(Tensor("attn.k.bias", kv, 1, True, L))
+    block += [Tensor("attn.v.weight", kv, H, True, L, True), Tensor("attn.v.bias", kv, 1, True, L),
+              Tensor("attn.o.weight", q, H, True, L, True), Tensor("attn.o.bias", H, copies=L),
+              Tensor("ln2.weight", H, copies=L), Tensor("ln2.bias", H, copies=L),
+              Tensor("mlp.fc.weight", F, H, True, L, True), Tensor("mlp.fc.bias", F, 1, True, L),
+              Tensor("mlp.proj.weight", F, H, True, L, True), Tensor("mlp.proj.bias", H, copies=L)]
+    tied = arch == "gpt2" or config.tie_embeddings
+    head = [] if tied else [Tensor("lm_head.weight", V, H, True, 1, True)]
+    return [Tensor("wte.weight", V, H, split=True), Tensor("wpe.weight", T, H), *block,
+            Tensor("ln_f.weight", H), Tensor("ln_f.bias", H), *head]
+
+
+def parameter_count(config, arch="ours", t=1, rank=0):
+    """Exact number of parameters: of the whole model (t=1), or held by TP rank ``rank`` of ``t``."""
+    return sum(p.count(t, rank) for p in parameters(config, arch))
+
+
+def rounded(n):
+    """1,213,479,936 -> '1.2B' as Megatron-LM's Table 1 writes it; millions as '124M'."""
+    if n >= 1e9:
+        return f"{n / 1e9:.1f}B"
+    if n >= 1e6:
+        return f"{n / 1e6:.0f}M"
+    return f"{n / 1e3:.0f}K" if n >= 1e3 else str(n)
+
+
+# ---------------------------------------------------------------------------------------
+# Memory per rank
+# ---------------------------------------------------------------------------------------
+
+# bytes per parameter: (weights, gradients, optimizer state)
+PRECISIONS = {
+    "fp32": (4, 4, 8),     # fp32 weights and grads; AdamW m and v in fp32
+    "mixed": (2, 2, 12),   # bf16 weights and grads; fp32 master weights, m and v (ZeRO paper's 16 bytes)
+}
+
+
+def activation_bytes(config, batch, t, sequence_parallel=False, selective=False):
+    """Activations kept for backward, per rank, all layers: Korthikanti et al. 2022 (formula).
+
+    Per layer, s = T, b = B, h = H, a = nh, with 16-bit activations and 1-byte dropout masks:
+        TP                      sbh (10 + 24/t + 5as/(ht))     (their Eq. 2)
+        TP + sequence parallel  sbh/t (34 + 5as/h)             (Eq. 4)
+        ... + selective recompute of attention: drop the 5as/h terms (Table 2)
+    The formula assumes F = 4H and dropout; it is the paper's, not a count of our model.
+    """
+    s, b, h, a = config.seq_len, batch, config.hidden, config.n_heads
+    attention = 0 if selective else 5 * a * s / h
+    if sequence_parallel:
+        per_layer = s * b * h / t * (34 + attention)
+    else:
+        per_layer = s * b * h * (10 + 24 / t + attention / t)
+    return config.n_layers * per_layer
+
+
+def memory_per_rank(config, arch, t, batch, precision="fp32", sequence_parallel=False, selective=False):
+    """{"weights", "gradients", "optimizer", "activations"} in bytes on TP rank 0 (the largest)."""
+    n = parameter_count(config, arch, t, 0)
+    w, g, o = PRECISIONS[precision]
+    return {"weights": n * w, "gradients": n * g, "optimizer": n * o,
+            "activations": activation_bytes(config, batch, t, sequence_parallel, selective)}
+
+
+# ---------------------------------------------------------------------------------------
+# Communication: the collectives our trainer calls in one step
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Call:
+    """``calls`` all-reduces of ``elements`` numbers each over ``group`` ("tp" or "dp")."""
+    where: str
+    group: str
+    calls: int
+    elements: int
+    collective: str = "all_reduce"
+
+
+def collective_calls(config, t, batch, dp=1, arch="ours", tp_rank=0):
+    """The collectives one step of tp_from_scratch.gpt.train makes on one rank.
+
+    ``batch`` is the global batch (the trainer splits it over dp); N = B/dp * T tokens.
+    Per step, whatever t is (at t = 1 they are still called, and send nothing):
+      forward: g of the vocab-parallel embedding; g after attention's o and after the MLP's
+               proj in each block; cross-entropy's three all-reduces of N numbers (max,
+               target logit, sum of exponentials);
+      backward: f before q/k/v and f inside fc in each block; f before the LM head.
+    With dp > 1: one all-reduce of every local gradient (flattened), and one of the loss.
+    """
+    L, H = config.n_layers, config.hidden
+    tokens = batch // dp * config.seq_len
+    calls = [Call("embedding g (forward)", "tp", 1, tokens * H),
+             Call("attention o: g (forward)", "tp", L, tokens * H),
+             Call("mlp proj: g (forward)", "tp", L, tokens * H),
+             Call("cross-entropy max, target, sum-exp (forward)", "tp", 3, tokens),
+             Call("LM head f (backward)", "tp", 1, tokens * H),
+             Call("q, k, v f (backward)", "tp", L, tokens * H),
+             Call("mlp fc f (backward)", "tp", L, tokens * H)]
+    if dp > 1:
+        calls += [Call("gradient average", "dp", 1, parameter_count(config, arch, t, tp_rank)),
+                  Call("loss average", "dp", 1, 1)]
+    return calls
+
+
+def ring_all_reduce_bytes(elements, itemsize, world_size, rank):
+    """Bytes rank ``rank`` sends in tp_from_scratch.collectives.all_reduce (ring RS + ring AG).
+
+    The N elements are cut like numpy.array_split into p chunks; rank r sends every chunk
+    but its own in the reduce-scatter and every chunk but chunk r+1 in the all-gather:
+    2N - chunk_r - chunk_{r+1}, which is 2 (p-1)/p N when p divides N.
+    """
+    chunks = shard_sizes(elements, world_size)
+    return itemsize * (2 * elements - chunks[rank] - chunks[(rank + 1) % world_size])
+
+
+def ring_messages(world_size):
+    """Messages each rank sends in a ring all-reduce: p-1 in each half."""
+    return 2 * (world_size - 1)
+
+
+def traffic(config, t, batch, dp=1, itemsize=4, arch="ours", tp_rank=0, dp_rank=0):
+    """Per call site, per step on one rank: calls, payload bytes and ring bytes sent.
+
+    payload: what the rank hands to the collective (N * itemsize per call), which the
+             trainer's CollectiveCounter adds up for torch.distributed's collectives;
+    ring:    what the from-scratch ring all-reduce sends (the Comm's Meter counts it).
+    """
+    rows = []
+    for c in collective_calls(config, t, batch, dp, arch, tp_rank):
+        p, r = (t, tp_rank) if c.group == "tp" else (dp, dp_rank)
+        rows.append({"where": c.where, "collective": c.collective, "group": c.group, "calls": c.calls,
+                     "elements": c.elements, "payload_bytes": c.calls * c.elements * itemsize,
+                     "ring_bytes": c.calls * ring_all_reduce_bytes(c.elements, itemsize, p, r),
+                     "ring_messages": c.calls * ring_messages(p)})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------
+# FLOPs and time
+# ---------------------------------------------------------------------------------------
+
+def forward_flops(config, arch, batch, t=1, rank=0):
+    """Forward FLOPs of one TP rank for ``batch`` sequences: 2 per multiply-add.
+
+    Matmuls: 2 * tokens * (elements of every weight the tokens multiply), the LM head
+    included (the tied embedding is a matmul there). Attention: q k^T and att @ v,
+    2 * 2 * B * T^2 * hs per query head, over the full T x T square as our code computes it.
+    """
+    tokens = batch * config.seq_len
+    weights = sum(p.count(t, rank) for p in parameters(config, arch) if p.matmul)
+    tied = arch == "gpt2" or (arch == "ours" and config.tie_embeddings)
+    if tied:
+        weights += shard_sizes(config.vocab_size, t)[rank] * config.hidden
+    heads = config.n_heads // t
+    attention = 4 * batch * config.seq_len ** 2 * config.head_size * heads * config.n_layers
+    return 2 * tokens * weights + attention
+
+
+def step_flops(config, arch, batch, t=1, rank=0):
+    """Forward + backward = 3 x forward (backward computes both dX and dW, 2 matmuls per matmul)."""
+    return 3 * forward_flops(config, arch, batch, t, rank)
+
+
+def load_profile(name_or_path):
+    """A preset name (PRESETS) or the path of a JSON profile written by ``--calibrate``."""
+    if name_or_path in PRESETS:
+        return dict(PRESETS[name_or_path], name=name_or_path)
+    profile = json.loads(Path(name_or_path).read_text())
+    return dict(profile, name=str(name_or_path))
+
+
+def all_reduce_seconds(profile, collectives, nbytes, world_size):
+    """alpha-beta time of one ring all-reduce: 2(p-1) messages, 2(p-1)/p of the bytes each way."""
+    if world_size == 1:
+        return 0.0
+    link = profile["all_reduce"][collectives]
+    sent = 2 * (world_size - 1) / world_size * nbytes
+    return ring_messages(world_size) * link["alpha_s"] + sent * link["beta_s_per_byte"]
+
+
+def predict_step(config, profile, t, batch, dp=1, itemsize=4, arch="ours", threads=1,
+                 collectives="native"):
+    """{"compute_s", "communication_s", "step_s"} predicted for one training step.
+
+    compute: this rank's FLOPs / the profile's matmul FLOP/s for ``threads`` BLAS threads,
+    stretched by processes / cores when more processes than cores share the machine.
+    communication: every all-reduce of the step, alpha-beta, not overlapped with compute.
+    """
+    flops = step_flops(config, arch, batch // dp, t, 0)
+    rate = profile["matmul_flops"][str(threads)]
+    busy = t * dp * threads / profile.get("cores", t * dp * threads)
+    compute = flops / rate * max(1.0, busy)
+    comm = 0.0
+    for c in collective_calls(config, t, batch, dp, arch):
+        p = t if c.group == "tp" else dp
+        comm += c.calls * all_reduce_seconds(profile, collectives, c.elements * itemsize, p)
+    return {"flops": flops, "compute_s": compute, "communication_s": comm, "step_s": compute + comm}
+
+
+def valid_tp_degrees(config, arch="ours", largest=64):
+    """The t in 1..largest that split heads, kv heads, hidden and ffn evenly (vocab may be uneven)."""
+    out = []
+    for t in range(1, largest + 1):
+        sizes = [config.n_heads, config.hidden, config.ffn] + ([config.n_kv_heads] if arch != "gpt2" else [])
+        if all(s % t == 0 for s in sizes) and t <= config.vocab_size:
+            out.append(t)
+    return out
+
+
+def crossover_tp(config, profile, batch, itemsize=4, arch="ours", collectives="native", largest=64):
+    """The smallest valid t at which communication per step takes longer than compute; None if none."""
+    for t in valid_tp_degrees(config, arch, largest):
+        p = predict_step(config, profile, t, batch, 1, itemsize, arch, collectives=collectives)
+        if t > 1 and p["communication_s"] > p["compute_s"]:
+            return t
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# Calibration: measure this machine
+# ---------------------------------------------------------------------------------------
+
+def fit_line(xs, ys):
+    """Least-squares (intercept, slope) of ys = intercept + slope * xs."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
+
+
+def measure_matmul_flops(threads, sizes=((1024, 512, 2048), (1024, 1024, 1024), (1024, 2048, 512)),
+                         repeats=5):
+    """Sustained float32 matmul FLOP/s of this process with ``threads`` BLAS threads (median of shapes)."""
+    import time
+
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    rates = []
+    try:
+        for m, k, n in sizes:
+            a, b = torch.randn(m, k), torch.randn(k, n)
+            a @ b  # warm up
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                a @ b
+                times.append(time.perf_counter() - start)
+            rates.append(2 * m * k * n / sorted(times)[len(times) // 2])
+    finally:
+        torch.set_num_threads(before)
+    return sorted(rates)[len(rates) // 2]
+
+
+def calibrate_worker(out_path, repeats=30):
+    """Run under torchrun: time gloo all-reduces (native and from-scratch) and fit alpha, beta.
+
+    For a ring of p ranks, one all-reduce of n bytes takes 2(p-1) alpha + 2(p-1)/p n beta,
+    so the fitted line time = a + b n gives alpha = a / (2(p-1)), beta = b p / (2(p-1)).
+    """
+    import time
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from tp_from_scratch import collectives
+    from tp_from_scratch.comm import TorchComm
+    from tp_from_scratch.comm.process_group import init_process_group
+
+    init_process_group("cpu", timeout=120)
+    p, rank = dist.get_world_size(), dist.get_rank()
+    comm = TorchComm()
+    sizes = [2 ** k for k in range(8, 21, 2)]  # float32 elements: 1 KiB .. 4 MiB
+
+    def native(x):
+        y = x.clone()
+        dist.all_reduce(y)
+
+    def scratch(x):
+        torch.from_numpy(collectives.all_reduce(comm, x.numpy()))
+
+    result = {}
+    try:
+        for name, call in [("native", native), ("scratch", scratch)]:
+            seconds = []
+            for n in sizes:
+                x = torch.randn(n)
+                for _ in range(3):
+                    call(x)
+                times = []
+                for _ in range(repeats):
+                    dist.barrier()
+                    start = time.perf_counter()
+                    call(x)
+                    times.append(time.perf_counter() - start)
+                seconds.append(float(np.median(times)))
+            a, b = fit_line([4 * n for n in sizes], seconds)
+            result[name] = {"alpha_s": max(a, 0.0) / ring_messages(p),
+                            "beta_s_per_byte": b * p / (2 * (p - 1)),
+                            "bytes": [4 * n for n in sizes], "seconds": seconds}
+    finally:
+        comm.close()
+        dist.destroy_process_group()
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(result))
+
+
+def calibrate(out_path, timeout=300):
+    """Measure matmul FLOP/s (1 and 2 threads) here and gloo all-reduce alpha, beta on 2 processes."""
+    import os
+    import tempfile
+
+    from tp_from_scratch.comm.launchers import run_command, torchrun_command
+    profile = {"source": "measured here by plan --calibrate", "cores": os.cpu_count(),
+               "matmul_flops": {str(k): measure_matmul_flops(k) for k in (1, 2)}}
+    with tempfile.TemporaryDirectory() as tmp:
+        part = Path(tmp) / "all_reduce.json"
+        out = run_command(torchrun_command(2, "tp_from_scratch.gpt.plan", "--calibrate-worker", str(part)),
+                          timeout=timeout)
+        if out.returncode != 0:
+            raise RuntimeError(f"the all-reduce calibration failed:\n{out.stdout[-3000:]}")
+        profile["all_reduce"] = json.loads(part.read_text())
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_path).write_text(json.dumps(profile, indent=1))
+    return profile
+
+
+# ---------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------
+
+def add_model_flags(parser):
+    """The trainer's model-size flags (tp_from_scratch.gpt.train), same names and defaults."""
+    from tp_from_scratch.gpt.model import GPTConfig
+    d = GPTConfig()
+    g = parser.add_argument_group("model size (the trainer's flags)")
+    g.add_argument("--vocab-size", type=int, default=d.vocab_size)
+    g.add_argument("--seq-len", type=int, default=d.seq_len)
+    g.add_argument("--layers", type=int, default=d.n_layers)
+    g.add_argument("--hidden", type=int, default=d.hidden)
+    g.add_argument("--heads", type=int, default=d.n_heads)
+    g.add_argument("--kv-heads", type=int, default=None, help=f"default {d.n_kv_heads} (gpt2: --heads)")
+    g.add_argument("--ffn", type=int, default=0, help="0: 4 x hidden")
+    g.add_argument("--untied", action="store_true", help="an LM head of its own (llama: always)")
+    g.add_argument("--batch-size", type=int, default=8, help="global batch B (split over dp)")
+
+
+def config_from_args(args):
+    from tp_from_scratch.gpt.model import GPTConfig
+    kv = args.kv_heads or (args.heads if args.arch == "gpt2" else min(GPTConfig().n_kv_heads, args.heads))
+    return GPTConfig(vocab_size=args.vocab_size, seq_len=args.seq_len, n_layers=args.layers,
+                     hidden=args.hidden, n_heads=args.heads, n_kv_heads=kv, ffn=args.ffn,
+                     tie_embeddings=args.arch == "gpt2" or (args.arch == "ours" and not args.untied))
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m tp_from_scratch.gpt.plan", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", choices=ARCHS, default="ours")
+    p.add_argument("--tp", type=int, default=1, help="the TP degree to predict the step time of")
+    p.add_argument("--dp", type=int, default=1)
+    p.add_argument("--dtype", choices=["float32", "float64", "bfloat16"], default="float32",
+                   help="what travels in the all-reduces")
+    p.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32", help="memory table")
+    p.add_argument("--profile", default="runs/profile.json",
+                   help=f"a JSON from --calibrate, or a preset: {', '.join(PRESETS)}")
+    p.add_argument("--collectives", choices=["native", "scratch"], default="native")
+    p.add_argument("--calibrate", action="store_true", help="measure this machine, write --profile")
+    p.add_argument("--calibrate-worker", metavar="JSON", help=argparse.SUPPRESS)
+    add_model_flags(p)
+    return p
+
+
+ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2}
+
+
+def gib(n):
+    return f"{n / 2 ** 30:10.3f}"
+
+
+def report(args, config, profile, say=print):
+    """The planner's tables, as text."""
+    arch, B, itemsize = args.arch, args.batch_size, ITEMSIZE[args.dtype]
+    n = parameter_count(config, arch)
+    say(f"{arch} GPT: V={config.vocab_size} T={config.seq_len} L={config.n_layers} H={config.hidden} "
+        f"nh={config.n_heads} nkv={config.n_kv_heads} F={config.ffn} tied={config.tie_embeddings}")
+    say(f"parameters: {n:,} exactly, {rounded(n)} rounded")
+    degrees = [t for t in valid_tp_degrees(config, arch) if t <= 64]
+    say(f"\nmemory per rank (GiB, TP rank 0, {args.precision}; activations are Korthikanti et al. 2022's "
+        f"formula for 16-bit activations, B={B // args.dp} per rank)")
+    say(f"{'t':>3} {'weights':>10} {'grads':>10} {'AdamW':>10} {'act.':>10} {'act.SP':>10} "
+        f"{'act.SP+sel':>10} {'total':>10}")
+    for t in degrees:
+        m = memory_per_rank(config, arch, t, B // args.dp, args.precision)
+        sp = activation_bytes(config, B // args.dp, t, sequence_parallel=True)
+        sel = activation_bytes(config, B // args.dp, t, sequence_parallel=True, selective=True)
+        say(f"{t:>3} {gib(m['weights'])} {gib(m['gradients'])} {gib(m['optimizer'])} "
+            f"{gib(m['activations'])} {gib(sp)} {gib(sel)} {gib(sum(m.values()))}")
+    t = args.tp
+    say(f"\ncommunication per step on rank 0, tp={t} dp={args.dp}, {args.dtype} "
+        f"(payload: handed to the collective; ring: sent by the ring all-reduce)")
+    say(f"{'where':<46} {'group':<5} {'calls':>5} {'payload B':>14} {'ring B':>14}")
+    rows = traffic(config, t, B, args.dp, itemsize, arch)
+    for r in rows:
+        say(f"{r['where']:<46} {r['group']:<5} {r['calls']:>5} {r['payload_bytes']:>14,} {r['ring_bytes']:>14,}")
+    say(f"{'total':<46} {'':<5} {sum(r['calls'] for r in rows):>5} "
+        f"{sum(r['payload_bytes'] for r in rows):>14,} {sum(r['ring_bytes'] for r in rows):>14,}")
+    say(f"\nprofile {profile['name']}: {profile['source']}")
+    say(f"{'t':>3} {'GFLOP/rank':>12} {'compute ms':>11} {'comm ms':>10} {'step ms':>10} {'speedup':>8}")
+    base = None
+    for d in degrees:
+        p = predict_step(config, profile, d, B, args.dp, itemsize, arch, collectives=args.collectives)
+        base = base or p["step_s"]
+        say(f"{d:>3} {p['flops'] / 1e9:>12.2f} {p['compute_s'] * 1e3:>11.3f} {p['communication_s'] * 1e3:>10.3f} "
+            f"{p['step_s'] * 1e3:>10.3f} {base / p['step_s']:>7.2f}x")
+    cross = crossover_tp(config, profile, B // args.dp, itemsize, arch, args.collectives)
+    if cross is None:
+        say(f"\nadvice: communication stays below compute up to t={degrees[-1]} on this profile.")
+    else:
+        say(f"\nadvice: at t={cross} communication ({args.collectives} all-reduce) takes longer than "
+            f"compute on this profile; beyond that, TP mostly adds waiting. Use a smaller t "
+            f"and add data or pipeline parallelism instead.")
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.calibrate_worker:
+        return calibrate_worker(args.calibrate_worker)
+    if args.calibrate:
+        path = args.profile if args.profile not in PRESETS else "runs/profile.json"
+        profile = calibrate(path)
+        print(f"wrote {path}:\n{json.dumps({k: v for k, v in profile.items()}, indent=1)[:2000]}")
+        return 0
+    config = config_from_args(args)
+    try:
+        config.validate(args.tp)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.profile not in PRESETS and not Path(args.profile).exists():
+        parser.error(f"no profile {args.profile}: run with --calibrate first, or pass a preset "
+                     f"({', '.join(PRESETS)})")
+    report(args, config, load_profile(args.profile))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
