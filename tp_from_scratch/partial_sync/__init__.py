@@ -1,0 +1,15 @@
+"""Lesson 8: partially synchronized activations (CAAT-Net, Lamprecht et al., NeurIPS 2025).
+
+At the two row-parallel outputs of every block only the leading p*H hidden channels are
+all-reduced; the rest stay private to each rank, so each rank carries its own residual
+stream. The model then depends on t, and is checked against a single-device reference that
+computes all t streams explicitly.
+
+  mappings.py   the partial reduce (numpy, forward and backward) and the gradient sum of
+                parameters shared by the streams
+  params.py     block parameter names, sharding and gathering
+  local.py      what one rank computes on its stream between two partial reduces
+  block.py      the TP block stack (one stream per rank)
+  reference.py  the single-device t-stream reference of the same model
+  check.py      the TP stack against the reference on any backend
+"""
