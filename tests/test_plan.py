@@ -74,7 +74,7 @@ def test_local_count_equals_each_tp_ranks_shard(name, t):
     # the vocabulary splits unevenly (67 and 101 are prime): ranks hold different counts
     config = CONFIGS[name]
     full = init_gpt(config, 0)
-    counts = run_spmd(lambda comm: count_parameters(gpt_to_tp(full, comm))[0], t)
+    counts = run_spmd(lambda comm: count_parameters(gpt_to_tp(comm, full))[0], t)
     assert counts == [plan.parameter_count(config, "ours", t, r) for r in range(t)]
 
 
