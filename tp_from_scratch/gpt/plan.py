@@ -26,7 +26,6 @@ The predicted time assumes no overlap of compute and communication: our trainer 
 """
 import argparse
 import json
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -299,16 +298,15 @@ def predict_step(config, profile, t, batch, dp=1, itemsize=4, arch="ours", threa
 
 def valid_tp_degrees(config, arch="ours", largest=64):
     """The t in 1..largest that split heads, kv heads, hidden and ffn evenly (vocab may be uneven)."""
-    out = []
-    for t in range(1, largest + 1):
-        sizes = [config.n_heads, config.hidden, config.ffn] + ([config.n_kv_heads] if arch != "gpt2" else [])
-        if all(s % t == 0 for s in sizes) and t <= config.vocab_size:
-            out.append(t)
-    return out
+    sizes = (config.n_heads, config.n_kv_heads, config.hidden, config.ffn)
+    return [t for t in range(1, largest + 1) if all(s % t == 0 for s in sizes) and t <= config.vocab_size]
 
 
 def crossover_tp(config, profile, batch, itemsize=4, arch="ours", collectives="native", largest=64):
-    """The smallest valid t at which communication per step takes longer than compute; None if none."""
+    """The smallest valid t at which communication per step takes longer than compute; None if none.
+
+    ``batch``: sequences per TP group (no data parallelism here).
+    """
     for t in valid_tp_degrees(config, arch, largest):
         p = predict_step(config, profile, t, batch, 1, itemsize, arch, collectives=collectives)
         if t > 1 and p["communication_s"] > p["compute_s"]:
@@ -330,7 +328,11 @@ def fit_line(xs, ys):
 
 def measure_matmul_flops(threads, sizes=((1024, 512, 2048), (1024, 1024, 1024), (1024, 2048, 512)),
                          repeats=5):
-    """Sustained float32 matmul FLOP/s of this process with ``threads`` BLAS threads (median of shapes)."""
+    """Sustained float32 matmul FLOP/s of this process with ``threads`` BLAS threads.
+
+    Each shape's rate is that of its fastest repeat (on a shared machine the others include
+    time taken by other programs); the result is the median over the shapes.
+    """
     import time
 
     import torch
@@ -346,7 +348,7 @@ def measure_matmul_flops(threads, sizes=((1024, 512, 2048), (1024, 1024, 1024), 
                 start = time.perf_counter()
                 a @ b
                 times.append(time.perf_counter() - start)
-            rates.append(2 * m * k * n / sorted(times)[len(times) // 2])
+            rates.append(2 * m * k * n / min(times))  # the best run: least disturbed by others
     finally:
         torch.set_num_threads(before)
     return sorted(rates)[len(rates) // 2]
@@ -354,6 +356,8 @@ def measure_matmul_flops(threads, sizes=((1024, 512, 2048), (1024, 1024, 1024), 
 
 def calibrate_worker(out_path, repeats=30):
     """Run under torchrun: time gloo all-reduces (native and from-scratch) and fit alpha, beta.
+
+    Each size's time is the fastest of ``repeats`` calls, each started after a barrier.
 
     For a ring of p ranks, one all-reduce of n bytes takes 2(p-1) alpha + 2(p-1)/p n beta,
     so the fitted line time = a + b n gives alpha = a / (2(p-1)), beta = b p / (2(p-1)).
@@ -394,7 +398,7 @@ def calibrate_worker(out_path, repeats=30):
                     start = time.perf_counter()
                     call(x)
                     times.append(time.perf_counter() - start)
-                seconds.append(float(np.median(times)))
+                seconds.append(float(min(times)))  # the least disturbed call, as for matmuls
             a, b = fit_line([4 * n for n in sizes], seconds)
             result[name] = {"alpha_s": max(a, 0.0) / ring_messages(p),
                             "beta_s_per_byte": b * p / (2 * (p - 1)),
