@@ -447,6 +447,7 @@ def add_model_flags(parser):
     g.add_argument("--kv-heads", type=int, default=None, help=f"default {d.n_kv_heads} (gpt2: --heads)")
     g.add_argument("--ffn", type=int, default=0, help="0: 4 x hidden")
     g.add_argument("--untied", action="store_true", help="an LM head of its own (llama: always)")
+    g.add_argument("--gelu", choices=["erf", "tanh"], default="erf", help="accepted; no effect on any count")
     g.add_argument("--batch-size", type=int, default=8, help="global batch B (split over dp)")
 
 
