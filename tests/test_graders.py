@@ -29,6 +29,7 @@ EXPECTED_TESTS = {
     "ex04": 32,
     "ex05": 36,
     "ex06": 23,
+    "ex08": 27,
 }
 
 WRONG_CASES = sorted(
