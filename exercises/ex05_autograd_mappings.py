@@ -6,18 +6,20 @@ Replace each `raise NotImplementedError(...)` with your code, then run
 
 Everything runs on ONE rank. `group` is that rank's communicator: the graders pass the
 simulated ranks' Comm, a real run passes a torch ProcessGroup; you never need to know
-which. The tensor collectives below (imported from the library) work on both, return new
+which. The tensor collectives below (imported from the library) work on both, take the
+group first (as the numpy collectives of Lesson 2 take the communicator first), return new
 tensors and never modify their input:
 
-    all_reduce(x, group)                -> the sum of x over the ranks, on every rank
-    all_gather_last_dim(x, group)       -> every rank's x side by side along the last dim
-    split_last_dim(x, group)            -> this rank's contiguous chunk of the last dim
+    all_reduce(group, x)                -> the sum of x over the ranks, on every rank
+    all_gather(group, x)                -> every rank's x side by side along the last dim
+    split(group, x)                     -> this rank's contiguous chunk of the last dim
     tp_rank(group), tp_world_size(group)
 
 An autograd Function's forward receives `ctx` (keep what backward needs on it, e.g.
-`ctx.group = group`) and returns the output; backward receives dL/d(output) and returns one
-gradient per forward input (None for `group`). The graders count your collectives: an
-extra or a missing all-reduce fails even when the numbers come out right.
+`ctx.group = group`), then its inputs in the order `apply` was called with, here
+`(group, x)`, and returns the output; backward receives dL/d(output) and returns one
+gradient per forward input, in the same order (None for `group`). The graders count your
+collectives: an extra or a missing all-reduce fails even when the numbers come out right.
 
 Shapes: x (B, T, H). torch stores a Linear's weight as (out, in): y = x @ W^T + b.
 Split sizes are even here (t divides every size the graders use).
@@ -26,8 +28,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: F401
 
-from tp_from_scratch.nn.mappings import (all_gather_last_dim, all_reduce, split_last_dim,  # noqa: F401
-                                         tp_rank, tp_world_size)
+from tp_from_scratch.nn.mappings import all_gather, all_reduce, split, tp_rank, tp_world_size  # noqa: F401
 
 
 # -- the four region mappings --------------------------------------------------------------
@@ -36,7 +37,7 @@ class CopyToTensorParallelRegion(torch.autograd.Function):
     """f. forward: identity (x is replicated); backward: all-reduce the gradient."""
 
     @staticmethod
-    def forward(ctx, x, group):
+    def forward(ctx, group, x):
         raise NotImplementedError("Exercise 5 (CopyToTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
 
     @staticmethod
@@ -48,7 +49,7 @@ class ReduceFromTensorParallelRegion(torch.autograd.Function):
     """g. forward: all-reduce the partial sums; backward: identity."""
 
     @staticmethod
-    def forward(ctx, x, group):
+    def forward(ctx, group, x):
         raise NotImplementedError("Exercise 5 (ReduceFromTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
 
     @staticmethod
@@ -60,7 +61,7 @@ class ScatterToTensorParallelRegion(torch.autograd.Function):
     """forward: keep this rank's chunk of the last dim (..., n) -> (..., n/t); backward: all-gather."""
 
     @staticmethod
-    def forward(ctx, x, group):
+    def forward(ctx, group, x):
         raise NotImplementedError("Exercise 5 (ScatterToTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
 
     @staticmethod
@@ -72,7 +73,7 @@ class GatherFromTensorParallelRegion(torch.autograd.Function):
     """forward: all-gather the chunks along the last dim (..., n/t) -> (..., n); backward: keep own chunk."""
 
     @staticmethod
-    def forward(ctx, x, group):
+    def forward(ctx, group, x):
         raise NotImplementedError("Exercise 5 (GatherFromTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
 
     @staticmethod
@@ -83,12 +84,13 @@ class GatherFromTensorParallelRegion(torch.autograd.Function):
 # -- the two parallel linear layers -----------------------------------------------------------
 # __init__ is written for you: it makes empty parameters of this rank's local shapes.
 # Write from_linear (copy this rank's shard of a single-device nn.Linear) and forward,
-# using YOUR Functions above (call them as CopyToTensorParallelRegion.apply(x, self.group)).
+# using YOUR Functions above (call them as CopyToTensorParallelRegion.apply(self.group, x)).
+# As in the library, a layer takes its group as a required keyword argument: group=...
 
 class ColumnParallelLinear(nn.Module):
     """Y_i = X @ W_i^T + b_i: rank i holds rows i of W (out/t of them) and entries i of b."""
 
-    def __init__(self, in_features, out_features, bias=True, gather_output=False, group=None):
+    def __init__(self, in_features, out_features, bias=True, gather_output=False, *, group):
         super().__init__()
         self.group, self.gather_output = group, gather_output
         self.in_features, self.out_features = in_features, out_features
@@ -97,7 +99,7 @@ class ColumnParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(local_out)) if bias else None       # (out/t,)
 
     @classmethod
-    def from_linear(cls, linear, group=None, gather_output=False):
+    def from_linear(cls, linear, *, group, gather_output=False):
         """A ColumnParallelLinear holding this rank's rows of linear.weight (and its block of the bias).
 
         The result must have linear's dtype; e.g. build it, then `.to(linear.weight.dtype)`
@@ -113,7 +115,7 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """Y = sum_i X_i @ W_i^T + b: rank i holds columns i of W (in/t of them); b is added once."""
 
-    def __init__(self, in_features, out_features, bias=True, input_is_parallel=True, group=None):
+    def __init__(self, in_features, out_features, bias=True, input_is_parallel=True, *, group):
         super().__init__()
         self.group, self.input_is_parallel = group, input_is_parallel
         self.in_features, self.out_features = in_features, out_features
@@ -122,7 +124,7 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None    # (out,), replicated
 
     @classmethod
-    def from_linear(cls, linear, group=None, input_is_parallel=True):
+    def from_linear(cls, linear, *, group, input_is_parallel=True):
         """A RowParallelLinear holding this rank's columns of linear.weight and the whole bias."""
         raise NotImplementedError("Exercise 5 (RowParallelLinear): see lessons/05_autograd_tensor_parallel.ipynb")
 

@@ -41,7 +41,7 @@ def test_f_copy_to_region_is_identity_forward_and_all_reduce_backward(impl, t):
     def on_rank(comm):
         x = integers(50, 0, (B, T, H)).requires_grad_()  # replicated: rank 0's data everywhere
         comm.meter.reset()
-        y = impl.CopyToTensorParallelRegion.apply(x, comm)
+        y = impl.CopyToTensorParallelRegion.apply(comm, x)
         forward = calls(comm)
         y.backward(integers(51, comm.rank, (B, T, H)))  # every rank's own gradient contribution
         return y.detach(), x.grad, forward, calls(comm)
@@ -59,7 +59,7 @@ def test_g_reduce_from_region_is_all_reduce_forward_and_identity_backward(impl, 
     def on_rank(comm):
         x = integers(52, comm.rank, (B, T, H)).requires_grad_()  # a partial sum per rank
         comm.meter.reset()
-        y = impl.ReduceFromTensorParallelRegion.apply(x, comm)
+        y = impl.ReduceFromTensorParallelRegion.apply(comm, x)
         forward = calls(comm)
         y.backward(integers(53, 0, (B, T, H)))  # the gradient of a replicated output
         return y.detach(), x.grad, x.detach(), forward, calls(comm)
@@ -81,7 +81,7 @@ def test_scatter_keeps_own_chunk_forward_and_all_gathers_backward(impl, t):
     def on_rank(comm):
         x = integers(54, 0, (B, T, H)).requires_grad_()  # replicated
         comm.meter.reset()
-        y = impl.ScatterToTensorParallelRegion.apply(x, comm)
+        y = impl.ScatterToTensorParallelRegion.apply(comm, x)
         forward = calls(comm)
         y.backward(integers(55, comm.rank, (B, T, n)))  # the gradient of this rank's chunk
         return y.detach(), x.grad, forward, calls(comm)
@@ -103,7 +103,7 @@ def test_gather_all_gathers_forward_and_keeps_own_chunk_backward(impl, t):
     def on_rank(comm):
         x = integers(56, comm.rank, (B, T, n)).requires_grad_()
         comm.meter.reset()
-        y = impl.GatherFromTensorParallelRegion.apply(x, comm)
+        y = impl.GatherFromTensorParallelRegion.apply(comm, x)
         forward = calls(comm)
         y.backward(integers(57, 0, (B, T, H)))  # replicated gradient of the full output
         return y.detach(), x.grad, forward, calls(comm)
@@ -172,7 +172,7 @@ def compare(r, rank, y_ref, dx_ref, rows, cols, bias_block, what):
 @pytest.mark.parametrize("t", WORLD_SIZES)
 def test_column_parallel_linear_equals_nn_linear(impl, t, gather_output):
     n = F // t
-    make = ("column", lambda linear, comm: impl.ColumnParallelLinear.from_linear(linear, comm, gather_output))
+    make = ("column", lambda linear, comm: impl.ColumnParallelLinear.from_linear(linear, group=comm, gather_output=gather_output))
     x_of = lambda x, rank: x  # noqa: E731  (replicated input)
     dy_of = lambda dy, rank: dy if gather_output else dy[..., rank * n:(rank + 1) * n]  # noqa: E731
     for dtype in (torch.float64, torch.float32):
@@ -188,7 +188,7 @@ def test_column_parallel_linear_equals_nn_linear(impl, t, gather_output):
 @pytest.mark.parametrize("t", WORLD_SIZES)
 def test_row_parallel_linear_equals_nn_linear(impl, t, input_is_parallel):
     n = F // t
-    make = ("row", lambda linear, comm: impl.RowParallelLinear.from_linear(linear, comm, input_is_parallel))
+    make = ("row", lambda linear, comm: impl.RowParallelLinear.from_linear(linear, group=comm, input_is_parallel=input_is_parallel))
     x_of = lambda x, rank: x[..., rank * n:(rank + 1) * n] if input_is_parallel else x  # noqa: E731
     dy_of = lambda dy, rank: dy  # noqa: E731  (the output is replicated)
     for dtype in (torch.float64, torch.float32):
@@ -205,8 +205,8 @@ def test_row_parallel_linear_equals_nn_linear(impl, t, input_is_parallel):
 def test_column_then_row_is_the_megatron_mlp_with_one_all_reduce_each_way(impl, t):
     def on_rank(comm):
         fc, proj = single_device_linear(62, H, F, torch.float64), single_device_linear(63, F, H, torch.float64)
-        fc_tp = impl.ColumnParallelLinear.from_linear(fc, comm)
-        proj_tp = impl.RowParallelLinear.from_linear(proj, comm)
+        fc_tp = impl.ColumnParallelLinear.from_linear(fc, group=comm)
+        proj_tp = impl.RowParallelLinear.from_linear(proj, group=comm)
         x_full = random_array(rank_rng(64, 0), (B, T, H))
         x_ref, x = tensor(x_full, grad=True), tensor(x_full, grad=True)
         y_ref = proj(torch.nn.functional.gelu(fc(x_ref)))

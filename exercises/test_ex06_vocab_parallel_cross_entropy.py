@@ -48,7 +48,7 @@ def grade(impl, t, vocab, dtype, scale=3.0, ignore_index=-100, seed=70, upstream
         local = logits[..., lo:lo + sizes[comm.rank]].clone().requires_grad_()  # (B, T, V_r)
         before = local.detach().clone()
         comm.meter.reset()
-        loss = impl.vocab_parallel_cross_entropy(local, target.clone(), comm, ignore_index=ignore_index,
+        loss = impl.vocab_parallel_cross_entropy(comm, local, target.clone(), ignore_index=ignore_index,
                                                  vocab_start=lo)
         (upstream * loss).backward()
         traffic = {name: (tr.calls, tr.bytes_sent) for name, tr in comm.meter.by_collective.items()}

@@ -10,10 +10,11 @@ import torch
 
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.comm import run_spmd
-from tp_from_scratch.nn import (ColumnParallelLinear, RowParallelLinear, collective_impl,
-                                copy_to_tp_region, gather_from_tp_region, get_collective_impl,
-                                reduce_from_tp_region, scatter_to_tp_region, set_collective_impl,
-                                vocab_parallel_cross_entropy)
+from tp_from_scratch import nn as tp_nn
+from tp_from_scratch.nn import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
+                                copy_to_tp_region, gather_from_tp_region, reduce_from_tp_region,
+                                scatter_to_tp_region, vocab_parallel_cross_entropy)
+from tp_from_scratch.nn.mappings import sum_over_replicas
 from tp_from_scratch.sharding import shard_sizes
 from tp_from_scratch.testing import random_array, rank_rng
 
@@ -28,7 +29,7 @@ def _data(seed, rank, shape):
 def _f(comm, seed):
     # f: x is replicated (rank 0's data on all); the gradients differ per rank and must be summed
     x = _data(seed, 0, (3, 5))
-    y = copy_to_tp_region(x, comm)
+    y = copy_to_tp_region(comm, x)
     assert_matches_reference(y, x, name="f forward (identity)", rank=comm.rank, exact=True)
     y.backward(_data(seed + 1, comm.rank, (3, 5)).detach())
     total = sum(_data(seed + 1, r, (3, 5)).detach() for r in range(comm.world_size))
@@ -38,7 +39,7 @@ def _f(comm, seed):
 def _g(comm, seed):
     # g: each rank holds a partial; forward sums them; the replicated gradient passes unchanged
     x = _data(seed, comm.rank, (3, 5))
-    y = reduce_from_tp_region(x, comm)
+    y = reduce_from_tp_region(comm, x)
     total = sum(_data(seed, r, (3, 5)).detach() for r in range(comm.world_size))
     assert_matches_reference(y, total, name="g forward (all-reduce)", rank=comm.rank, exact=True)
     dy = _data(seed + 1, 0, (3, 5)).detach()
@@ -53,7 +54,7 @@ def _scatter(comm, seed, n):
     sizes = shard_sizes(n, t)
     lo, hi = sum(sizes[:r]), sum(sizes[:r + 1])
     x = _data(seed, 0, (2, n))
-    y = scatter_to_tp_region(x, comm)
+    y = scatter_to_tp_region(comm, x)
     assert_matches_reference(y, x[:, lo:hi], name="scatter forward (own chunk)", rank=r, exact=True)
     y.backward(_data(seed + 1, r, (2, hi - lo)).detach())
     # backward: every rank's gradient chunk, gathered in rank order
@@ -67,7 +68,7 @@ def _gather(comm, seed, n):
     sizes = shard_sizes(n, t)
     lo, hi = sum(sizes[:r]), sum(sizes[:r + 1])
     x = _data(seed, r, (2, sizes[r]))
-    y = gather_from_tp_region(x, comm, sizes)
+    y = gather_from_tp_region(comm, x, sizes)
     expected = torch.cat([_data(seed, q, (2, sizes[q])).detach() for q in range(t)], -1)
     assert_matches_reference(y, expected, name="gather forward (all-gather)", rank=r, exact=True)
     dy = _data(seed + 1, 0, (2, n)).detach()
@@ -96,7 +97,7 @@ def _mlp_traffic(comm, hidden=8, ffn=16):
     rng = rank_rng(50, 0)
     fc = torch.nn.Linear(hidden, ffn, dtype=torch.float64)
     proj = torch.nn.Linear(ffn, hidden, dtype=torch.float64)
-    fc_tp, proj_tp = ColumnParallelLinear.from_linear(fc, comm), RowParallelLinear.from_linear(proj, comm)
+    fc_tp, proj_tp = ColumnParallelLinear.from_linear(fc, group=comm), RowParallelLinear.from_linear(proj, group=comm)
     x = torch.tensor(random_array(rng, (2, 3, hidden)), requires_grad=True)
     comm.meter.reset()
     y = proj_tp(torch.nn.functional.gelu(fc_tp(x)))
@@ -121,7 +122,7 @@ def _cross_entropy_traffic(comm, tokens=(4, 8), vocab=64):
     z = torch.tensor(random_array(rng, (*tokens, vocab))[..., lo:lo + sizes[comm.rank]], requires_grad=True)
     target = torch.tensor(rng.integers(0, vocab, size=tokens))
     comm.meter.reset()
-    vocab_parallel_cross_entropy(z, target, comm, vocab_start=lo).backward()
+    vocab_parallel_cross_entropy(comm, z, target, vocab_start=lo).backward()
     return comm.meter.snapshot(), z.detach().numpy().nbytes
 
 
@@ -134,18 +135,56 @@ def test_vocab_parallel_cross_entropy_never_moves_the_logits(t):
         assert traffic["bytes_sent"] <= 3 * 2 * 32 * 8 < local_logit_bytes, f"rank {rank}: {traffic}"
 
 
-def test_the_switch_is_explicit_and_restored():
-    assert get_collective_impl() == "native"
-    with collective_impl("scratch"):
-        assert get_collective_impl() == "scratch"
-        with pytest.raises(ValueError, match="'nccl' is not one of"):
-            set_collective_impl("nccl")
-    assert get_collective_impl() == "native"
+def test_the_short_names_are_the_paper_operators():
+    assert tp_nn.f is copy_to_tp_region and tp_nn.g is reduce_from_tp_region
+
+
+@pytest.mark.parametrize("build", [
+    lambda: ColumnParallelLinear(4, 6),
+    lambda: RowParallelLinear(6, 4),
+    lambda: VocabParallelEmbedding(10, 4),
+], ids=["column", "row", "embedding"])
+def test_a_layer_built_without_a_group_names_the_missing_argument(build):
+    # there is no default group: the object passed decides which collectives run
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'group'"):
+        build()
+
+
+@pytest.mark.parametrize("call", [
+    lambda: copy_to_tp_region(None, torch.zeros(2)),
+    lambda: reduce_from_tp_region(None, torch.zeros(2)),
+    lambda: vocab_parallel_cross_entropy(None, torch.zeros(2, 3), torch.zeros(2, dtype=torch.long)),
+    lambda: ColumnParallelLinear(4, 6, group=None),
+], ids=["f", "g", "cross-entropy", "column"])
+def test_none_is_not_a_group(call):
+    with pytest.raises(TypeError, match="group must be a torch.distributed.ProcessGroup .* or a "
+                                        "tp_from_scratch.comm.Comm"):
+        call()
+
+
+def _replicas(comm, seed, replicas):
+    # every rank holds a copy of its block's weight; backward sums the copies' gradients
+    t, r = comm.world_size, comm.rank
+    w = _data(seed, r // replicas, (3, 2))
+    y = sum_over_replicas(comm, w, replicas)
+    assert_matches_reference(y, w, name="forward (identity)", rank=r, exact=True)
+    y.backward(_data(seed + 1, r, (3, 2)).detach())
+    block = r // replicas
+    total = sum(_data(seed + 1, q, (3, 2)).detach() for q in range(block * replicas, (block + 1) * replicas))
+    assert_matches_reference(w.grad, total, name="backward (sum over the copies)", rank=r, exact=True)
+    return comm.meter.snapshot()["by_collective"]
+
+
+@pytest.mark.parametrize("t,replicas", [(2, 2), (4, 2), (4, 4), (3, 1)])
+def test_sum_over_replicas_sums_gradients_among_the_ranks_holding_a_copy(t, replicas):
+    calls = run_spmd(_replicas, t, 70, replicas)
+    expected = {"all_reduce": 1} if replicas > 1 else {}
+    assert all({k: v["calls"] for k, v in c.items()} == expected for c in calls), calls
 
 
 def test_cross_entropy_names_a_target_shape_mismatch():
     def bad(comm):
-        vocab_parallel_cross_entropy(torch.zeros(2, 3, 4), torch.zeros(2, 4, dtype=torch.long), comm)
+        vocab_parallel_cross_entropy(comm, torch.zeros(2, 3, 4), torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(Exception, match=r"target shape \(2, 4\) does not match .* \(2, 3\) on rank \d"):
         run_spmd(bad, 2)
 
@@ -155,4 +194,4 @@ def test_cross_entropy_names_a_target_shape_mismatch():
                          ids=["sum", "count"])
 def test_scatter_names_shard_sizes_that_do_not_fit(sizes, message):
     with pytest.raises(Exception, match=r"rank \d: .*" + message):
-        run_spmd(lambda comm: scatter_to_tp_region(torch.zeros(2, 5), comm, sizes), 2)
+        run_spmd(lambda comm: scatter_to_tp_region(comm, torch.zeros(2, 5), sizes), 2)

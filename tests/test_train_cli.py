@@ -16,7 +16,7 @@ from tp_from_scratch.gpt import train
      "hidden size 30 is not divisible by tp=4"),
     (["--tp", "2", "--heads", "3", "--kv-heads", "3", "--hidden", "48"], 2, "n_heads 3 is not divisible by tp=2"),
     (["--tp", "2", "--ffn", "33"], 2, "ffn size 33 is not divisible by tp=2"),
-    (["--tp", "8"], 8, "tp=8 is larger than n_kv_heads 4"),
+    (["--tp", "6", "--hidden", "48", "--heads", "12"], 6, "tp=6 is larger than n_kv_heads 4 but not a multiple of it"),
     (["--tp", "2", "--vocab-size", "1"], 2, "tp=2 is larger than vocab size 1"),
     (["--hidden", "30", "--heads", "4"], 1, "hidden size 30 is not divisible by n_heads 4"),
     (["--impl", "dtensor", "--save", "x"], 1, "--save and --load work with --impl scratch only"),

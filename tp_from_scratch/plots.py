@@ -3,11 +3,15 @@
     draw_matrix(ax, shape, split_axis, world_size, title)   one matrix, each shard in its device's colour
     draw_split_matmul(split, world_size, shape)             X @ W = Y as each device computes it
     memory_bars(ax, parts, labels, capacity=..., unit=...)  stacked bars of bytes per device
+    plot_loss_comparison(path, steps, losses, ...)          TP vs single-device loss, to a PNG
+    step_time_bars(ax, labels, compute_s, communication_s)  a step's compute and communication, stacked
 
 Device i is always drawn in ``device_color(i)``, in every lesson, so a learner can follow a
 shard from picture to picture. Shards are contiguous blocks as cut by
 tp_from_scratch.sharding (uneven sizes split like numpy.array_split).
 """
+from pathlib import Path
+
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
@@ -147,6 +151,56 @@ def memory_bars(ax, parts, labels=None, *, capacity=None, capacity_label="device
         ax.axhline(capacity / scale, color="red", linestyle="--", linewidth=1.2)
         ax.text(-0.4, capacity / scale, capacity_label, color="red", va="bottom", ha="left", fontsize=8)
     ax.set_ylabel(unit)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    return bars
+
+
+def plot_loss_comparison(path, steps, losses, ref_losses, label, tolerance, dtype_name):
+    """Two panels saved to ``path``: both loss curves, and their absolute difference (log scale).
+
+    tolerance: the comparison's relative bound (compare.TOLERANCE[dtype]); a step whose
+    difference is exactly 0 is drawn on a floor line far below it, in green.
+    """
+    steps = list(steps)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
+    a.plot(steps, ref_losses, label="single device", lw=3, alpha=0.5)
+    a.plot(steps, losses, "--", label=label)
+    a.set(xlabel="step", ylabel="loss", title="training loss")
+    a.legend()
+    bound = tolerance * max(1.0, max(ref_losses))
+    floor = bound * 1e-6
+    diffs = [abs(p - q) for p, q in zip(losses, ref_losses)]
+    b.semilogy(steps, [max(d, floor) for d in diffs], ".-", label="|difference|")
+    zero = [s for s, d in zip(steps, diffs) if d == 0]
+    b.semilogy(zero, [floor] * len(zero), "g.", label="bit-equal (0)")
+    b.axhline(bound, color="r", ls=":", label="tolerance")
+    b.set_ylim(floor / 3, bound * 30)
+    b.set(xlabel="step", ylabel="|loss - single-device loss|", title=f"difference ({dtype_name})")
+    b.legend()
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def step_time_bars(ax, labels, compute_s, communication_s, *, measured_s=None, title=None, unit="ms"):
+    """Stacked bars of one training step: compute below, communication on top, one bar per setup.
+
+    compute_s, communication_s: seconds per bar (e.g. tp_from_scratch.gpt.plan.predict_step's);
+    measured_s: seconds actually measured, drawn as a black dash over each bar (None: skipped).
+    unit: "ms" or "s". Returns the two bar containers.
+    """
+    scale = {"ms": 1e3, "s": 1.0}[unit]
+    compute = [c * scale for c in compute_s]
+    comm = [c * scale for c in communication_s]
+    bars = [ax.bar(labels, compute, color=device_color(0), label="compute"),
+            ax.bar(labels, comm, bottom=compute, color=device_color(1), label="communication")]
+    if measured_s is not None:
+        ax.scatter(labels, [m * scale for m in measured_s], marker="_", s=600, color="black",
+                   zorder=3, label="measured")
+    ax.set_ylabel(f"{unit} per step")
     if title:
         ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)

@@ -20,6 +20,13 @@ def shard_sizes(size, world_size):
     return [base + (1 if i < extra else 0) for i in range(world_size)]
 
 
+def shard_range(size, rank, world_size):
+    """(start, stop) of ``rank``'s contiguous block of ``size`` items, split as by :func:`shard_sizes`."""
+    sizes = shard_sizes(size, world_size)
+    start = sum(sizes[:rank])
+    return start, start + sizes[rank]
+
+
 def shard(array, world_size, axis, *, even=True):
     """Split ``array`` into ``world_size`` contiguous shards along ``axis``.
 

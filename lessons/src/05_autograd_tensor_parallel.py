@@ -38,18 +38,18 @@ LESSON_START = time.perf_counter()
 if not (Path.cwd() / "tp_from_scratch").is_dir():  # run from lessons/: make the package importable
     sys.path.insert(0, str(Path.cwd().parent))
 
-import inspect
 import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.compare import TOLERANCE, assert_matches_reference, max_error
-from tp_from_scratch.nn import (ColumnParallelLinear, CopyToTensorParallelRegion, RowParallelLinear,
-                                VocabParallelEmbedding, copy_to_tp_region, gather_from_tp_region,
-                                reduce_from_tp_region, shard_range, vocab_parallel_cross_entropy)
+from tp_from_scratch.nn import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
+                                copy_to_tp_region, gather_from_tp_region, reduce_from_tp_region,
+                                vocab_parallel_cross_entropy)
 from tp_from_scratch.nn.random import TensorParallelRNG
 from tp_from_scratch.plots import device_color, draw_matrix
+from tp_from_scratch.sharding import shard_range
 from tp_from_scratch.testing import random_array, rank_rng
 
 torch.set_num_threads(1)  # the simulated ranks are threads; one BLAS thread each"""),
@@ -68,9 +68,19 @@ the gradient reaches that point of the graph. Megatron's pair, written out:
 Each backward is the forward's transpose. If x is copied to t ranks and each uses it, the loss
 depends on x through t paths, so its gradient is the **sum** of the t contributions: f's
 backward all-reduces. If y is the sum of t partials, $\partial y/\partial x_r = 1$: g's backward
-passes the gradient through unchanged. This is f, from `tp_from_scratch/nn/mappings.py`:"""),
-    new_code_cell("""print(inspect.getsource(CopyToTensorParallelRegion))"""),
-    new_markdown_cell(r"""`run_spmd(fn, t)` runs `fn(comm)` on t threads, one simulated rank each. Every layer takes
+passes the gradient through unchanged. Exercise 5 asks you to write these four Functions; the
+library's own are in `tp_from_scratch/nn/mappings.py` (read them after you have tried). Every
+mapping takes the group first, as every collective of Lesson 2 takes the communicator first,
+and the paper's short names are there too: `nn.f` is `copy_to_tp_region`, `nn.g` is
+`reduce_from_tp_region`, the torch twins of the numpy `f_forward`/`f_backward` and
+`g_forward`/`g_backward` of Lesson 3.
+
+A note on adjoints: the literal transpose of "keep my chunk" (scatter) is "put my chunk back
+and pad with zeros". It becomes an all-gather because the tensor before the scatter is
+Replicated: the t ranks' copies are one logical tensor, so its gradient is the sum of the t
+zero-padded chunks, which is every chunk side by side.
+
+`run_spmd(fn, t)` runs `fn(comm)` on t threads, one simulated rank each. Every layer takes
 its `group` explicitly, and a `Comm` is a valid group: the collectives then run on the
 from-scratch ring of Lesson 2. On CPU, autograd runs `backward()` on the calling thread, so a
 backward that all-reduces works inside a simulated rank.
@@ -81,7 +91,7 @@ shows which direction communicated."""),
     new_code_cell("""def f_and_g(comm):
     x = torch.tensor(random_array(rank_rng(0, 0), (2, 3), integer=True), requires_grad=True)  # Replicated
     comm.meter.reset()
-    y = copy_to_tp_region(x, comm)                       # f forward: nothing moves
+    y = copy_to_tp_region(comm, x)                       # f forward: nothing moves
     f_forward = comm.meter.messages_sent
     my_grad = torch.tensor(random_array(rank_rng(1, comm.rank), (2, 3), integer=True))  # rank-distinct
     y.backward(my_grad)                                  # f backward: all-reduce
@@ -89,7 +99,7 @@ shows which direction communicated."""),
     assert_matches_reference(x.grad, every_grad, name="f backward", rank=comm.rank, exact=True)
 
     partial = torch.tensor(random_array(rank_rng(2, comm.rank), (2, 3), integer=True), requires_grad=True)
-    z = reduce_from_tp_region(partial, comm)             # g forward: all-reduce
+    z = reduce_from_tp_region(comm, partial)             # g forward: all-reduce
     every_partial = sum(torch.tensor(random_array(rank_rng(2, r), (2, 3), integer=True)) for r in range(comm.world_size))
     assert_matches_reference(z, every_partial, name="g forward", rank=comm.rank, exact=True)
     return f_forward, comm.meter.by_collective["all_reduce"].calls
@@ -109,7 +119,7 @@ Lesson 1 appear transposed:
 * `RowParallelLinear`: rank i holds **columns** i of W (a block of input features), shape
   (out, in/t), and all of b, which it adds **once**, after g.
 
-`from_linear(linear, group)` keeps this rank's shard of a single-device layer. Built with the
+`from_linear(linear, group=group)` keeps this rank's shard of a single-device layer. Built with the
 same seed, the default initialisation gives the same full matrix as `nn.Linear` (every rank
 draws all of it and keeps its block)."""),
     new_code_cell("""t = 4
@@ -137,7 +147,7 @@ def mlp_against_single_device(comm, dtype):
     with torch.no_grad():
         for p in (*fc.parameters(), *proj.parameters()):
             p.copy_(torch.tensor(random_array(rng, p.shape)))
-    fc_tp, proj_tp = ColumnParallelLinear.from_linear(fc, comm), RowParallelLinear.from_linear(proj, comm)
+    fc_tp, proj_tp = ColumnParallelLinear.from_linear(fc, group=comm), RowParallelLinear.from_linear(proj, group=comm)
     x = torch.tensor(random_array(rng, (2, 3, H)), dtype=dtype)
     x_ref, x_tp = x.clone().requires_grad_(), x.clone().requires_grad_()
     y_ref, y_tp = proj(F.gelu(fc(x_ref))), proj_tp(F.gelu(fc_tp(x_tp)))
@@ -170,13 +180,14 @@ off by O(1), about 10^5 times the float32 tolerance.
 
 ## 3. One SPMD function, three backends
 
-The `group` argument of every mapping and layer decides where the bytes go:
+The `group` argument of every mapping and layer decides where the bytes go, and nothing else
+does (it is required: a layer built without one raises a `TypeError` naming it):
 
 * a `Comm` from `run_spmd` (above): simulated ranks, from-scratch collectives;
-* `None` or a `torch.distributed.ProcessGroup`: real processes under `torchrun`, with PyTorch's
-  native collectives (gloo on CPU, NCCL on GPUs) ...
-* ... or, through the ONE switch of `tp_from_scratch.nn.mappings`, our own ring collectives over
-  the same process group: `with collective_impl("scratch"): ...` (they run on `TorchComm(group)`).
+* a `torch.distributed.ProcessGroup` (e.g. `dist.group.WORLD`, or a mesh's TP group): real
+  processes under `torchrun`, with PyTorch's native collectives (gloo on CPU, NCCL on GPUs);
+* a `TorchComm(process_group)`: the same processes, with our own ring collectives of Lesson 2
+  built from send/recv, each message counted by its meter.
 
 `tp_from_scratch/nn/checks.py` holds every layer check as a function of `group`; the tests run
 them on simulated ranks and, through `torchrun`, on 2 and 4 real processes, with both
@@ -214,7 +225,7 @@ def vocabulary(comm, scale):
     rng = rank_rng(7, 0)
     table = torch.nn.Embedding.from_pretrained(torch.tensor(random_array(rng, (V, D))), freeze=False)
     ids = torch.tensor(rng.integers(0, V, size=(4, 5)))
-    emb = VocabParallelEmbedding.from_embedding(table, comm)
+    emb = VocabParallelEmbedding.from_embedding(table, group=comm)
     assert_matches_reference(emb(ids), table(ids), name="embedding", rank=comm.rank, exact=True)
 
     logits = scale * torch.tensor(random_array(rng, (4, 5, V)))           # (B, T, V)
@@ -223,7 +234,7 @@ def vocabulary(comm, scale):
     full = logits.clone().requires_grad_()
     loss_ref = F.cross_entropy(full.reshape(-1, V), ids.reshape(-1))
     loss_ref.backward()
-    loss = vocab_parallel_cross_entropy(local, ids, comm, vocab_start=lo)
+    loss = vocab_parallel_cross_entropy(comm, local, ids, vocab_start=lo)
     loss.backward()
     assert_matches_reference(loss, loss_ref, name="loss", rank=comm.rank)
     assert_matches_reference(local.grad, full.grad[..., lo:hi], name="dlogits", rank=comm.rank)
@@ -246,10 +257,10 @@ counts the bytes each rank sends for one loss, ours against "all-gather the logi
     local = logits[..., lo:hi].clone().requires_grad_()
     comm.meter.reset()
     if gather:
-        full = gather_from_tp_region(local, comm)                         # (B, T, V) on every rank
+        full = gather_from_tp_region(comm, local)                         # (B, T, V) on every rank
         loss = F.cross_entropy(full.reshape(-1, vocab), target.reshape(-1))
     else:
-        loss = vocab_parallel_cross_entropy(local, target, comm, vocab_start=lo)
+        loss = vocab_parallel_cross_entropy(comm, local, target, vocab_start=lo)
     loss.backward()
     return comm.meter.bytes_sent
 
@@ -269,7 +280,7 @@ for v, a, b in zip(vocabs, ours, gathered):
 A **Replicated** activation (the residual stream after g) is the same tensor on every rank,
 so its dropout mask must be the same too, or the replicas silently drift apart. A **Sharded**
 activation (attention probabilities of this rank's heads, the MLP's hidden block) is different
-data on each rank and needs independent masks. `TensorParallelRNG(seed, group)` holds two
+data on each rank and needs independent masks. `TensorParallelRNG(seed, group=group)` holds two
 explicit `torch.Generator`s, `replicated` (seeded by the seed) and `sharded` (seeded by the seed
 and the rank), and nothing global is touched. (Megatron-LM swaps a second CUDA RNG state in
 and out with a context manager instead.)"""),

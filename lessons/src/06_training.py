@@ -59,14 +59,18 @@ One rule per parameter name (`model.shard_axis`) says how it is split over the t
 | LayerNorms, `wpe`, row biases | (H,), (T, H) | replicated | |
 
 The key/value heads are split like the query heads, so a rank's query heads find their
-(grouped-query) key/value heads on the same rank. Memory per rank: parameters, their
+(grouped-query) key/value heads on the same rank. With fewer KV heads than ranks (nkv < t,
+e.g. Llama 3's 8 KV heads at t = 16), each KV head is copied to the t/nkv ranks whose query
+heads read it, and backward sums the copies' weight gradients among them (one extra
+all-reduce per K and V weight, `nn.mappings.sum_over_replicas`), exactly as the numpy
+attention of Lesson 4 does. Memory per rank: parameters, their
 gradients and AdamW's two moments, 4 copies in all. The small course model first, then the
 same table for a GPT-2-small-sized config, built on the `meta` device (shapes only, no memory)."""),
     new_code_cell("""def bytes_per_rank(config, tp, bytes_per_value=4, copies=4):
     \"\"\"Parameter (+ grad + 2 AdamW moments) bytes on each TP rank, from the sharding rule.\"\"\"
     with torch.device("meta"):
         full = GPT(config).state_dict()
-    return [copies * bytes_per_value * sum(shard_tensor(n, v, tp, r).numel() for n, v in full.items())
+    return [copies * bytes_per_value * sum(shard_tensor(n, v, tp, r, config).numel() for n, v in full.items())
             for r in range(tp)]
 
 gpt2 = GPTConfig(vocab_size=50257, seq_len=1024, n_layers=12, hidden=768, n_heads=12, n_kv_heads=4)

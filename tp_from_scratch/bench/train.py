@@ -15,6 +15,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from tp_from_scratch.comm.process_group import init_process_group
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt
 
@@ -53,8 +54,7 @@ def timed_steps(model, optimizer, batches):
 
 def main(argv=None):
     args = parse(argv)
-    from datetime import timedelta
-    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
+    init_process_group("cpu", args.timeout)
     try:
         return run(args)
     finally:
@@ -64,15 +64,16 @@ def main(argv=None):
 def run(args):
     from torch.distributed.device_mesh import init_device_mesh
 
+    from tp_from_scratch.comm.torch_comm import TorchComm
     from tp_from_scratch.gpt.dtensor_plan import parallelize_gpt
-    from tp_from_scratch.nn import set_collective_impl
 
     tp, rank = dist.get_world_size(), dist.get_rank()
     config = GPTConfig(vocab_size=args.vocab_size, seq_len=args.seq_len, n_layers=args.layers,
                        hidden=args.hidden, n_heads=args.heads, n_kv_heads=args.kv_heads)
     config.validate(tp)
-    set_collective_impl(args.collectives)
-    models = {"scratch": gpt_to_tp(init_gpt(config, 0), None),
+    world = dist.group.WORLD
+    group = world if args.collectives == "native" else TorchComm(world, timeout=args.timeout)
+    models = {"scratch": gpt_to_tp(group, init_gpt(config, 0)),
               "dtensor": parallelize_gpt(init_gpt(config, 0), init_device_mesh("cpu", (tp,)))}
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=False) for k, m in models.items()}
     batches = [global_batch(s, args.batch_size, config.seq_len, config.vocab_size, 0)

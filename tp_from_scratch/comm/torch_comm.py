@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from .base import TAG_DATA, Comm, debug_from_env, timeout_from_env
 from .errors import CommError, CommTimeoutError
+from .process_group import init_process_group
 
 # dtype code in the header <-> numpy dtype
 DTYPES = [np.dtype(t) for t in ("float64", "float32", "float16", "int64", "int32", "int16",
@@ -28,15 +29,9 @@ def init_process_group_from_env(device=None, timeout=None):
     """Initialise the default process group from torchrun's environment, with a timeout.
 
     Backend: nccl for a CUDA device (each process uses cuda:LOCAL_RANK), gloo otherwise.
-    Does nothing if a process group already exists.
+    Does nothing if a process group already exists (see comm/process_group.py).
     """
-    if dist.is_initialized():
-        return
-    seconds = timeout_from_env() if timeout is None else float(timeout)
-    cuda = device is not None and torch.device(device).type == "cuda"
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=seconds))
+    init_process_group(device, timeout)
 
 
 class TorchComm(Comm):

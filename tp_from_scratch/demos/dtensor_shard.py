@@ -17,7 +17,6 @@ ranks' copies are ignored. Each rank regenerates rank 0's tensor from its seed t
 import argparse
 import os
 import sys
-from datetime import timedelta
 
 import numpy as np
 
@@ -63,7 +62,9 @@ def worker(args):
     """Under torchrun: run this rank, then rank 0 prints every rank's line in rank order."""
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))  # no wait is unbounded
+    from tp_from_scratch.comm.process_group import init_process_group
+
+    init_process_group("cpu", args.timeout)  # no wait is unbounded
     try:
         try:
             line = run_rank(args.rows, args.cols, args.axis, args.seed)

@@ -109,14 +109,20 @@ def load_optimizer_state_by_name(model, optimizer, state):
             }
 
 
-def _shard_entry(name, value, tp, rank):
+def _shard_entry(name, value, tp, rank, config):
     # moments have the parameter's shape and are cut like it; scalars ("step") are copied
-    return shard_tensor(name, value, tp, rank) if torch.is_tensor(value) and value.ndim > 0 else value
+    return shard_tensor(name, value, tp, rank, config) if torch.is_tensor(value) and value.ndim > 0 else value
 
 
-def _unshard_entry(name, pieces):
+def _unshard_entry(name, pieces, config):
     first = pieces[0]
-    return unshard_tensor(name, pieces) if torch.is_tensor(first) and first.ndim > 0 else first
+    return unshard_tensor(name, pieces, config) if torch.is_tensor(first) and first.ndim > 0 else first
+
+
+def shard_optimizer_state(state, tp, rank, config):
+    """This TP rank's optimizer state from the full one ({parameter name: {key: value}})."""
+    return {name: {k: _shard_entry(name, v, tp, rank, config) for k, v in entries.items()}
+            for name, entries in state.items()}
 
 
 # ---------------------------------------------------------------------------------------
@@ -204,11 +210,16 @@ def read_metadata(root):
     return directory, meta
 
 
+def config_of(meta_config):
+    """The GPTConfig saved in a checkpoint (fields added since then take their defaults)."""
+    return GPTConfig(**meta_config)
+
+
 def check_config(meta_config, config, where):
     """Raise a CheckpointError listing every size in which the checkpoint and ``config`` differ."""
-    ours = config.to_dict()
-    diffs = [f"{k}={meta_config.get(k)!r} in the checkpoint, {v!r} in this run"
-             for k, v in ours.items() if meta_config.get(k) != v]
+    ours, theirs = config.to_dict(), config_of(meta_config).to_dict()
+    diffs = [f"{k}={theirs.get(k)!r} in the checkpoint, {v!r} in this run"
+             for k, v in ours.items() if theirs.get(k) != v]
     if diffs:
         raise CheckpointError(f"checkpoint {where} was saved with a different model config: "
                               + "; ".join(diffs))
@@ -243,21 +254,21 @@ def load_full(root, config=None):
     if config is not None:
         check_config(meta["config"], config, directory)
     payloads = [read_shard(directory, r) for r in meta["shards"]]
-    model = {k: unshard_tensor(k, [p["model"][k] for p in payloads]) for k in payloads[0]["model"]}
+    saved = config_of(meta["config"])
+    model = {k: unshard_tensor(k, [p["model"][k] for p in payloads], saved) for k in payloads[0]["model"]}
     optimizer = {}
     for name, entries in payloads[0]["optimizer"].items():
-        optimizer[name] = {k: _unshard_entry(name, [p["optimizer"][name][k] for p in payloads])
+        optimizer[name] = {k: _unshard_entry(name, [p["optimizer"][name][k] for p in payloads], saved)
                            for k in entries}
-    return {"meta": meta, "config": GPTConfig(**meta["config"]), "step": meta["step"],
+    return {"meta": meta, "config": saved, "step": meta["step"],
             "model": model, "optimizer": optimizer, "rng": [p["rng"] for p in payloads]}
 
 
 def load_shard(root, config, tp, rank):
     """This TP rank's model state, optimizer state and (same tp only) RNG state, and the step."""
     full = load_full(root, config)
-    model = {k: shard_tensor(k, v, tp, rank) for k, v in full["model"].items()}
-    optimizer = {name: {k: _shard_entry(name, v, tp, rank) for k, v in entries.items()}
-                 for name, entries in full["optimizer"].items()}
+    model = {k: shard_tensor(k, v, tp, rank, config) for k, v in full["model"].items()}
+    optimizer = shard_optimizer_state(full["optimizer"], tp, rank, config)
     rng = full["rng"][rank] if len(full["rng"]) == tp else None
     return {"step": full["step"], "model": model, "optimizer": optimizer, "rng": rng,
             "meta": full["meta"]}
@@ -290,7 +301,7 @@ def _load_single_device(path, config):
         raise CheckpointError(f"{path} is not a {SINGLE_FORMAT!r} file")
     if config is not None:
         check_config(obj["config"], config, path)
-    return {"meta": {"tp": 1, "step": obj["step"]}, "config": GPTConfig(**obj["config"]),
+    return {"meta": {"tp": 1, "step": obj["step"]}, "config": config_of(obj["config"]),
             "step": obj["step"], "model": obj["model"], "optimizer": {}, "rng": [None]}
 
 

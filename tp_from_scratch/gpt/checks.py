@@ -1,6 +1,7 @@
-"""Check the tensor-parallel GPT against the single-device GPT, under torchrun.
+"""Check the tensor-parallel GPT against the single-device GPT, on simulated ranks or under torchrun.
 
     torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.checks [--dtype float64 ...]
+    run_spmd(4, lambda comm: check_config(comm, config, torch.float64))   # in one process
 
 Every rank builds the same single-device GPT (same seed), converts it to its TP shard, and
 runs one forward and backward on the same batch. Then, against the single-device model:
@@ -14,18 +15,41 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
+from tp_from_scratch.comm.process_group import init_process_group
+from tp_from_scratch.comm.torch_comm import TorchComm
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.model import (GPTConfig, gather_state_dict, gpt_to_tp, init_gpt,
-                                   shard_axis, tp_to_gpt)
-from tp_from_scratch.nn import gather_from_tp_region
+                                       shard_axis, tp_to_gpt)
+from tp_from_scratch.nn import gather_from_tp_region, tp_rank, tp_world_size
+
+# V = 67 splits unevenly at every tp > 1; nh / nkv = 2 is grouped-query attention
+BASE = GPTConfig(vocab_size=67, seq_len=16, n_layers=2, hidden=32, n_heads=8, n_kv_heads=4, ffn=64)
 
 
-def check_config(config, dtype, group=None, seed=0):
-    """Run every check for one config on the ranks of ``group``; raises AssertionError on a mismatch."""
-    rank = dist.get_rank(group)
+def configs_for(tp):
+    """The configs checked at TP degree tp: tied and untied head, and one KV head (replicated
+    on every rank when tp > 1) in the tanh-GeLU form of the numpy lessons."""
+    configs = [BASE, replace(BASE, tie_embeddings=False), replace(BASE, n_kv_heads=1, gelu="tanh")]
+    return [c for c in configs if _valid(c, tp)]
+
+
+def _valid(config, tp):
+    try:
+        config.validate(tp)
+        return True
+    except ValueError:
+        return False
+
+
+def check_config(group, config, dtype, seed=0):
+    """Run every check for one config on the ranks of ``group`` (a ProcessGroup or a Comm).
+
+    Raises AssertionError on a mismatch.
+    """
+    rank = tp_rank(group)
     single = init_gpt(config, seed, dtype)
-    tp_model = gpt_to_tp(single, group)
+    tp_model = gpt_to_tp(group, single)
     x, y = global_batch(seed, 4, config.seq_len, config.vocab_size, seed)  # (B, T) each
 
     logits, loss = single(x, y)
@@ -36,9 +60,9 @@ def check_config(config, dtype, group=None, seed=0):
     # the loss is replicated; the logits are Sharded(vocab): gather them to compare
     assert_matches_reference(tp_loss, loss, name="loss", rank=rank)
     sizes = tp_model.wte.vocab_sizes
-    assert_matches_reference(gather_from_tp_region(local_logits.detach(), group, sizes), logits,
+    assert_matches_reference(gather_from_tp_region(group, local_logits.detach(), sizes), logits,
                              name="logits", rank=rank)
-    grads = gather_state_dict({n: p.grad for n, p in tp_model.named_parameters()}, group)
+    grads = gather_state_dict(group, {n: p.grad for n, p in tp_model.named_parameters()}, config)
     local = dict(tp_model.named_parameters())
     for name, p in single.named_parameters():
         assert_matches_reference(grads[name], p.grad, name=f"grad of {name}", rank=rank)
@@ -60,17 +84,19 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", choices=["float32", "float64"], nargs="+", default=["float64", "float32"])
     args = parser.parse_args(argv)
-    dist.init_process_group("gloo")
+    init_process_group("cpu")
     try:
-        tp = dist.get_world_size()
-        # V = 67 splits unevenly at every tp > 1; nh / nkv = 2 is grouped-query attention
-        base = GPTConfig(vocab_size=67, seq_len=16, n_layers=2, hidden=32, n_heads=8,
-                         n_kv_heads=4, ffn=64)
+        world = dist.group.WORLD
+        tp = tp_world_size(world)
         for dtype in args.dtype:
-            for tied in (True, False):
-                check_config(replace(base, tie_embeddings=tied), getattr(torch, dtype))
+            for config in configs_for(tp):
+                check_config(world, config, getattr(torch, dtype))
             if dist.get_rank() == 0:
-                print(f"model checks passed (tp={tp}, {dtype}, tied and untied head)", flush=True)
+                print(f"model checks passed (tp={tp}, {dtype}, native collectives, tied and untied "
+                      f"head, nkv=1)", flush=True)
+        check_config(TorchComm(world), BASE, torch.float64)  # the same model on the ring collectives
+        if dist.get_rank() == 0:
+            print(f"model checks passed (tp={tp}, float64, from-scratch collectives)", flush=True)
     finally:
         dist.destroy_process_group()
 

@@ -9,10 +9,11 @@ created with a timeout, so a collective never waits forever.
 """
 import os
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from tp_from_scratch.comm.process_group import init_process_group, new_group
 
 
 @dataclass
@@ -38,20 +39,12 @@ def setup_mesh(tp, device="cpu", timeout=120.0, dtensor=False):
     Every rank creates every group, in the same order: new_group is collective.
     Without torchrun's environment (no RANK), a world of one process is set up.
     """
-    timeout = timedelta(seconds=timeout)
-    backend = "nccl" if device == "cuda" else "gloo"
-    if "RANK" not in os.environ:  # plain `python -m tp_from_scratch.gpt.train`: a world of one
-        from tp_from_scratch.comm.launchers import free_port
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",
-                                rank=0, world_size=1, timeout=timeout)
-    else:
-        dist.init_process_group(backend, timeout=timeout)
+    init_process_group(device, timeout)  # a world of one under plain `python -m ...`
     rank, world = dist.get_rank(), dist.get_world_size()
     dp = world // tp
     torch_device = torch.device("cpu")
     if device == "cuda":
         torch_device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(torch_device)
     if dtensor:
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh(device, (dp, tp), mesh_dim_names=("dp", "tp"))
@@ -59,11 +52,11 @@ def setup_mesh(tp, device="cpu", timeout=120.0, dtensor=False):
                     mesh["dp"].get_group(), torch_device, mesh)
     tp_group = dp_group = None
     for d in range(dp):     # TP groups: consecutive ranks
-        g = dist.new_group([d * tp + i for i in range(tp)], timeout=timeout)
+        g = new_group([d * tp + i for i in range(tp)], timeout)
         if d == rank // tp:
             tp_group = g
     for i in range(tp):     # DP groups: the ranks holding the same shard
-        g = dist.new_group([d * tp + i for d in range(dp)], timeout=timeout)
+        g = new_group([d * tp + i for d in range(dp)], timeout)
         if i == rank % tp:
             dp_group = g
     return Mesh(rank, world, tp, dp, rank % tp, rank // tp, tp_group, dp_group, torch_device)

@@ -9,9 +9,14 @@ Both models run the same Block code; only the layers handed to it differ:
 so whatever the TP model computes differently is exactly the parallel layers' doing.
 Per block, with t TP ranks (Megatron's f / g pair):
 
-    x (B, T, H) Replicated --f--> q,k,v: Sharded heads (B, T, nh/t*hs) --attention, per head-->
-    (B, T, nh/t*hs) --o (row)--> Partial --g (all-reduce)--> (B, T, H) Replicated
+    x (B, T, H) Replicated --f--> q (B, T, nh/t*hs), k and v (B, T, nkv/t*hs): Sharded heads
+        --attention, per head--> (B, T, nh/t*hs) --o (row)--> Partial --g--> (B, T, H) Replicated
     x --f--> fc (column): (B, T, F/t) --GeLU--> proj (row): Partial --g--> (B, T, H) Replicated
+
+With fewer KV heads than ranks (nkv < t, as in Llama 3 70B's 8 KV heads at t = 8 or more),
+each KV head is held by t/nkv neighbouring ranks: k and v are (B, T, hs) on every rank, its
+weight rows are replicated over those ranks, and their gradients are summed among them
+(``nn.mappings.sum_over_replicas``), as the numpy attention of Lesson 4 does.
 
 Weights use torch's layout, (out, in); a state dict has the same keys in both models, the
 TP one holding each rank's shard. ``shard_state_dict`` / ``unshard_state_dict`` convert.
@@ -19,14 +24,15 @@ TP one holding each rank's shard. ``shard_state_dict`` / ``unshard_state_dict`` 
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
 from tp_from_scratch.nn import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
                                 copy_to_tp_region, vocab_parallel_cross_entropy)
-from tp_from_scratch.nn.mappings import tp_rank, tp_world_size
+from tp_from_scratch.nn.mappings import all_gather, tp_rank, tp_world_size
 from tp_from_scratch.sharding import check_divisible, shard_sizes
+
+GELUS = {"erf": "none", "tanh": "tanh"}  # config name -> F.gelu's ``approximate``
 
 
 @dataclass
@@ -40,6 +46,8 @@ class GPTConfig:
     n_kv_heads: int = 4         # grouped-query attention: nh / nkv query heads share a k, v head
     ffn: int = 0                # F; 0 means 4 * H
     tie_embeddings: bool = True  # the LM head reuses the token embedding's weight
+    gelu: str = "erf"           # "erf": exact GeLU (torch's default); "tanh": GPT-2's approximation,
+                                # the form the numpy layers of Lessons 3-4 use
 
     def __post_init__(self):
         if self.ffn == 0:
@@ -61,16 +69,21 @@ class GPTConfig:
             raise ValueError(f"hidden size {self.hidden} is not divisible by n_heads {self.n_heads}")
         if self.n_heads % self.n_kv_heads != 0:
             raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if self.gelu not in GELUS:
+            raise ValueError(f"gelu must be one of {sorted(GELUS)}, got {self.gelu!r}")
         if tp < 1:
             raise ValueError(f"tp must be at least 1, got {tp}")
-        for name, size in [("n_kv_heads", self.n_kv_heads), ("ffn size", self.ffn),
-                           ("vocab size", self.vocab_size), ("n_heads", self.n_heads),
-                           ("hidden size", self.hidden)]:
+        for name, size in [("ffn size", self.ffn), ("vocab size", self.vocab_size),
+                           ("n_heads", self.n_heads), ("hidden size", self.hidden)]:
             if tp > size:
                 raise ValueError(f"tp={tp} is larger than {name} {size}: every rank needs at least one")
         check_divisible(self.hidden, tp, "hidden size")
         check_divisible(self.n_heads, tp, "n_heads")
-        check_divisible(self.n_kv_heads, tp, "n_kv_heads")
+        if tp <= self.n_kv_heads:
+            check_divisible(self.n_kv_heads, tp, "n_kv_heads")
+        elif tp % self.n_kv_heads != 0:  # each KV head is then replicated on tp / nkv ranks
+            raise ValueError(f"tp={tp} is larger than n_kv_heads {self.n_kv_heads} but not a multiple "
+                             f"of it: the ranks cannot share the KV heads equally")
         check_divisible(self.ffn, tp, "ffn size")
         # the vocabulary may split unevenly: see vocab_shard_sizes
 
@@ -80,7 +93,8 @@ def causal_self_attention(q, k, v, head_size):
 
     q (B, T, nq*hs), k and v (B, T, nkv*hs) -> (B, T, nq*hs). The head counts are read off
     the shapes, so the same code serves the full model (nq = nh) and a TP shard (nh/t):
-    the q heads of a shard use exactly the kv heads of the same shard (Sharded by heads).
+    the q heads of a shard use exactly the kv heads of the same shard (Sharded by heads; one
+    replicated KV head when nkv < t).
     """
     B, T, _ = q.shape
     q = q.view(B, T, -1, head_size).transpose(1, 2)   # (B, nq, T, hs)
@@ -97,8 +111,8 @@ def causal_self_attention(q, k, v, head_size):
     return y.transpose(1, 2).reshape(B, T, -1)         # (B, T, nq*hs)
 
 
-def _linear(n_in, n_out, bias=True, input_is_copied=False):
-    """The single-device layer: nn.Linear (input_is_copied concerns only the TP column layers)."""
+def _linear(n_in, n_out, bias=True, input_is_copied=False, kv=False):
+    """The single-device layer: nn.Linear (input_is_copied and kv concern only the TP layers)."""
     return nn.Linear(n_in, n_out, bias=bias)
 
 
@@ -115,8 +129,8 @@ class Attention(nn.Module):
         self.q = column(config.hidden, config.n_heads * hs, input_is_copied=True)
         # no key bias: it adds q.b_k to a whole row of scores, which softmax ignores, so its
         # gradient is exactly zero and Adam would turn the roundoff left in it into real steps
-        self.k = column(config.hidden, config.n_kv_heads * hs, bias=False, input_is_copied=True)
-        self.v = column(config.hidden, config.n_kv_heads * hs, input_is_copied=True)
+        self.k = column(config.hidden, config.n_kv_heads * hs, bias=False, input_is_copied=True, kv=True)
+        self.v = column(config.hidden, config.n_kv_heads * hs, input_is_copied=True, kv=True)
         self.o = row(config.n_heads * hs, config.hidden)
 
     def forward(self, x):                               # x (B, T, H)
@@ -130,11 +144,13 @@ class MLP(nn.Module):
 
     def __init__(self, config, column, row):
         super().__init__()
+        self.approximate = GELUS[config.gelu]
         self.fc = column(config.hidden, config.ffn)
         self.proj = row(config.ffn, config.hidden)
 
     def forward(self, x):                               # x (B, T, H)
-        return self.proj(F.gelu(self.fc(x)))            # GeLU acts on (B, T, F/t) shards
+        h = F.gelu(self.fc(x), approximate=self.approximate)  # GeLU acts on (B, T, F/t) shards
+        return self.proj(h)
 
 
 class Block(nn.Module):
@@ -199,39 +215,45 @@ def init_gpt(config, seed, dtype=torch.float32):
 
 
 # ---------------------------------------------------------------------------------------
-# The tensor-parallel GPT: the same blocks on C1's parallel layers
+# The tensor-parallel GPT: the same blocks on the parallel layers of tp_from_scratch.nn
 # ---------------------------------------------------------------------------------------
+
+def kv_replicas(config, tp):
+    """How many ranks hold each KV head: 1 when t divides nkv, else t / nkv (nkv < t)."""
+    return max(1, tp // config.n_kv_heads)
+
 
 class TensorParallelGPT(nn.Module):
     """The GPT with its heads, ffn and vocabulary split over the ranks of ``group``.
 
     forward(idx, targets) -> (local logits (B, T, V/t), loss). The loss is the full-vocabulary
     mean cross-entropy, identical on every TP rank, computed without gathering the logits.
-    Build it from a single-device model with :func:`gpt_to_tp`; its own initial weights are
-    whatever the parallel layers start with.
+    Build it from a single-device model with :func:`gpt_to_tp`: its parameters are created
+    empty (init=False) and filled from the single-device weights or a checkpoint.
     """
 
-    def __init__(self, config, group=None, *, dtype=torch.float32, device=None):
+    def __init__(self, config, *, group, dtype=torch.float32, device=None):
         super().__init__()
         tp = tp_world_size(group)
         config.validate(tp)
         self.config, self.group = config, group
-        # init=False: the weights come from a single-device model (gpt_to_tp) or a checkpoint
-        kw = dict(group=group, dtype=dtype, device=device, init=False)
+        kw = dict(dtype=dtype, device=device, init=False)
+        replicas = kv_replicas(config, tp)
 
-        def column(n_in, n_out, bias=True, input_is_copied=False):  # W[out_t, in]: output Sharded
-            return ColumnParallelLinear(n_in, n_out, bias=bias, gather_output=False,
-                                        input_is_copied=input_is_copied, **kw)
+        def column(n_in, n_out, bias=True, input_is_copied=False, kv=False):
+            # W[out_t, in]: output Sharded; k and v replicate a KV head when nkv < t
+            return ColumnParallelLinear(n_in, n_out, bias, group=group, input_is_copied=input_is_copied,
+                                        replicas=replicas if kv else 1, **kw)
 
         def row(n_in, n_out):      # W[out, in_t]: input Sharded, output Partial -> all-reduced
-            return RowParallelLinear(n_in, n_out, bias=True, input_is_parallel=True, **kw)
+            return RowParallelLinear(n_in, n_out, bias=True, input_is_parallel=True, group=group, **kw)
+
+        def copy_in(x):  # f, shared by the q, k and v column layers of a block
+            return copy_to_tp_region(group, x)
 
         local = dict(dtype=dtype, device=device)
-        self.wte = VocabParallelEmbedding(config.vocab_size, config.hidden, **kw)   # (V/t, H)
-        self.wpe = nn.Embedding(config.seq_len, config.hidden, **local)            # replicated
-        def copy_in(x):  # f, shared by the q, k and v column layers of a block
-            return copy_to_tp_region(x, group)
-
+        self.wte = VocabParallelEmbedding(config.vocab_size, config.hidden, group=group, **kw)  # (V/t, H)
+        self.wpe = nn.Embedding(config.seq_len, config.hidden, **local)                  # replicated
         self.blocks = nn.ModuleList(Block(config, column, row, copy_in) for _ in range(config.n_layers))
         for block in self.blocks:
             block.to(**local)  # the LayerNorms; the parallel layers already have dtype and device
@@ -248,12 +270,12 @@ class TensorParallelGPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         # f: forward identity; backward all-reduces the partial input grads of the vocab shards
-        h = copy_to_tp_region(self.ln_f(x), self.group)
+        h = copy_to_tp_region(self.group, self.ln_f(x))
         logits = F.linear(h, self.head_weight())        # (B, T, V/t) Sharded(vocab)
         if targets is None:
             return logits, None
         # the head's rows are the embedding's vocab shard, so its first id is known locally
-        loss = vocab_parallel_cross_entropy(logits.flatten(0, 1), targets.flatten(), group=self.group,
+        loss = vocab_parallel_cross_entropy(self.group, logits.flatten(0, 1), targets.flatten(),
                                             vocab_start=self.wte.vocab_start)
         return logits, loss
 
@@ -264,6 +286,7 @@ class TensorParallelGPT(nn.Module):
 
 _COLUMN = ("attn.q.weight", "attn.q.bias", "attn.k.weight",
            "attn.v.weight", "attn.v.bias", "mlp.fc.weight", "mlp.fc.bias")
+_KV = ("attn.k.weight", "attn.v.weight", "attn.v.bias")
 _ROW = ("attn.o.weight", "mlp.proj.weight")
 _VOCAB = ("wte.weight", "lm_head.weight")
 
@@ -283,36 +306,48 @@ def shard_axis(name):
     return None
 
 
+def replicas_of(name, config, tp):
+    """How many neighbouring ranks hold the same piece of ``name``: t/nkv for k, v when nkv < t."""
+    return kv_replicas(config, tp) if name.endswith(_KV) else 1
+
+
 def vocab_shard_sizes(vocab_size, tp):
     """Vocabulary rows per rank: uneven when tp does not divide V, the first ranks one row more."""
     return shard_sizes(vocab_size, tp)
 
 
-def shard_tensor(name, full, tp, rank):
-    """This rank's piece of the full tensor ``full`` named ``name`` (a copy)."""
+def shard_tensor(name, full, tp, rank, config):
+    """This rank's piece of the full tensor ``full`` named ``name`` (a copy).
+
+    A tensor held by r replicas is cut into t/r pieces; rank i takes piece i // r.
+    """
     axis = shard_axis(name)
     if axis is None:
         return full.clone()
-    return torch.tensor_split(full, tp, dim=axis)[rank].clone()
+    r = replicas_of(name, config, tp)
+    return torch.tensor_split(full, tp // r, dim=axis)[rank // r].clone()
 
 
-def unshard_tensor(name, pieces):
+def unshard_tensor(name, pieces, config):
     """The full tensor from every rank's piece, in rank order: the inverse of shard_tensor."""
     axis = shard_axis(name)
-    return pieces[0].clone() if axis is None else torch.cat(pieces, dim=axis)
+    if axis is None:
+        return pieces[0].clone()
+    r = replicas_of(name, config, len(pieces))
+    return torch.cat(pieces[::r], dim=axis)  # one copy of each replicated piece
 
 
-def shard_state_dict(full, tp, rank):
+def shard_state_dict(full, tp, rank, config):
     """Single-device state dict -> rank ``rank``'s state dict of a TensorParallelGPT."""
-    return {name: shard_tensor(name, tensor, tp, rank) for name, tensor in full.items()}
+    return {name: shard_tensor(name, tensor, tp, rank, config) for name, tensor in full.items()}
 
 
-def unshard_state_dict(pieces):
+def unshard_state_dict(pieces, config):
     """Every TP rank's state dict (a list in rank order) -> the single-device state dict."""
-    return {name: unshard_tensor(name, [p[name] for p in pieces]) for name in pieces[0]}
+    return {name: unshard_tensor(name, [p[name] for p in pieces], config) for name in pieces[0]}
 
 
-def gpt_to_tp(model_or_state_dict, group=None, config=None):
+def gpt_to_tp(group, model_or_state_dict, config=None):
     """A TensorParallelGPT holding this rank's shard of a single-device GPT (or its state dict).
 
     Every rank of ``group`` calls it with the same full weights; no communication.
@@ -326,26 +361,32 @@ def gpt_to_tp(model_or_state_dict, group=None, config=None):
         full = model_or_state_dict
     tp, rank = tp_world_size(group), tp_rank(group)
     first = next(iter(full.values()))
-    model = TensorParallelGPT(config, group, dtype=first.dtype, device=first.device)
-    model.load_state_dict(shard_state_dict(full, tp, rank))
+    model = TensorParallelGPT(config, group=group, dtype=first.dtype, device=first.device)
+    model.load_state_dict(shard_state_dict(full, tp, rank, config))
     return model
 
 
-def gather_state_dict(local_state_dict, group=None):
-    """Every TP rank's state dict gathered to all ranks and glued into the full one.
+def gather_state_dict(group, local_state_dict, config):
+    """Every TP rank's tensors gathered to all ranks and glued into the full state dict.
 
-    Collective over ``group`` (all_gather_object); tensors travel through the CPU.
+    Collective over ``group`` (a ProcessGroup or a Comm): one all-gather per sharded tensor,
+    along its shard axis; replicated tensors are taken from this rank.
     """
-    tp = dist.get_world_size(group)
-    pieces = [None] * tp
-    cpu = {k: v.detach().cpu() for k, v in local_state_dict.items()}
-    dist.all_gather_object(pieces, cpu, group=group)
-    return unshard_state_dict(pieces)
+    full = {}
+    for name, local in local_state_dict.items():
+        axis = shard_axis(name)
+        if axis is None:
+            full[name] = local.detach().clone()
+            continue
+        sizes = all_gather(group, torch.tensor([local.shape[axis]])).tolist()  # every rank's length
+        pieces = all_gather(group, local.detach(), axis, sizes).split(sizes, dim=axis)
+        full[name] = unshard_tensor(name, list(pieces), config)
+    return full
 
 
 def tp_to_gpt(tp_model):
     """The single-device GPT with the full weights of ``tp_model`` (collective over its group)."""
-    full = gather_state_dict(tp_model.state_dict(), tp_model.group)
+    full = gather_state_dict(tp_model.group, tp_model.state_dict(), tp_model.config)
     model = GPT(tp_model.config).to(next(iter(full.values())).dtype)
     model.load_state_dict(full)
     return model

@@ -8,8 +8,9 @@ call is the original call.
 
 Bytes are the payload a rank hands to the collective (the tensor it contributes); what a
 ring algorithm actually moves is about 2 (t-1)/t times that for an all-reduce.
-(With ``set_collective_impl("scratch")`` the from-scratch collectives run instead and
-their own Meter counts the ring traffic message by message; see tp_from_scratch.comm.)
+(When the layers' group is a TorchComm (``--collectives scratch``) the from-scratch ring
+collectives run on point-to-point messages instead, which this counter does not see; the
+TorchComm's own Meter counts them message by message; see tp_from_scratch.comm.)
 """
 import contextlib
 from collections import defaultdict

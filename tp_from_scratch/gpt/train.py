@@ -37,8 +37,7 @@ from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.compare import TOLERANCE, assert_matches_reference
 from tp_from_scratch.gpt.data import global_batch, local_batch
 from tp_from_scratch.gpt.mesh import setup_mesh
-from tp_from_scratch.gpt.model import (GPTConfig, count_parameters, gpt_to_tp, init_gpt,
-                                   shard_tensor)
+from tp_from_scratch.gpt.model import GPTConfig, count_parameters, gpt_to_tp, init_gpt
 from tp_from_scratch.gpt.traffic import CollectiveCounter
 
 
@@ -56,7 +55,8 @@ def build_parser():
     p.add_argument("--impl", choices=["scratch", "dtensor"], default="scratch",
                    help="scratch: tp_from_scratch.nn layers; dtensor: PyTorch's parallelize_module")
     p.add_argument("--collectives", choices=["native", "scratch"], default="native",
-                   help="collectives under the scratch layers: torch.distributed or the ring ones from scratch")
+                   help="what the scratch layers' TP group is: the torch ProcessGroup (native "
+                        "collectives) or a TorchComm over it (the ring collectives from scratch)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--metrics", metavar="PATH", help="JSON Lines, one object per step (rank 0 writes)")
     p.add_argument("--save", metavar="DIR", help="write a sharded checkpoint at the end (and every --save-every)")
@@ -82,13 +82,15 @@ def build_parser():
     g.add_argument("--kv-heads", type=int, default=d.n_kv_heads)
     g.add_argument("--ffn", type=int, default=0, help="0: 4 x hidden")
     g.add_argument("--untied", action="store_true", help="an LM head of its own instead of the embedding")
+    g.add_argument("--gelu", choices=["erf", "tanh"], default=d.gelu,
+                   help="exact GeLU (erf) or GPT-2's tanh approximation (the numpy lessons' form)")
     return p
 
 
 def config_from_args(args):
     return GPTConfig(vocab_size=args.vocab_size, seq_len=args.seq_len, n_layers=args.layers,
                      hidden=args.hidden, n_heads=args.heads, n_kv_heads=args.kv_heads,
-                     ffn=args.ffn, tie_embeddings=not args.untied)
+                     ffn=args.ffn, tie_embeddings=not args.untied, gelu=args.gelu)
 
 
 def validate(args, world_size):
@@ -213,7 +215,7 @@ def train_on_comm(comm, argv=()):
     """
     args = build_parser().parse_args(list(argv))
     config = config_from_args(args)
-    model = gpt_to_tp(init_gpt(config, args.seed, getattr(torch, args.dtype)), comm)
+    model = gpt_to_tp(comm, init_gpt(config, args.seed, getattr(torch, args.dtype)))
     optimizer = make_optimizer(model.parameters(), args)
     losses = []
     for step in range(args.steps):
@@ -226,7 +228,20 @@ def train_on_comm(comm, argv=()):
 # Building the model on this rank
 # ---------------------------------------------------------------------------------------
 
-def build(args, config, mesh, start):
+def tp_group_for(args, mesh):
+    """The object the parallel layers communicate through: it alone decides the collectives.
+
+    --collectives native: the mesh's torch ProcessGroup; scratch: a TorchComm over that same
+    group, whose ring collectives are built from send/recv and counted by its meter.
+    """
+    if args.collectives == "native":
+        return mesh.tp_group
+    from tp_from_scratch.comm.torch_comm import TorchComm
+    return TorchComm(mesh.tp_group, device=mesh.device if mesh.device.type == "cuda" else None,
+                     timeout=args.timeout)
+
+
+def build(args, config, mesh, start, group):
     """(model, optimizer, first step): fresh from the seed, or resumed from ``start``."""
     dtype = getattr(torch, args.dtype)
     full = init_gpt(config, args.seed, dtype)   # the same weights on every rank
@@ -236,13 +251,11 @@ def build(args, config, mesh, start):
         from tp_from_scratch.gpt.dtensor_plan import parallelize_gpt
         model = parallelize_gpt(full.to(mesh.device), mesh.device_mesh["tp"])
     else:
-        model = gpt_to_tp(full, mesh.tp_group).to(mesh.device)
+        model = gpt_to_tp(group, full).to(mesh.device)
     optimizer = make_optimizer(model.parameters(), args)
     step = 0
     if start is not None:
-        local = {name: {k: shard_tensor(name, v, mesh.tp, mesh.tp_rank)
-                        if torch.is_tensor(v) and v.ndim > 0 else v for k, v in entries.items()}
-                 for name, entries in start["optimizer"].items()}
+        local = ckpt.shard_optimizer_state(start["optimizer"], mesh.tp, mesh.tp_rank, config)
         ckpt.load_optimizer_state_by_name(model, optimizer, local)
         if len(start["rng"]) == mesh.tp and start["rng"][mesh.tp_rank] is not None:
             torch.set_rng_state(start["rng"][mesh.tp_rank])
@@ -271,15 +284,16 @@ def save(args, config, mesh, model, optimizer, step):
 # The run
 # ---------------------------------------------------------------------------------------
 
-def report_memory(model, config, mesh):
+def report_memory(args, model, config, mesh):
     n_local, bytes_local = count_parameters(model)
     per_rank = [None] * mesh.world
     dist.all_gather_object(per_rank, bytes_local)
     if mesh.rank == 0:
         n_full, bytes_full = count_parameters(init_gpt(config, 0, getattr(torch, "float32")))
         print(f"GPT: {n_full:,} parameters ({config.n_layers} layers, H={config.hidden}, "
-              f"nh={config.n_heads}, nkv={config.n_kv_heads}, F={config.ffn}, V={config.vocab_size}); "
-              f"mesh dp={mesh.dp} x tp={mesh.tp}", flush=True)
+              f"nh={config.n_heads}, nkv={config.n_kv_heads}, F={config.ffn}, V={config.vocab_size}, "
+              f"T={config.seq_len}); global batch B={args.batch_size}; mesh dp={mesh.dp} x tp={mesh.tp}",
+              flush=True)
         for r, b in enumerate(per_rank):
             print(f"  rank {r} (dp {r // mesh.tp}, tp {r % mesh.tp}): parameters {b / 2**10:,.1f} KiB",
                   flush=True)
@@ -294,26 +308,42 @@ def verdict(loss, ref, step):
 
 
 def run(args, config, mesh):
+    """Set up, train, report; returns the exit status (1 if a step differs from one device)."""
     start = ckpt.load_full(args.load, config) if args.load else None
     saved_with = start and start["meta"].get("optimizer")
     if saved_with and saved_with != args.optimizer:
         raise ckpt.CheckpointError(f"checkpoint {args.load} holds {saved_with} state, "
                                    f"but this run uses --optimizer {args.optimizer}")
-    model, optimizer, first = build(args, config, mesh, start)
-    report_memory(model, config, mesh)
-    is_main = mesh.rank == 0
-    compare = (args.compare_single or args.plot) and is_main
+    group = tp_group_for(args, mesh)
+    model, optimizer, first = build(args, config, mesh, start, group)
+    report_memory(args, model, config, mesh)
+    compare = (args.compare_single or args.plot) and mesh.rank == 0
     reference = single_device_run(config, args, start) if compare else None
     counter = CollectiveCounter({mesh.tp_group: "tp", mesh.dp_group: "dp"})
+    t_start = time.perf_counter()
+    losses, ref_losses, bad = train_loop(args, config, mesh, model, optimizer, first, reference, counter)
+    elapsed = time.perf_counter() - t_start
+    if args.save:
+        save(args, config, mesh, model, optimizer, args.steps)
+    if mesh.rank == 0:
+        report(args, mesh, group, counter, first, losses, ref_losses, bad, elapsed)
+    return 1 if bad else 0
+
+
+def train_loop(args, config, mesh, model, optimizer, first, reference, counter):
+    """Steps first .. args.steps-1; returns (losses, single-device losses, steps that differ)."""
+    is_main = mesh.rank == 0
     metrics = None
     if args.metrics and is_main:
         Path(args.metrics).parent.mkdir(parents=True, exist_ok=True)
         metrics = open(args.metrics, "w")
     from tqdm import tqdm
-    bar = tqdm(total=args.steps - first, disable=not is_main or args.no_progress, desc="training",
+    # no progress bar when stdout is not a terminal (| tee, CI logs): its carriage returns
+    # would interleave with the step lines
+    quiet = args.no_progress or not sys.stdout.isatty()
+    bar = tqdm(total=args.steps - first, disable=not is_main or quiet, desc="training",
                unit="step", file=sys.stdout, dynamic_ncols=False, ncols=80)
     losses, ref_losses, bad = [], [], 0
-    t_start = time.perf_counter()
     try:
         for step in range(first, args.steps):
             x, y = local_batch(step, args.batch_size, config.seq_len, config.vocab_size, args.seed,
@@ -322,9 +352,8 @@ def run(args, config, mesh):
             with counter.counting():
                 loss = train_step(model, optimizer, x.to(mesh.device), y.to(mesh.device),
                                   mesh.dp_group, mesh.dp)
-            dt = time.perf_counter() - t0
-            record = {"step": step, "loss": loss.item(), "time_s": dt}
-            if compare:
+            record = {"step": step, "loss": loss.item(), "time_s": time.perf_counter() - t0}
+            if reference is not None:
                 _, ref = next(reference)
                 ok, text = verdict(loss.cpu(), ref, step)
                 bad += not ok
@@ -344,56 +373,34 @@ def run(args, config, mesh):
         bar.close()
         if metrics:
             metrics.close()
-    elapsed = time.perf_counter() - t_start
+    return losses, ref_losses, bad
+
+
+def report(args, mesh, group, counter, first, losses, ref_losses, bad, elapsed):
+    """Rank 0's summary: time, final loss, communication per step, the single-device verdict."""
+    n = args.steps - first
+    print(f"\n{n} steps in {elapsed:.1f} s; final loss {losses[-1] if losses else float('nan'):.6f}")
+    print(f"communication per step on rank 0 ({args.impl}; the bytes of the tensors handed to "
+          f"torch.distributed's collectives, before any algorithm multiplies them):")
+    if args.impl == "dtensor":
+        print("  (DTensor calls functional collectives, which this counter does not see)")
+    print(counter.table(n))
+    if args.impl == "scratch" and args.collectives == "scratch":
+        print(f"TP traffic from scratch over the {n} steps (the TorchComm's meter: every ring "
+              f"message this rank sent):")
+        print(group.meter.table())
+    if ref_losses:
+        tol = TOLERANCE[args.dtype]
+        print(f"single-device comparison: {n - bad} of {n} steps equal "
+              f"(tolerance {tol:.0e} x max(1, |loss|), {args.dtype})")
+    if args.plot:
+        from tp_from_scratch.plots import plot_loss_comparison
+        label = f"dp={mesh.dp} x tp={mesh.tp} ({args.impl})"
+        plot_loss_comparison(args.plot, range(first, args.steps), losses, ref_losses, label,
+                             TOLERANCE[args.dtype], args.dtype)
+        print(f"loss curves: {args.plot}")
     if args.save:
-        save(args, config, mesh, model, optimizer, args.steps)
-    if is_main:
-        n = args.steps - first
-        print(f"\n{n} steps in {elapsed:.1f} s; final loss {losses[-1] if losses else float('nan'):.6f}")
-        print(f"communication per step on rank 0 ({args.impl}; payload bytes handed to torch.distributed):")
-        if args.impl == "dtensor":
-            print("  (DTensor calls functional collectives, which this counter does not see)")
-        print(counter.table(n))
-        if args.collectives == "scratch":
-            from tp_from_scratch.nn.mappings import scratch_comm
-            print(f"from-scratch ring traffic over the {n} steps (TorchComm meter):")
-            print(scratch_comm(mesh.tp_group).meter.table())
-        if compare:
-            tol = TOLERANCE[args.dtype]
-            print(f"single-device comparison: {n - bad} of {n} steps equal "
-                  f"(tolerance {tol:.0e} x max(1, |loss|), {args.dtype})")
-        if args.plot:
-            plot_losses(args.plot, range(first, args.steps), losses, ref_losses, mesh, args)
-        if args.save:
-            print(f"checkpoint: {args.save} (step {args.steps}, tp={mesh.tp})")
-    return 1 if bad else 0
-
-
-def plot_losses(path, steps, losses, ref_losses, mesh, args):
-    """Two panels: both loss curves, and their absolute difference (log scale)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    steps = list(steps)
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
-    a.plot(steps, ref_losses, label="single device", lw=3, alpha=0.5)
-    a.plot(steps, losses, "--", label=f"dp={mesh.dp} x tp={mesh.tp} ({args.impl})")
-    a.set(xlabel="step", ylabel="loss", title="training loss")
-    a.legend()
-    bound = TOLERANCE[args.dtype] * max(1.0, max(ref_losses))
-    floor = bound * 1e-6  # a bit-equal step (difference 0) is drawn on this line
-    diffs = [abs(p - q) for p, q in zip(losses, ref_losses)]
-    b.semilogy(steps, [max(d, floor) for d in diffs], ".-", label="|difference|")
-    zero = [s for s, d in zip(steps, diffs) if d == 0]
-    b.semilogy(zero, [floor] * len(zero), "g.", label="bit-equal (0)")
-    b.axhline(bound, color="r", ls=":", label="tolerance")
-    b.set_ylim(floor / 3, bound * 30)
-    b.set(xlabel="step", ylabel="|loss - single-device loss|", title=f"difference ({args.dtype})")
-    b.legend()
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    print(f"loss curves: {path}")
+        print(f"checkpoint: {args.save} (step {args.steps}, tp={mesh.tp})")
 
 
 def main(argv=None):
@@ -408,9 +415,6 @@ def main(argv=None):
     config = config_from_args(args)
     mesh = setup_mesh(args.tp, args.device, args.timeout, dtensor=args.impl == "dtensor")
     try:
-        if args.impl == "scratch":
-            from tp_from_scratch.nn import set_collective_impl
-            set_collective_impl(args.collectives)
         status = run(args, config, mesh)
     except ckpt.CheckpointError as e:
         print(f"rank {mesh.rank}: error: {e}", file=sys.stderr, flush=True)

@@ -1,6 +1,6 @@
 """Every tensor-parallel layer against its single-device twin: output, all gradients, one step.
 
-Each check runs on one rank and takes that rank's ``group`` (None, a ProcessGroup or a Comm),
+Each check runs on one rank and takes that rank's ``group`` first (a ProcessGroup or a Comm),
 so the same code runs on in-process simulated ranks (tests, exercises, Lesson 5) and on real
 processes. Every rank builds the same full single-device layer and data from one seed, runs
 it, and compares its own shard of every result through assert_matches_reference.
@@ -10,14 +10,14 @@ Under torchrun, on any number of processes (CPU gloo; CUDA nccl with --device cu
     torchrun --nproc-per-node 4 -m tp_from_scratch.nn.checks
     torchrun --nproc-per-node 2 -m tp_from_scratch.nn.checks --device cuda
 
-which runs every check with native and with from-scratch collectives, on the whole world
-and on sub-groups, and prints one line per rank.
+which runs every check with native collectives (the process group itself) and with
+from-scratch ones (a TorchComm over the same group), on the whole world and on sub-groups,
+and prints one line per rank.
 """
 import argparse
 import os
 import sys
 import traceback
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -27,9 +27,11 @@ from torch.nn import functional as F
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.nn.cross_entropy import vocab_parallel_cross_entropy
 from tp_from_scratch.nn.embedding import VocabParallelEmbedding
-from tp_from_scratch.nn.linear import ColumnParallelLinear, RowParallelLinear, shard_range
-from tp_from_scratch.nn.mappings import (all_gather_last_dim, all_reduce, collective_impl, tp_rank,
-                                         tp_world_size)
+from tp_from_scratch.comm.process_group import init_process_group, new_group
+from tp_from_scratch.comm.torch_comm import TorchComm
+from tp_from_scratch.nn.linear import ColumnParallelLinear, RowParallelLinear
+from tp_from_scratch.nn.mappings import all_gather, all_reduce, tp_rank, tp_world_size
+from tp_from_scratch.sharding import shard_range
 from tp_from_scratch.nn.random import TensorParallelRNG
 from tp_from_scratch.testing import random_array, rank_rng
 
@@ -58,7 +60,7 @@ def _step(module, optimizer):
     OPTIMIZERS[optimizer](list(module.parameters())).step()
 
 
-def check_column_parallel_linear(group=None, dtype=torch.float64, seed=0, *, in_features=12,
+def check_column_parallel_linear(group, dtype=torch.float64, seed=0, *, in_features=12,
                                  out_features=12, bias=True, gather_output=False, optimizer="sgd",
                                  device="cpu", layer_cls=ColumnParallelLinear):
     """ColumnParallelLinear vs nn.Linear: Y (or Y's block), dX, dW block, db block, and one step.
@@ -70,7 +72,7 @@ def check_column_parallel_linear(group=None, dtype=torch.float64, seed=0, *, in_
     w, b = random_array(rng, (out_features, in_features)), random_array(rng, (out_features,))
     x, dy = random_array(rng, (2, 3, in_features)), random_array(rng, (2, 3, out_features))
     reference = _linear(w, b if bias else None, dtype, device)
-    layer = layer_cls.from_linear(reference, group, gather_output=gather_output)
+    layer = layer_cls.from_linear(reference, group=group, gather_output=gather_output)
     lo, hi = shard_range(out_features, rank, t)
 
     x_ref, x_tp = _tensor(x, dtype, device, True), _tensor(x, dtype, device, True)
@@ -92,7 +94,7 @@ def check_column_parallel_linear(group=None, dtype=torch.float64, seed=0, *, in_
         assert_matches_reference(layer.bias, reference.bias[lo:hi], name=f"b after {optimizer}", rank=rank)
 
 
-def check_row_parallel_linear(group=None, dtype=torch.float64, seed=0, *, in_features=12,
+def check_row_parallel_linear(group, dtype=torch.float64, seed=0, *, in_features=12,
                               out_features=12, bias=True, input_is_parallel=True, optimizer="sgd",
                               device="cpu", layer_cls=RowParallelLinear):
     """RowParallelLinear vs nn.Linear: Y, dX (or its block), dW block, db (bias added once), one step.
@@ -104,7 +106,7 @@ def check_row_parallel_linear(group=None, dtype=torch.float64, seed=0, *, in_fea
     w, b = random_array(rng, (out_features, in_features)), random_array(rng, (out_features,))
     x, dy = random_array(rng, (2, 3, in_features)), random_array(rng, (2, 3, out_features))
     reference = _linear(w, b if bias else None, dtype, device)
-    layer = layer_cls.from_linear(reference, group, input_is_parallel=input_is_parallel)
+    layer = layer_cls.from_linear(reference, group=group, input_is_parallel=input_is_parallel)
     lo, hi = shard_range(in_features, rank, t)
 
     x_ref = _tensor(x, dtype, device, True)
@@ -125,15 +127,15 @@ def check_row_parallel_linear(group=None, dtype=torch.float64, seed=0, *, in_fea
         assert_matches_reference(layer.bias, reference.bias, name=f"b after {optimizer}", rank=rank)
 
 
-def check_parallel_mlp(group=None, dtype=torch.float64, seed=0, *, hidden=8, ffn=12, device="cpu"):
+def check_parallel_mlp(group, dtype=torch.float64, seed=0, *, hidden=8, ffn=12, device="cpu"):
     """Column then row (the Megatron MLP, GeLU between): Y and dX replicated, weight grads sharded."""
     rank, t = tp_rank(group), tp_world_size(group)
     rng = rank_rng(seed, 0)
     fc = _linear(random_array(rng, (ffn, hidden)), random_array(rng, (ffn,)), dtype, device)
     proj = _linear(random_array(rng, (hidden, ffn)), random_array(rng, (hidden,)), dtype, device)
     x, dy = random_array(rng, (2, 3, hidden)), random_array(rng, (2, 3, hidden))
-    fc_tp = ColumnParallelLinear.from_linear(fc, group)
-    proj_tp = RowParallelLinear.from_linear(proj, group)
+    fc_tp = ColumnParallelLinear.from_linear(fc, group=group)
+    proj_tp = RowParallelLinear.from_linear(proj, group=group)
     lo, hi = shard_range(ffn, rank, t)
 
     x_ref, x_tp = _tensor(x, dtype, device, True), _tensor(x, dtype, device, True)
@@ -148,7 +150,7 @@ def check_parallel_mlp(group=None, dtype=torch.float64, seed=0, *, hidden=8, ffn
     assert_matches_reference(proj_tp.bias.grad, proj.bias.grad, name="db proj", rank=rank)
 
 
-def check_vocab_parallel_embedding(group=None, dtype=torch.float64, seed=0, *, vocab=13, dim=6,
+def check_vocab_parallel_embedding(group, dtype=torch.float64, seed=0, *, vocab=13, dim=6,
                                    optimizer="sgd", device="cpu"):
     """VocabParallelEmbedding vs nn.Embedding: rows (bit-exact), dE block, and one step."""
     rank, t = tp_rank(group), tp_world_size(group)
@@ -157,7 +159,7 @@ def check_vocab_parallel_embedding(group=None, dtype=torch.float64, seed=0, *, v
     ids = torch.tensor(rng.integers(0, vocab, size=(3, 5)), device=device)
     dy = _tensor(random_array(rng, (3, 5, dim)), dtype, device)
     reference = nn.Embedding.from_pretrained(_tensor(table, dtype, device), freeze=False)
-    layer = VocabParallelEmbedding.from_embedding(reference, group)
+    layer = VocabParallelEmbedding.from_embedding(reference, group=group)
     lo, hi = shard_range(vocab, rank, t)
 
     (reference(ids) * dy).sum().backward()
@@ -170,7 +172,7 @@ def check_vocab_parallel_embedding(group=None, dtype=torch.float64, seed=0, *, v
     assert_matches_reference(layer.weight, reference.weight[lo:hi], name=f"E after {optimizer}", rank=rank)
 
 
-def check_vocab_parallel_cross_entropy(group=None, dtype=torch.float64, seed=0, *, vocab=13,
+def check_vocab_parallel_cross_entropy(group, dtype=torch.float64, seed=0, *, vocab=13,
                                        scale=1.0, ignore_index=-100, vocab_start_given=True,
                                        device="cpu"):
     """vocab_parallel_cross_entropy vs F.cross_entropy: the loss and this rank's logit-gradient block.
@@ -190,21 +192,21 @@ def check_vocab_parallel_cross_entropy(group=None, dtype=torch.float64, seed=0, 
     loss_ref = F.cross_entropy(z_ref.reshape(-1, vocab), target.reshape(-1), ignore_index=ignore_index)
     loss_ref.backward()
     z_local = _tensor(logits[..., lo:hi], dtype, device, True)  # (B, T, V/t), never gathered
-    loss = vocab_parallel_cross_entropy(z_local, target, group, ignore_index=ignore_index,
+    loss = vocab_parallel_cross_entropy(group, z_local, target, ignore_index=ignore_index,
                                         vocab_start=lo if vocab_start_given else None)
     loss.backward()
     assert_matches_reference(loss, loss_ref, name="loss", rank=rank)
     assert_matches_reference(z_local.grad, z_ref.grad[..., lo:hi], name="d loss / d logits", rank=rank)
 
 
-def check_dropout_rng(group=None, dtype=torch.float64, seed=0, *, p=0.5, device="cpu"):
+def check_dropout_rng(group, dtype=torch.float64, seed=0, *, p=0.5, device="cpu"):
     """Replicated-stream masks are identical on every rank; sharded-stream masks all differ."""
     rank, t = tp_rank(group), tp_world_size(group)
-    rng = TensorParallelRNG(seed, group, device)
+    rng = TensorParallelRNG(seed, group=group, device=device)
     ones = torch.ones(4, 16, dtype=dtype, device=device)
     # gather every rank's mask side by side, (4, 16 t), to compare them here
-    replicated = all_gather_last_dim(rng.dropout(ones, p, sharded=False), group).chunk(t, dim=-1)
-    sharded = all_gather_last_dim(rng.dropout(ones, p, sharded=True), group).chunk(t, dim=-1)
+    replicated = all_gather(group, rng.dropout(ones, p, sharded=False)).chunk(t, dim=-1)
+    sharded = all_gather(group, rng.dropout(ones, p, sharded=True)).chunk(t, dim=-1)
     for other in range(t):
         assert_matches_reference(replicated[other], replicated[rank], exact=True, rank=rank,
                                  name=f"replicated dropout mask of rank {other}")
@@ -215,7 +217,7 @@ def check_dropout_rng(group=None, dtype=torch.float64, seed=0, *, p=0.5, device=
         raise AssertionError(f"rank {rank}: dropout kept {kept:.2f} of the elements at p={p}")
 
 
-def check_default_init(group=None, dtype=torch.float32, seed=0, device="cpu"):
+def check_default_init(group, dtype=torch.float32, seed=0, device="cpu"):
     """With the same seed, default-initialised parallel layers hold their shards of nn.Linear / nn.Embedding.
 
     Uses torch's default RNG, which simulated ranks (threads) share: run it on real processes,
@@ -225,7 +227,7 @@ def check_default_init(group=None, dtype=torch.float32, seed=0, device="cpu"):
     built = {}
     for name, make in (("column", lambda: ColumnParallelLinear(6, 10, group=group, dtype=dtype, device=device)),
                        ("row", lambda: RowParallelLinear(10, 6, group=group, dtype=dtype, device=device)),
-                       ("embedding", lambda: VocabParallelEmbedding(13, 4, group, dtype=dtype, device=device)),
+                       ("embedding", lambda: VocabParallelEmbedding(13, 4, group=group, dtype=dtype, device=device)),
                        ("linear 6->10", lambda: nn.Linear(6, 10, dtype=dtype, device=device)),
                        ("linear 10->6", lambda: nn.Linear(10, 6, dtype=dtype, device=device)),
                        ("nn.Embedding", lambda: nn.Embedding(13, 4, dtype=dtype, device=device))):
@@ -268,7 +270,7 @@ def all_checks():
     return checks
 
 
-def run_all_checks(group=None, dtypes=(torch.float64, torch.float32), seed=0, device="cpu"):
+def run_all_checks(group, dtypes=(torch.float64, torch.float32), seed=0, device="cpu"):
     """Run every check in every dtype on this rank; return the number run (raises on a mismatch)."""
     count = 0
     for dtype in dtypes:
@@ -286,24 +288,24 @@ def _pairs(size):
 
     Every rank must take part in creating every group, even one it does not belong to.
     """
-    groups = [dist.new_group(list(range(i, i + 2))) for i in range(0, size - 1, 2)]
+    groups = [new_group(range(i, i + 2)) for i in range(0, size - 1, 2)]
     return groups[dist.get_rank() // 2] if dist.get_rank() < 2 * len(groups) else None
 
 
-def check_native_equals_scratch(group=None, seed=0, device="cpu"):
-    """PyTorch's collectives and the from-scratch ones give the same results on a process group.
+def check_native_equals_scratch(process_group, comm, seed=0, device="cpu"):
+    """PyTorch's collectives (on ``process_group``) and the from-scratch ones (on ``comm``, a
+    TorchComm over the same ranks) give the same results.
 
     Integer-valued data: every sum is exact in any order, so the two must agree bit for bit.
     """
-    rank, t = tp_rank(group), tp_world_size(group)
+    rank, t = tp_rank(process_group), tp_world_size(process_group)
     x = _tensor(random_array(rank_rng(seed, rank), (3, 4 + rank % 2), integer=True),
                 torch.float64, device)
     sizes = [4 + r % 2 for r in range(t)]  # uneven shards: 4, 5, 4, 5, ...
     results = {}
-    for impl in ("native", "scratch"):
-        with collective_impl(impl):
-            results[impl] = [all_reduce(x[:, :4], group), all_reduce(x[:, :4], group, op="max"),
-                             all_gather_last_dim(x, group, sizes)]
+    for name, group in (("native", process_group), ("scratch", comm)):
+        results[name] = [all_reduce(group, x[:, :4]), all_reduce(group, x[:, :4], op="max"),
+                         all_gather(group, x, -1, sizes)]
     for what, native, scratch in zip(("all-reduce sum", "all-reduce max", "all-gather"),
                                      results["native"], results["scratch"]):
         assert_matches_reference(scratch, native, name=f"{what}, scratch vs native", rank=rank, exact=True)
@@ -314,26 +316,25 @@ def main(argv=None):
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any collective may wait")
     args = parser.parse_args(argv)
+    init_process_group(args.device, args.timeout)
     device = torch.device(args.device)
     if args.device == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo",
-                            timeout=timedelta(seconds=args.timeout))
     rank, size = dist.get_rank(), dist.get_world_size()
+    world = dist.group.WORLD
     try:
         counts = {}
-        check_native_equals_scratch(None, device=device)
-        check_default_init(None, device=device)
-        with collective_impl("native"):
-            counts[f"native, world group of {size}"] = run_all_checks(None, device=device)
-        with collective_impl("scratch"):  # one dtype: the scratch path moves the same bytes
-            counts[f"scratch, world group of {size}"] = run_all_checks(None, (torch.float64,), device=device)
+        scratch = TorchComm(world, device=device if args.device == "cuda" else None, timeout=args.timeout)
+        check_native_equals_scratch(world, scratch, device=device)
+        check_default_init(world, device=device)
+        counts[f"native, world group of {size}"] = run_all_checks(world, device=device)
+        # one dtype: the scratch path moves the same bytes
+        counts[f"scratch, world group of {size}"] = run_all_checks(scratch, (torch.float64,), device=device)
         pair = _pairs(size) if size > 2 else None
         if pair is not None:
-            for impl in ("native", "scratch"):
-                with collective_impl(impl):
-                    counts[f"{impl}, sub-group of 2"] = run_all_checks(pair, (torch.float32,), device=device)
+            pair_scratch = TorchComm(pair, timeout=args.timeout)
+            for name, group in (("native", pair), ("scratch", pair_scratch)):
+                counts[f"{name}, sub-group of 2"] = run_all_checks(group, (torch.float32,), device=device)
         # one write per rank, so the ranks' lines do not interleave in a shared pipe
         sys.stdout.write(f"rank {rank}: all checks passed: native equals scratch; default init equals "
                          f"nn.Linear; " + "; ".join(f"{n} checks ({where})" for where, n in counts.items()) + "\n")

@@ -17,15 +17,15 @@ and each rank has its own block of softmax = exp(z - m) / S.
 """
 import torch
 
-from tp_from_scratch.nn.mappings import all_gather_last_dim, all_reduce, tp_rank
+from tp_from_scratch.nn.mappings import all_gather, all_reduce, check_group, tp_rank
 
 
-def vocab_start_of(local_vocab, group=None):
+def vocab_start_of(group, local_vocab):
     """The first global vocabulary id of this rank's block: the sum of the lower ranks' sizes.
 
     Costs one all-gather of a single integer per rank; pass ``vocab_start`` to skip it.
     """
-    sizes = all_gather_last_dim(torch.tensor([local_vocab]), group).tolist()
+    sizes = all_gather(group, torch.tensor([local_vocab])).tolist()
     return sum(sizes[:tp_rank(group)])
 
 
@@ -33,21 +33,21 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of vocab-sharded logits. forward: 3 all-reduces of N; backward: none."""
 
     @staticmethod
-    def forward(ctx, local_logits, target, group, ignore_index, vocab_start):
+    def forward(ctx, group, local_logits, target, ignore_index, vocab_start):
         z = local_logits.detach()                      # (N.., V/t)
         local_vocab = z.shape[-1]
         # 1. the global max of every token's logits
-        m = all_reduce(z.max(dim=-1).values, group, op="max")  # (N..)
+        m = all_reduce(group, z.max(dim=-1).values, op="max")  # (N..)
         shifted = z - m.unsqueeze(-1)                  # (N.., V/t), all <= 0
         # 2. the target's shifted logit: only the rank that owns the target id has it
         local_target = target - vocab_start
         outside = (local_target < 0) | (local_target >= local_vocab)
         safe_target = local_target.masked_fill(outside, 0)     # any valid index; masked next
         target_logit = shifted.gather(-1, safe_target.unsqueeze(-1)).squeeze(-1)
-        target_logit = all_reduce(target_logit.masked_fill(outside, 0.0), group)  # (N..)
+        target_logit = all_reduce(group, target_logit.masked_fill(outside, 0.0))  # (N..)
         # 3. the softmax denominator, summed over the whole vocabulary
         exp = shifted.exp()
-        sum_exp = all_reduce(exp.sum(dim=-1), group)   # (N..)
+        sum_exp = all_reduce(group, exp.sum(dim=-1))   # (N..)
         loss = sum_exp.log() - target_logit            # (N..), replicated on every rank
         kept = target != ignore_index
         count = kept.sum()
@@ -63,10 +63,10 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
         one_hot = torch.zeros_like(grad).scatter_(-1, safe_target.unsqueeze(-1), 1.0)
         grad -= one_hot * (~outside).unsqueeze(-1)
         grad *= kept.unsqueeze(-1) * (grad_loss / count)
-        return grad, None, None, None, None
+        return None, grad, None, None, None
 
 
-def vocab_parallel_cross_entropy(local_logits, target, group=None, ignore_index=-100, *,
+def vocab_parallel_cross_entropy(group, local_logits, target, ignore_index=-100, *,
                                  vocab_start=None):
     """F.cross_entropy(full_logits, target, ignore_index), from this rank's vocabulary block.
 
@@ -75,9 +75,10 @@ def vocab_parallel_cross_entropy(local_logits, target, group=None, ignore_index=
     on every rank). forward: all-reduce max + two all-reduce sums of (...) numbers; backward:
     no communication. vocab_start: None finds it from the ranks' block sizes (one tiny all-gather).
     """
+    check_group(group)
     if target.shape != local_logits.shape[:-1]:
         raise ValueError(f"target shape {tuple(target.shape)} does not match the logits' leading "
                          f"shape {tuple(local_logits.shape[:-1])} on rank {tp_rank(group)}")
     if vocab_start is None:
-        vocab_start = vocab_start_of(local_logits.shape[-1], group)
-    return VocabParallelCrossEntropy.apply(local_logits, target, group, ignore_index, vocab_start)
+        vocab_start = vocab_start_of(group, local_logits.shape[-1])
+    return VocabParallelCrossEntropy.apply(group, local_logits, target, ignore_index, vocab_start)

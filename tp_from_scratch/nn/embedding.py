@@ -13,9 +13,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tp_from_scratch.nn.linear import shard_range
 from tp_from_scratch.nn.mappings import reduce_from_tp_region, tp_rank, tp_world_size
-from tp_from_scratch.sharding import shard_sizes
+from tp_from_scratch.sharding import shard_range, shard_sizes
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -26,7 +25,7 @@ class VocabParallelEmbedding(nn.Module):
     Local weight (V/t, H) (uneven V: the first V % t ranks hold one row more).
     """
 
-    def __init__(self, num_embeddings, embedding_dim, group=None, *, dtype=None, device=None,
+    def __init__(self, num_embeddings, embedding_dim, *, group, dtype=None, device=None,
                  init=True):
         super().__init__()
         self.group = group
@@ -48,10 +47,10 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.copy_(full[self.vocab_start:self.vocab_stop])
 
     @classmethod
-    def from_embedding(cls, embedding, group=None):
-        """This rank's block of rows of a single-device torch.nn.Embedding."""
+    def from_embedding(cls, embedding, *, group):
+        """This rank's block of rows of a single-device torch.nn.Embedding (a copy)."""
         w = embedding.weight
-        layer = cls(embedding.num_embeddings, embedding.embedding_dim, group,
+        layer = cls(embedding.num_embeddings, embedding.embedding_dim, group=group,
                     dtype=w.dtype, device=w.device, init=False)
         with torch.no_grad():
             layer.weight.copy_(w[layer.vocab_start:layer.vocab_stop])
@@ -63,7 +62,7 @@ class VocabParallelEmbedding(nn.Module):
         local_ids = (ids - self.vocab_start).masked_fill(outside, 0)  # any valid row; zeroed below
         rows = F.embedding(local_ids, self.weight)                    # (B, T, H)
         rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)           # (B, T, H), Partial
-        return reduce_from_tp_region(rows, self.group)                # (B, T, H), Replicated
+        return reduce_from_tp_region(self.group, rows)                # (B, T, H), Replicated
 
     def extra_repr(self):
         return (f"{self.num_embeddings}, {self.embedding_dim}, "

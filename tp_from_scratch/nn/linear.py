@@ -26,17 +26,11 @@ from tp_from_scratch.nn.mappings import (
     gather_from_tp_region,
     reduce_from_tp_region,
     scatter_to_tp_region,
+    sum_over_replicas,
     tp_rank,
     tp_world_size,
 )
-from tp_from_scratch.sharding import shard_sizes
-
-
-def shard_range(size, rank, world_size):
-    """(start, stop) of rank's contiguous chunk of ``size`` items, numpy.array_split style."""
-    sizes = shard_sizes(size, world_size)
-    start = sum(sizes[:rank])
-    return start, start + sizes[rank]
+from tp_from_scratch.sharding import shard_range, shard_sizes
 
 
 def _init_full_linear(out_features, in_features, bias, dtype, device):
@@ -62,10 +56,14 @@ class ColumnParallelLinear(nn.Module):
     backward: the f all-reduces dX (every rank's block contributed to it); with gather_output,
     the gather's backward keeps this rank's block of dY.
     Local weight (out/t, in), local bias (out/t,).
+
+    replicas=r: the output features are cut into t/r blocks and r neighbouring ranks hold the
+    same block (a KV head shared by several ranks when there are fewer KV heads than ranks);
+    the copies' gradients are summed among them in backward. Local weight (r*out/t, in).
     """
 
-    def __init__(self, in_features, out_features, bias=True, gather_output=False, group=None,
-                 *, input_is_copied=False, dtype=None, device=None, init=True):
+    def __init__(self, in_features, out_features, bias=True, gather_output=False, *, group,
+                 input_is_copied=False, replicas=1, dtype=None, device=None, init=True):
         super().__init__()
         self.group, self.gather_output = group, gather_output
         # input_is_copied: the caller already applied f, once for several layers reading the
@@ -73,8 +71,15 @@ class ColumnParallelLinear(nn.Module):
         self.input_is_copied = input_is_copied
         self.in_features, self.out_features = in_features, out_features
         t, rank = tp_world_size(group), tp_rank(group)
-        self.output_sizes = shard_sizes(out_features, t)  # every rank's block, for the gather
-        self.output_start, self.output_stop = shard_range(out_features, rank, t)
+        if replicas < 1 or t % replicas != 0:
+            raise ValueError(f"rank {rank}: replicas={replicas} does not divide tp={t}")
+        if replicas > 1 and gather_output:
+            raise ValueError(f"rank {rank}: gather_output with replicas={replicas} would gather "
+                             f"every replicated block {replicas} times")
+        self.replicas = replicas
+        blocks = t // replicas
+        self.output_sizes = shard_sizes(out_features, blocks)  # every block, for the gather
+        self.output_start, self.output_stop = shard_range(out_features, rank // replicas, blocks)
         local_out = self.output_stop - self.output_start
         self.weight = nn.Parameter(torch.empty(local_out, in_features, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.empty(local_out, dtype=dtype, device=device)) if bias else None
@@ -91,11 +96,14 @@ class ColumnParallelLinear(nn.Module):
             self.bias.copy_(b[self.output_start:self.output_stop])
 
     @classmethod
-    def from_linear(cls, linear, group=None, gather_output=False):
-        """This rank's shard of a single-device torch.nn.Linear (its rows of W and entries of b)."""
+    def from_linear(cls, linear, *, group, gather_output=False, replicas=1):
+        """This rank's shard of a single-device torch.nn.Linear (its rows of W and entries of b).
+
+        The shard is a copy: training it never changes ``linear``.
+        """
         w = linear.weight
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, gather_output,
-                    group, dtype=w.dtype, device=w.device, init=False)
+                    group=group, replicas=replicas, dtype=w.dtype, device=w.device, init=False)
         with torch.no_grad():
             layer.weight.copy_(w[layer.output_start:layer.output_stop])
             if linear.bias is not None:
@@ -105,16 +113,19 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x):
         # x: (..., in), Replicated. f makes backward sum dX over the ranks.
         if not self.input_is_copied:
-            x = copy_to_tp_region(x, self.group)
-        y = F.linear(x, self.weight, self.bias)  # (..., out/t), Sharded(-1)
+            x = copy_to_tp_region(self.group, x)
+        weight = sum_over_replicas(self.group, self.weight, self.replicas)
+        bias = self.bias if self.bias is None else sum_over_replicas(self.group, self.bias, self.replicas)
+        y = F.linear(x, weight, bias)  # (..., out/t), Sharded(-1)
         if self.gather_output:
-            y = gather_from_tp_region(y, self.group, self.output_sizes)  # (..., out), Replicated
+            y = gather_from_tp_region(self.group, y, self.output_sizes)  # (..., out), Replicated
         return y
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features} "
                 f"(local {self.weight.shape[0]}), bias={self.bias is not None}, "
-                f"gather_output={self.gather_output}")
+                f"gather_output={self.gather_output}"
+                + (f", replicas={self.replicas}" if self.replicas > 1 else ""))
 
 
 class RowParallelLinear(nn.Module):
@@ -126,8 +137,8 @@ class RowParallelLinear(nn.Module):
     so it is counted once, not t times.
     """
 
-    def __init__(self, in_features, out_features, bias=True, input_is_parallel=True, group=None,
-                 *, dtype=None, device=None, init=True):
+    def __init__(self, in_features, out_features, bias=True, input_is_parallel=True, *, group,
+                 dtype=None, device=None, init=True):
         super().__init__()
         self.group, self.input_is_parallel = group, input_is_parallel
         self.in_features, self.out_features = in_features, out_features
@@ -150,11 +161,14 @@ class RowParallelLinear(nn.Module):
             self.bias.copy_(b)
 
     @classmethod
-    def from_linear(cls, linear, group=None, input_is_parallel=True):
-        """This rank's shard of a single-device torch.nn.Linear (its columns of W, all of b)."""
+    def from_linear(cls, linear, *, group, input_is_parallel=True):
+        """This rank's shard of a single-device torch.nn.Linear (its columns of W, all of b).
+
+        The shard is a copy: training it never changes ``linear``.
+        """
         w = linear.weight
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
-                    input_is_parallel, group, dtype=w.dtype, device=w.device, init=False)
+                    input_is_parallel, group=group, dtype=w.dtype, device=w.device, init=False)
         with torch.no_grad():
             layer.weight.copy_(w[:, layer.input_start:layer.input_stop])
             if linear.bias is not None:
@@ -164,9 +178,9 @@ class RowParallelLinear(nn.Module):
     def forward(self, x):
         if not self.input_is_parallel:
             # x: (..., in), Replicated -> this rank's block (..., in/t)
-            x = scatter_to_tp_region(x, self.group, self.input_sizes)
+            x = scatter_to_tp_region(self.group, x, self.input_sizes)
         y = F.linear(x, self.weight)           # (..., out), Partial: one term of the sum
-        y = reduce_from_tp_region(y, self.group)  # (..., out), Replicated
+        y = reduce_from_tp_region(self.group, y)  # (..., out), Replicated
         if self.bias is not None:
             y = y + self.bias  # after g: added once, not once per rank
         return y

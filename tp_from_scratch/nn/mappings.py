@@ -12,103 +12,56 @@ a shard):
 Each forward is the transpose (adjoint) of its backward: copying x to t ranks makes t
 gradient contributions that must be summed; summing t partials hands every rank the
 same gradient. Writing them as autograd Functions is all torch needs to differentiate
-a tensor-parallel model.
+a tensor-parallel model. The numpy twins of Lesson 3 are
+``tp_from_scratch.layers.mappings.f_forward(comm, x)`` / ``f_backward(comm, grad)`` and
+``g_forward`` / ``g_backward``: the same names, the communicator first, as here.
 
-Where the collectives come from: the ``group`` argument
--------------------------------------------------------
-* ``None``: the default torch.distributed process group;
-* a ``torch.distributed.ProcessGroup``;
-* a ``tp_from_scratch.comm.Comm`` (e.g. the SimulatedComm that run_spmd hands each
-  in-process rank, or a TorchComm you built): the from-scratch ring collectives of
-  ``tp_from_scratch.collectives`` run on it (tensor -> numpy -> collective -> tensor).
+The group decides where the collectives come from
+-------------------------------------------------
+Every function and layer takes ``group`` first, and it is required:
 
-For process groups, ONE switch in this module (the only configuration in tp_from_scratch.nn)
-chooses between PyTorch's native collectives ("native", the default) and the from-scratch
-ones run over ``TorchComm(group)`` ("scratch")::
+* a ``torch.distributed.ProcessGroup`` (e.g. ``dist.group.WORLD``, or a mesh's TP group):
+  PyTorch's native collectives;
+* a ``tp_from_scratch.comm.Comm``: the from-scratch ring collectives of
+  ``tp_from_scratch.collectives`` run on it (tensor -> numpy -> collective -> tensor). That is
+  the SimulatedComm that run_spmd hands each in-process rank, or ``TorchComm(process_group)``
+  over the same processes as a ProcessGroup, whose ``meter`` then counts every message.
 
-    set_collective_impl("scratch")          # from now on
-    with collective_impl("scratch"): ...    # for a block, restored afterwards
-
-Both give the same results (tests/test_nn_torchrun.py checks it).
+Nothing else chooses: there is no default group and no switch.
 """
-import contextlib
-
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from tp_from_scratch import collectives
+from tp_from_scratch.comm import Comm
 from tp_from_scratch.sharding import shard_sizes
-
-IMPLEMENTATIONS = ("native", "scratch")
-_collective_impl = "native"  # the one switch; see the module docstring
-_scratch_comms = {}          # process group -> its TorchComm, so its meter accumulates
-
-
-def set_collective_impl(name):
-    """Route process-group collectives through "native" torch.distributed or "scratch" ones."""
-    global _collective_impl
-    if name not in IMPLEMENTATIONS:
-        raise ValueError(f"collective implementation {name!r} is not one of {IMPLEMENTATIONS}")
-    _collective_impl = name
-
-
-def get_collective_impl():
-    """The current switch setting: "native" or "scratch"."""
-    return _collective_impl
-
-
-@contextlib.contextmanager
-def collective_impl(name):
-    """``with collective_impl("scratch"):`` sets the switch for the block and restores it after."""
-    before = _collective_impl
-    set_collective_impl(name)
-    try:
-        yield
-    finally:
-        set_collective_impl(before)
-
 
 # ---------------------------------------------------------------------------------------
 # The group: rank, size, and which backend carries its collectives
 # ---------------------------------------------------------------------------------------
 
-def is_comm(group):
-    """True if ``group`` is a tp_from_scratch Comm (collectives from scratch on send/recv)."""
-    if group is None or isinstance(group, dist.ProcessGroup):
-        return False
-    from tp_from_scratch.comm import Comm  # imported only when someone hands us a Comm
-    return isinstance(group, Comm)
 
-
-def tp_rank(group=None):
-    """This rank's index inside the tensor-parallel group."""
-    return group.rank if is_comm(group) else dist.get_rank(group)
-
-
-def tp_world_size(group=None):
-    """The tensor-parallel degree t: the number of ranks in the group."""
-    return group.world_size if is_comm(group) else dist.get_world_size(group)
-
-
-def scratch_comm(group=None, device=None):
-    """The TorchComm that carries "scratch" collectives for a process group (one per group).
-
-    Kept per group so that ``scratch_comm(group).meter`` adds up a whole run's traffic.
-    """
-    from tp_from_scratch.comm import TorchComm
-    key = (group, None if device is None else str(device))
-    if key not in _scratch_comms:
-        _scratch_comms[key] = TorchComm(group, device=device)
-    return _scratch_comms[key]
-
-
-def _comm_for(group, x):
-    """The Comm to run from-scratch collectives on, or None for native torch.distributed."""
-    if is_comm(group):
+def check_group(group):
+    """Raise a TypeError unless ``group`` is a ProcessGroup or a Comm (None is not a group)."""
+    if isinstance(group, (Comm, dist.ProcessGroup)):
         return group
-    if _collective_impl == "scratch":
-        return scratch_comm(group, x.device if x.is_cuda else None)
-    return None
+    raise TypeError(
+        f"group must be a torch.distributed.ProcessGroup (native collectives, e.g. "
+        f"dist.group.WORLD) or a tp_from_scratch.comm.Comm (from-scratch collectives), "
+        f"got {group!r}")
+
+
+def tp_rank(group):
+    """This rank's index inside the tensor-parallel group."""
+    check_group(group)
+    return group.rank if isinstance(group, Comm) else dist.get_rank(group)
+
+
+def tp_world_size(group):
+    """The tensor-parallel degree t: the number of ranks in the group."""
+    check_group(group)
+    return group.world_size if isinstance(group, Comm) else dist.get_world_size(group)
 
 
 def _to_numpy(x):
@@ -122,15 +75,13 @@ def _from_numpy(a, like):
 
 
 # ---------------------------------------------------------------------------------------
-# The three collectives the mappings need, on every backend. Inputs are never modified.
+# The collectives the mappings need, on both kinds of group. Inputs are never modified.
 # ---------------------------------------------------------------------------------------
 
-def all_reduce(x, group=None, op="sum"):
+def all_reduce(group, x, op="sum"):
     """A new tensor holding the element-wise sum (or max) of ``x`` over the ranks of ``group``."""
-    comm = _comm_for(group, x)
-    if comm is not None:
-        from tp_from_scratch import collectives
-        return _from_numpy(collectives.all_reduce(comm, _to_numpy(x), op=op), x)
+    if isinstance(check_group(group), Comm):
+        return _from_numpy(collectives.all_reduce(group, _to_numpy(x), op=op), x)
     ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
     if op not in ops:
         raise ValueError(f"all_reduce op {op!r} is not one of {sorted(ops)}")
@@ -139,39 +90,38 @@ def all_reduce(x, group=None, op="sum"):
     return y
 
 
-def all_gather_last_dim(x, group=None, sizes=None):
-    """Concatenate every rank's ``x`` along the last dim, in rank order: (..., n_r) -> (..., sum n_r).
+def all_gather(group, x, dim=-1, sizes=None):
+    """Concatenate every rank's ``x`` along ``dim``, in rank order: (..., n_r, ...) -> (..., sum n_r, ...).
 
-    sizes: each rank's last-dim size when they differ (an uneven split); None means equal.
+    sizes: each rank's size along ``dim`` when they differ (an uneven split); None means equal.
     """
-    comm = _comm_for(group, x)
-    if comm is not None:
-        from tp_from_scratch import collectives
-        return _from_numpy(collectives.all_gather(comm, _to_numpy(x), axis=-1), x)
+    if isinstance(check_group(group), Comm):
+        return _from_numpy(collectives.all_gather(group, _to_numpy(x), axis=dim), x)
     t = dist.get_world_size(group)
-    sizes = sizes or [x.shape[-1]] * t
+    sizes = sizes or [x.shape[dim]] * t
     # native all_gather needs equal shapes: pad every shard to the largest, trim afterwards
-    pad = max(sizes) - x.shape[-1]
-    padded = torch.nn.functional.pad(x.detach(), (0, pad)).contiguous()
+    moved = x.detach().movedim(dim, -1)
+    padded = torch.nn.functional.pad(moved, (0, max(sizes) - moved.shape[-1])).contiguous()
     pieces = [torch.empty_like(padded) for _ in range(t)]
     dist.all_gather(pieces, padded, group=group)
-    return torch.cat([p[..., :n] for p, n in zip(pieces, sizes)], dim=-1)
+    return torch.cat([p[..., :n] for p, n in zip(pieces, sizes)], dim=-1).movedim(-1, dim)
 
 
-def split_last_dim(x, group=None, sizes=None):
-    """This rank's contiguous chunk of the last dim: (..., n) -> (..., n_r), no communication.
+def split(group, x, dim=-1, sizes=None):
+    """This rank's contiguous chunk of ``dim``: (..., n, ...) -> (..., n_r, ...), no communication.
 
     sizes: the chunk sizes; None splits like numpy.array_split (the first n % t get one more).
     """
     t, rank = tp_world_size(group), tp_rank(group)
-    sizes = sizes or shard_sizes(x.shape[-1], t)
+    n = x.shape[dim]
+    sizes = sizes or shard_sizes(n, t)
     if len(sizes) != t:
         raise ValueError(f"rank {rank}: {len(sizes)} shard sizes {sizes} for tp={t} ranks")
-    if sum(sizes) != x.shape[-1]:
-        raise ValueError(f"rank {rank}: last dimension of size {x.shape[-1]} does not match the shard "
+    if sum(sizes) != n:
+        raise ValueError(f"rank {rank}: dimension {dim} of size {n} does not match the shard "
                          f"sizes {sizes} (they add up to {sum(sizes)})")
     start = sum(sizes[:rank])
-    return x[..., start:start + sizes[rank]].contiguous()
+    return x.narrow(dim, start, sizes[rank]).contiguous()
 
 
 # ---------------------------------------------------------------------------------------
@@ -182,71 +132,114 @@ class CopyToTensorParallelRegion(torch.autograd.Function):
     """Megatron's f. forward: identity (x is already on every rank); backward: all-reduce."""
 
     @staticmethod
-    def forward(ctx, x, group):
+    def forward(ctx, group, x):
         ctx.group = group
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
         # every rank used x in its own shard of the layer: the true gradient is the sum
-        return all_reduce(grad, ctx.group), None
+        return None, all_reduce(ctx.group, grad)
 
 
 class ReduceFromTensorParallelRegion(torch.autograd.Function):
     """Megatron's g. forward: all-reduce of the partial sums; backward: identity."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        return all_reduce(x, group)
+    def forward(ctx, group, x):
+        return all_reduce(group, x)
 
     @staticmethod
     def backward(ctx, grad):
         # y = sum_r x_r, so dy/dx_r = 1: every rank gets the (replicated) gradient unchanged
-        return grad, None
+        return None, grad
 
 
 class ScatterToTensorParallelRegion(torch.autograd.Function):
     """forward: keep this rank's chunk of the last dim; backward: all-gather the gradient chunks."""
 
     @staticmethod
-    def forward(ctx, x, group, sizes=None):
+    def forward(ctx, group, x, sizes=None):
         ctx.group = group
         ctx.sizes = sizes or shard_sizes(x.shape[-1], tp_world_size(group))
-        return split_last_dim(x, group, ctx.sizes)
+        return split(group, x, -1, ctx.sizes)
 
     @staticmethod
     def backward(ctx, grad):
-        return all_gather_last_dim(grad, ctx.group, ctx.sizes), None, None
+        return None, all_gather(ctx.group, grad, -1, ctx.sizes), None
 
 
 class GatherFromTensorParallelRegion(torch.autograd.Function):
     """forward: all-gather the chunks along the last dim; backward: keep this rank's gradient chunk."""
 
     @staticmethod
-    def forward(ctx, x, group, sizes=None):
+    def forward(ctx, group, x, sizes=None):
         ctx.group, ctx.sizes = group, sizes
-        return all_gather_last_dim(x, group, sizes)
+        return all_gather(group, x, -1, sizes)
 
     @staticmethod
     def backward(ctx, grad):
-        return split_last_dim(grad, ctx.group, ctx.sizes), None, None
+        return None, split(ctx.group, grad, -1, ctx.sizes), None
 
 
-def copy_to_tp_region(x, group=None):
+class SumOverReplicas(torch.autograd.Function):
+    """forward: identity on a tensor that ``replicas`` neighbouring ranks hold identical copies of;
+    backward: each copy's gradient becomes the sum over the copies (an all-reduce among them).
+
+    Used for the weights of a KV head shared by t/nkv ranks (nkv < t): each rank's copy only
+    sees the gradient of its own query heads, and the true gradient is their sum. The sum is
+    one all-reduce over the whole group of a buffer with a slot per distinct piece (every
+    rank writes its gradient into its piece's slot), so it needs no sub-group and runs on a
+    ProcessGroup and a Comm alike; it moves t/r times the bytes of an all-reduce among the
+    r sharers alone.
+    """
+
+    @staticmethod
+    def forward(ctx, group, replicas, w):
+        ctx.group, ctx.replicas = group, replicas
+        return w.view_as(w)
+
+    @staticmethod
+    def backward(ctx, grad):
+        t, rank = tp_world_size(ctx.group), tp_rank(ctx.group)
+        slots = grad.new_zeros((t // ctx.replicas,) + tuple(grad.shape))  # (t/r, *w.shape)
+        slots[rank // ctx.replicas] = grad
+        return None, None, all_reduce(ctx.group, slots)[rank // ctx.replicas]
+
+
+def sum_over_replicas(group, w, replicas):
+    """``w`` unchanged; in backward its gradient is summed over the ``replicas`` ranks holding it."""
+    if replicas == 1:
+        return w
+    return SumOverReplicas.apply(check_group(group), replicas, w)
+
+
+def copy_to_tp_region(group, x):
     """f: x unchanged; its gradient is all-reduced over ``group`` in backward."""
-    return CopyToTensorParallelRegion.apply(x, group)
+    return CopyToTensorParallelRegion.apply(check_group(group), x)
 
 
-def reduce_from_tp_region(x, group=None):
+def reduce_from_tp_region(group, x):
     """g: the sum of every rank's x (all-reduce); the gradient passes through unchanged."""
-    return ReduceFromTensorParallelRegion.apply(x, group)
+    return ReduceFromTensorParallelRegion.apply(check_group(group), x)
 
 
-def scatter_to_tp_region(x, group=None, sizes=None):
+def scatter_to_tp_region(group, x, sizes=None):
     """(..., n) -> (..., n_r), this rank's chunk; backward all-gathers the gradient."""
-    return ScatterToTensorParallelRegion.apply(x, group, sizes)
+    return ScatterToTensorParallelRegion.apply(check_group(group), x, sizes)
 
 
-def gather_from_tp_region(x, group=None, sizes=None):
+def gather_from_tp_region(group, x, sizes=None):
     """(..., n_r) -> (..., n), every rank's chunk in rank order; backward keeps this rank's chunk."""
-    return GatherFromTensorParallelRegion.apply(x, group, sizes)
+    return GatherFromTensorParallelRegion.apply(check_group(group), x, sizes)
+
+
+# The paper's short names, as on the numpy side (layers.mappings.f_forward / g_forward)
+f = copy_to_tp_region
+g = reduce_from_tp_region
+
+__all__ = ["check_group", "tp_rank", "tp_world_size", "all_reduce", "all_gather", "split",
+           "CopyToTensorParallelRegion", "ReduceFromTensorParallelRegion",
+           "ScatterToTensorParallelRegion", "GatherFromTensorParallelRegion", "SumOverReplicas",
+           "sum_over_replicas", "copy_to_tp_region", "reduce_from_tp_region", "scatter_to_tp_region",
+           "gather_from_tp_region", "f", "g"]

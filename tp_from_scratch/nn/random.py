@@ -13,7 +13,7 @@ Megatron-LM keeps a second CUDA RNG state and swaps it in with a context manager
 two streams are explicit torch.Generators, owned by a TensorParallelRNG object passed to
 whoever needs it (no global RNG state is touched):
 
-    rng = TensorParallelRNG(seed, group)
+    rng = TensorParallelRNG(seed, group=group)
     h = rng.dropout(h, p, sharded=True)    # (B, T, F/t) inside the TP region
     x = rng.dropout(x, p, sharded=False)   # (B, T, H) replicated
 """
@@ -35,7 +35,7 @@ class TensorParallelRNG:
     sharded:    seeded by (seed, TP rank): different numbers on every rank.
     """
 
-    def __init__(self, seed, group=None, device="cpu"):
+    def __init__(self, seed, *, group, device="cpu"):
         self.seed, self.rank = seed, tp_rank(group)
         self.replicated = torch.Generator(device).manual_seed(_stream_seed(seed, 0))
         self.sharded = torch.Generator(device).manual_seed(_stream_seed(seed, 1, self.rank))

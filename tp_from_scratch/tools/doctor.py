@@ -193,12 +193,12 @@ def run_checks(names=None, out=print):
 
 def _gloo_worker():
     """Under torchrun: all-reduce rank+1 over gloo, with a timeout on every wait."""
-    from datetime import timedelta
-
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", timeout=timedelta(seconds=30))  # env:// from torchrun
+    from tp_from_scratch.comm.process_group import init_process_group
+
+    init_process_group("cpu", timeout=30)  # env:// from torchrun, gloo
     try:
         x = torch.tensor([dist.get_rank() + 1.0])
         dist.all_reduce(x)  # 1 + 2 on 2 ranks

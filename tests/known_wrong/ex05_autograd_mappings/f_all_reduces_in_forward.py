@@ -9,10 +9,10 @@ from tp_from_scratch.nn.mappings import (GatherFromTensorParallelRegion,  # noqa
 
 class CopyToTensorParallelRegion(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group):
+    def forward(ctx, group, x):
         ctx.group = group
-        return all_reduce(x, group)
+        return all_reduce(group, x)
 
     @staticmethod
     def backward(ctx, grad):
-        return all_reduce(grad, ctx.group), None
+        return None, all_reduce(ctx.group, grad)

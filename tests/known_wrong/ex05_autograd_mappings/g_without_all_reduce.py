@@ -9,9 +9,9 @@ from tp_from_scratch.nn.mappings import (CopyToTensorParallelRegion,  # noqa: F4
 
 class ReduceFromTensorParallelRegion(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group):
+    def forward(ctx, group, x):
         return x.clone()
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None
+        return None, grad

@@ -13,5 +13,5 @@ from tp_from_scratch.nn.mappings import (CopyToTensorParallelRegion,  # noqa: F4
 class RowParallelLinear(_Row):
     def forward(self, x):
         if not self.input_is_parallel:
-            x = scatter_to_tp_region(x, self.group)
-        return reduce_from_tp_region(F.linear(x, self.weight, self.bias), self.group)
+            x = scatter_to_tp_region(self.group, x)
+        return reduce_from_tp_region(self.group, F.linear(x, self.weight, self.bias))

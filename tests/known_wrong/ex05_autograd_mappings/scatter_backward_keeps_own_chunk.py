@@ -4,15 +4,15 @@ import torch
 from tp_from_scratch.nn.linear import ColumnParallelLinear, RowParallelLinear  # noqa: F401
 from tp_from_scratch.nn.mappings import (CopyToTensorParallelRegion,  # noqa: F401
                                          GatherFromTensorParallelRegion,
-                                         ReduceFromTensorParallelRegion, split_last_dim, tp_rank,
+                                         ReduceFromTensorParallelRegion, split, tp_rank,
                                          tp_world_size)
 
 
 class ScatterToTensorParallelRegion(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group):
+    def forward(ctx, group, x):
         ctx.group = group
-        return split_last_dim(x, group)
+        return split(group, x)
 
     @staticmethod
     def backward(ctx, grad):
@@ -20,4 +20,4 @@ class ScatterToTensorParallelRegion(torch.autograd.Function):
         full = torch.zeros(*grad.shape[:-1], grad.shape[-1] * t, dtype=grad.dtype)
         n = grad.shape[-1]
         full[..., rank * n:(rank + 1) * n] = grad
-        return full, None
+        return None, full
