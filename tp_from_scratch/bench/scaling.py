@@ -12,9 +12,11 @@ does falls on all three alike:
     tp=1, 2 threads    rank 0 alone, two BLAS threads: what a user compares TP against
     tp=2               both ranks, one thread each, native gloo all-reduces
 
+Under ``--nproc-per-node 4`` the last run is tp=4 (four ranks sharing two cores: oversubscribed).
+
 It prints the best step time of each (the step least disturbed by other programs; the
 medians go to --json), the speedup of tp=2 over both tp=1 runs, the
-strong-scaling efficiency (speedup / 2), and predicted / measured from
+strong-scaling efficiency (speedup / the cores the ranks can use), and predicted / measured from
 tp_from_scratch.gpt.plan.predict_step on the --profile (when it exists).
 """
 import argparse
@@ -31,7 +33,9 @@ from tp_from_scratch.gpt import plan
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt
 
-RUNS = ("tp1-1thread", "tp1-2threads", "tp2")
+def run_names(world):
+    """The three runs compared, for ``world`` processes: tp1-1thread, tp1-2threads, tp<world>."""
+    return ("tp1-1thread", "tp1-2threads", f"tp{world}")
 
 
 def parse(argv):
@@ -87,7 +91,7 @@ def measure(config, args, rank):
 
     single = init_gpt(config, 0) if rank == 0 else None
     models = {"tp1-1thread": (single, 1, True), "tp1-2threads": (single, 2, True),
-              "tp2": (gpt_to_tp(dist.group.WORLD, init_gpt(config, 0)), 1, False)}
+              f"tp{dist.get_world_size()}": (gpt_to_tp(dist.group.WORLD, init_gpt(config, 0)), 1, False)}
     opts = {name: adamw(m) if m is not None else None for name, (m, _, _) in models.items()}
     batches = [global_batch(s, args.batch_size, config.seq_len, config.vocab_size, 0)
                for s in range(args.steps_per_round)]
@@ -100,14 +104,14 @@ def measure(config, args, rank):
     return times
 
 
-def predictions(config, args, profile):
+def predictions(config, args, profile, world):
     """The planner's step time for each run, or None without a profile."""
     if profile is None:
-        return {name: None for name in RUNS}
+        return {name: None for name in run_names(world)}
     B = args.batch_size
     return {"tp1-1thread": plan.predict_step(config, profile, 1, B, threads=1)["step_s"],
             "tp1-2threads": plan.predict_step(config, profile, 1, B, threads=2)["step_s"],
-            "tp2": plan.predict_step(config, profile, 2, B, threads=1)["step_s"]}
+            f"tp{world}": plan.predict_step(config, profile, world, B, threads=1)["step_s"]}
 
 
 def main(argv=None):
@@ -115,15 +119,17 @@ def main(argv=None):
     from tp_from_scratch.comm.process_group import init_process_group
     init_process_group("cpu", timeout=600)
     try:
-        if dist.get_world_size() != 2:
-            raise SystemExit("bench scaling runs on 2 processes: torchrun --standalone --nproc-per-node 2 ...")
+        if dist.get_world_size() < 2:
+            raise SystemExit("bench scaling runs on 2 (or more) processes: torchrun --standalone --nproc-per-node 2 ...")
         return run(args)
     finally:
         dist.destroy_process_group()
 
 
 def run(args):
-    rank = dist.get_rank()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    runs, tp = run_names(world), f"tp{world}"
+    usable = min(world, os.cpu_count())  # cores the TP ranks can use: the ideal speedup
     torch.set_num_threads(1)
     profile = plan.load_profile(args.profile) if Path(args.profile).exists() else None
     rows = []
@@ -133,32 +139,32 @@ def run(args):
     say(f"GPT layers={args.layers} T={args.seq_len} V={args.vocab_size} B={args.batch_size}, "
         f"{args.rounds} rounds x {args.steps_per_round} steps, best ms per step (medians in --json); "
         f"profile: {profile['name'] if profile else 'none (run plan --calibrate)'}")
-    say(f"{'H':>5} {'params':>10} {'tp1 1thr':>9} {'tp1 2thr':>9} {'tp2':>9} {'vs 1thr':>8} {'eff.':>6} "
-        f"{'vs 2thr':>8}   predicted/measured: {'tp1 1thr':>8} {'tp1 2thr':>8} {'tp2':>6}")
+    say(f"{'H':>5} {'params':>10} {'tp1 1thr':>9} {'tp1 2thr':>9} {tp:>9} {'vs 1thr':>8} {'eff.':>6} "
+        f"{'vs 2thr':>8}   predicted/measured: {'tp1 1thr':>8} {'tp1 2thr':>8} {tp:>6}")
     for hidden in [int(h) for h in args.sizes.split(",")]:
         config = config_for(hidden, args)
         times = measure(config, args, rank)
         if rank != 0:
             continue
-        med = {name: statistics.median(times[name]) for name in RUNS}
-        best = {name: min(times[name]) for name in RUNS}
-        pred = predictions(config, args, profile)
-        ratio = {name: pred[name] / best[name] if pred[name] else None for name in RUNS}
-        speedup = best["tp1-1thread"] / best["tp2"]
+        med = {name: statistics.median(times[name]) for name in runs}
+        best = {name: min(times[name]) for name in runs}
+        pred = predictions(config, args, profile, world)
+        ratio = {name: pred[name] / best[name] if pred[name] else None for name in runs}
+        speedup = best["tp1-1thread"] / best[tp]
         row = {"hidden": hidden, "config": config.to_dict(), "batch_size": args.batch_size,
                "parameters": plan.parameter_count(config), "median_s": med, "min_s": best,
                "times_s": times, "predicted_s": pred, "predicted_over_measured": ratio,
-               "predicted_over_median": {k: pred[k] / med[k] if pred[k] else None for k in RUNS},
+               "predicted_over_median": {k: pred[k] / med[k] if pred[k] else None for k in runs},
                "load_average": os.getloadavg(),
-               "speedup_vs_1thread": speedup, "efficiency": speedup / 2,
-               "speedup_vs_2threads": best["tp1-2threads"] / best["tp2"],
-               "median_speedup_vs_1thread": med["tp1-1thread"] / med["tp2"],
-               "median_speedup_vs_2threads": med["tp1-2threads"] / med["tp2"]}
+               "speedup_vs_1thread": speedup, "efficiency": speedup / usable,
+               "speedup_vs_2threads": best["tp1-2threads"] / best[tp],
+               "median_speedup_vs_1thread": med["tp1-1thread"] / med[tp],
+               "median_speedup_vs_2threads": med["tp1-2threads"] / med[tp]}
         rows.append(row)
         ratios = " ".join(f"{r:>8.2f}" if r else f"{'-':>8}" for r in ratio.values())
         say(f"{hidden:>5} {row['parameters']:>10,} {best['tp1-1thread'] * 1e3:>9.1f} "
-            f"{best['tp1-2threads'] * 1e3:>9.1f} {best['tp2'] * 1e3:>9.1f} {speedup:>7.2f}x "
-            f"{speedup / 2:>6.0%} {row['speedup_vs_2threads']:>7.2f}x   {'':>19}{ratios}", flush=True)
+            f"{best['tp1-2threads'] * 1e3:>9.1f} {best[tp] * 1e3:>9.1f} {speedup:>7.2f}x "
+            f"{speedup / usable:>6.0%} {row['speedup_vs_2threads']:>7.2f}x   {'':>19}{ratios}", flush=True)
     if rank == 0 and args.json:
         report = {"command": "torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench scaling "
                              + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
