@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.comm.launchers import run_command, torchrun_command
+from single_device import single_device_losses
 from tp_from_scratch.gpt import train
 from tp_from_scratch.gpt.checks import BASE, check_config, configs_for
 from tp_from_scratch.layers import reference
@@ -101,7 +102,7 @@ def test_replicated_kv_heads_train_like_one_device(nkv, tp):
     # are summed among them. Five AdamW steps in float64 on the ring collectives must follow
     # single-device training, and the copies must stay identical.
     argv = ["--dtype", "float64", "--steps", "5", "--kv-heads", str(nkv), "--heads", "4", "--hidden", "16"]
-    expected = train.single_device_losses(argv)
+    expected = single_device_losses(argv)
     for rank, losses in enumerate(run_spmd(lambda comm: train.train_on_comm(comm, argv), tp)):
         for step, (got, want) in enumerate(zip(losses, expected)):
             assert_matches_reference(torch.tensor(got, dtype=torch.float64), want, name=f"loss at step {step}",

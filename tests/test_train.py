@@ -2,7 +2,7 @@
 
 Each launch trains the default tiny GPT for 50 steps and writes its losses (--metrics).
 The reference is computed here, at test time, by the single-device GPT on the same
-global batches (train.single_device_losses), and every step's loss is compared through
+global batches (tests/single_device.py), and every step's loss is compared through
 compare.assert_matches_reference under the per-dtype tolerance.
 
 The launches are shared between tests through the ``runs`` fixture (each configuration
@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tp_from_scratch.gpt import checkpoint as ckpt
+from single_device import single_device_losses, single_device_weights
 from tp_from_scratch.gpt import train
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.comm.launchers import free_port, run_command, torchrun_command
@@ -83,7 +84,7 @@ def runs(tmp_path_factory):
 @lru_cache(maxsize=None)
 def reference(dtype, *extra):
     """Single-device losses, computed here in the test process."""
-    return train.single_device_losses(["--dtype", dtype, "--steps", str(STEPS), *extra])
+    return single_device_losses(["--dtype", dtype, "--steps", str(STEPS), *extra])
 
 
 def assert_losses_match(losses, ref, what, dtype, first=0, exact=False):
@@ -117,7 +118,7 @@ def test_two_nodes_dp2_tp2_float64_sgd(tmp_path):
                         str(tmp_path / "ckpt")], tmp_path, "two-nodes", nnodes=2)
     assert_losses_match(losses, reference("float64", *sgd), "dp=2 x tp=2 on two nodes", "float64")
     # the trained weights, glued back into one state dict, equal single-device training's
-    expected = train.single_device_weights(["--dtype", "float64", "--steps", str(STEPS), *sgd])
+    expected = single_device_weights(["--dtype", "float64", "--steps", str(STEPS), *sgd])
     got = ckpt.load_full(tmp_path / "ckpt")["model"]
     assert set(got) == set(expected)
     for name, value in expected.items():
@@ -133,7 +134,7 @@ def test_trained_weights_adamw_float64_equal_single_device(runs):
     # ends 5e-6 relative from the reference at tp=2, within the 1e-5 bound but too close to
     # it to hold on every CPU's BLAS; the losses keep a 100x margin (tested above).
     runs("tp4-f64")
-    expected = train.single_device_weights(["--dtype", "float64", "--steps", str(STEPS)])
+    expected = single_device_weights(["--dtype", "float64", "--steps", str(STEPS)])
     got = ckpt.load_full(runs.dir / "ckpt-tp4-f64")["model"]
     assert set(got) == set(expected)
     for name, value in expected.items():

@@ -190,23 +190,6 @@ def single_device_run(config, args, start=None, model=None):
         yield step, loss.detach()
 
 
-def single_device_weights(argv):
-    """The single-device GPT's state dict after training with the command line ``argv``."""
-    args = build_parser().parse_args(list(argv))
-    config = config_from_args(args)
-    model = init_gpt(config, args.seed, getattr(torch, args.dtype))
-    for _ in single_device_run(config, args, model=model):
-        pass
-    return model.state_dict()
-
-
-def single_device_losses(argv, start=None):
-    """[loss per step] of the single-device reference for the same command line as train."""
-    args = build_parser().parse_args(argv)
-    full = ckpt.load_full(args.load, config_from_args(args)) if args.load and start is None else start
-    return [loss for _, loss in single_device_run(config_from_args(args), args, full)]
-
-
 def train_on_comm(comm, argv=()):
     """One TP rank's run on a tp_from_scratch Comm (e.g. run_spmd's simulated ranks), dp=1.
 
