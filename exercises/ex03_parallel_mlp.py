@@ -10,7 +10,8 @@ The one collective you need is `all_reduce(comm, x)` (imported below): it return
 sum of x over all ranks, on every rank. The graders count your all-reduces with the
 meter: one too many or one too few fails, even when the numbers come out right.
 
-Shapes: x (B, T, H); a linear layer computes y = x @ w + b with w of shape (in, out).
+Shapes: x (B, T, H); a linear layer computes y = x @ w + b with w of shape (in, out)
+(torch's nn.Linear stores the transpose, (out, in); the parameter names are the torch GPT's).
 A "cache" is whatever your forward needs to keep for its backward (a tuple is fine);
 the graders only pass it from your forward to your backward.
 """
@@ -82,18 +83,20 @@ def row_parallel_linear_backward(comm, dy, cache):
 
 # -- the MLP: column-parallel, GeLU, row-parallel -------------------------------------------
 
-def mlp_forward(comm, x, params_local):
+def parallel_mlp_forward(comm, x, params_local):
     """y = row(gelu(column(x))), with exactly one all-reduce. Return (y, cache).
 
-    x: (B, T, H) replicated. params_local: {"w1" (H, F/t), "b1" (F/t,), "w2" (F/t, H), "b2" (H,)}.
+    x: (B, T, H) replicated. params_local: {"fc.weight" (H, F/t), "fc.bias" (F/t,),
+    "proj.weight" (F/t, H), "proj.bias" (H,)}.
     Use your two linear layers above and gelu_forward / gelu_backward (imported above).
     """
-    raise NotImplementedError("Exercise 3 (mlp_forward): see lessons/03_parallel_mlp.ipynb")
+    raise NotImplementedError("Exercise 3 (parallel_mlp_forward): see lessons/03_parallel_mlp.ipynb")
 
 
-def mlp_backward(comm, dy, cache):
+def parallel_mlp_backward(comm, dy, cache):
     """Given dL/dy (B, T, H), return (dx, grads_local) with exactly one all-reduce.
 
-    grads_local has the keys of params_local: {"w1", "b1", "w2", "b2"}, this rank's shards.
+    grads_local has the keys of params_local ("fc.weight", "fc.bias", "proj.weight",
+    "proj.bias"): the gradients of this rank's shards.
     """
-    raise NotImplementedError("Exercise 3 (mlp_backward): see lessons/03_parallel_mlp.ipynb")
+    raise NotImplementedError("Exercise 3 (parallel_mlp_backward): see lessons/03_parallel_mlp.ipynb")

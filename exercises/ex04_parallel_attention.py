@@ -5,11 +5,14 @@ Replace each `raise NotImplementedError(...)` with your code, then run
     make grade            (or: pytest exercises -m ex04)
 
 Shapes: x (B, T, H); nh query heads and nkv key/value heads of size hs; t = TP degree.
-Full (single-device) parameters, weights in the math convention y = x @ w + b:
-    wq (H, nh*hs), bq (nh*hs,)      wk, wv (H, nkv*hs), bk, bv (nkv*hs,)
-    wo (nh*hs, H), bo (H,)
-The columns of wq (and rows of wo) are grouped by head: head j owns columns j*hs:(j+1)*hs.
-Query head j attends with key/value head j // (nh // nkv).
+Full (single-device) parameters, named as in the torch GPT, weights in the math convention
+y = x @ w + b (torch stores the transpose):
+    q.weight (H, nh*hs), q.bias (nh*hs,)
+    k.weight (H, nkv*hs)                    (no key bias: softmax would ignore it)
+    v.weight (H, nkv*hs), v.bias (nkv*hs,)
+    o.weight (nh*hs, H), o.bias (H,)
+The columns of q.weight (and rows of o.weight) are grouped by head: head j owns columns
+j*hs:(j+1)*hs. Query head j attends with key/value head j // (nh // nkv).
 
 You may use exercise 3's pieces from the library, e.g.
     from tp_from_scratch.layers.linear import row_parallel_linear_forward, ...
@@ -27,7 +30,7 @@ def shard_attention_params(params, n_heads, n_kv_heads, tp, rank):
     """Rank `rank`'s share of the full attention parameters, for TP degree `tp`.
 
     Query heads are split into tp contiguous groups of nh/tp heads: rank r gets the columns
-    of wq, bq (and the rows of wo) of its heads. bo is replicated.
+    of q.weight, q.bias (and the rows of o.weight) of its heads. o.bias is replicated.
     Key/value heads: if tp divides nkv, rank r gets nkv/tp contiguous KV heads; if nkv < tp,
     every rank gets (a copy of) the one KV head its query heads attend with.
     Raise a ValueError naming the quantity when the heads do not split that way: tp must
@@ -37,17 +40,17 @@ def shard_attention_params(params, n_heads, n_kv_heads, tp, rank):
     raise NotImplementedError("Exercise 4 (shard_attention_params): see lessons/04_parallel_attention.ipynb")
 
 
-def attention_forward(comm, x, params_local, n_heads, n_kv_heads):
+def parallel_attention_forward(comm, x, params_local, n_heads, n_kv_heads):
     """Causal self-attention over this rank's heads, then a row-parallel output projection.
 
     x: (B, T, H) replicated; params_local from shard_attention_params; n_heads, n_kv_heads:
     the GLOBAL head counts. Return (y, cache) with y (B, T, H), the full output on every rank.
     Collectives: one all-reduce forward (after the output projection), one backward.
     """
-    raise NotImplementedError("Exercise 4 (attention_forward): see lessons/04_parallel_attention.ipynb")
+    raise NotImplementedError("Exercise 4 (parallel_attention_forward): see lessons/04_parallel_attention.ipynb")
 
 
-def attention_backward(comm, dy, cache):
+def parallel_attention_backward(comm, dy, cache):
     """Given dL/dy (B, T, H), return (dx, grads_local).
 
     dx: (B, T, H), the full input gradient on every rank. grads_local: the keys of
@@ -55,4 +58,4 @@ def attention_backward(comm, dy, cache):
     hold a copy of, return this rank's contribution (the gradient through its own query
     heads); the copies' gradients add up to the full gradient.
     """
-    raise NotImplementedError("Exercise 4 (attention_backward): see lessons/04_parallel_attention.ipynb")
+    raise NotImplementedError("Exercise 4 (parallel_attention_backward): see lessons/04_parallel_attention.ipynb")

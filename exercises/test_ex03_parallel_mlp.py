@@ -143,14 +143,16 @@ def test_row_parallel_linear_matches_single_device(impl, t, dtype):
 # -- the MLP ------------------------------------------------------------------------------
 
 def mlp_params(rng, dtype):
-    return {"w1": data(rng, (H, F), dtype), "b1": data(rng, (F,), dtype),
-            "w2": data(rng, (F, H), dtype), "b2": data(rng, (H,), dtype)}
+    return {"fc.weight": data(rng, (H, F), dtype), "fc.bias": data(rng, (F,), dtype),
+            "proj.weight": data(rng, (F, H), dtype), "proj.bias": data(rng, (H,), dtype)}
 
 
 def mlp_shards(params, t):
-    """Rank r's MLP parameters: w1/b1 column blocks, w2 row blocks, b2 replicated."""
-    w1, b1, w2 = shard(params["w1"], t, 1), shard(params["b1"], t, 0), shard(params["w2"], t, 0)
-    return [{"w1": w1[r], "b1": b1[r], "w2": w2[r], "b2": params["b2"].copy()} for r in range(t)]
+    """Rank r's MLP parameters: fc column blocks, proj.weight row blocks, proj.bias replicated."""
+    w_fc, b_fc = shard(params["fc.weight"], t, 1), shard(params["fc.bias"], t, 0)
+    w_proj = shard(params["proj.weight"], t, 0)
+    return [{"fc.weight": w_fc[r], "fc.bias": b_fc[r], "proj.weight": w_proj[r],
+             "proj.bias": params["proj.bias"].copy()} for r in range(t)]
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -163,15 +165,15 @@ def test_mlp_matches_single_device_with_one_all_reduce_each_way(impl, t, dtype):
     local_params = mlp_shards(params, t)
     expected_grads = mlp_shards(grads_ref, t)  # the gradients shard exactly like the weights...
     for r in range(t):
-        expected_grads[r]["b2"] = grads_ref["b2"]  # ...and the replicated b2 gets the full gradient
+        expected_grads[r]["proj.bias"] = grads_ref["proj.bias"]  # ...and the replicated proj.bias gets the full gradient
     before = [{k: v.copy() for k, v in p.items()} for p in local_params]
 
     def on_rank(comm):
         comm.meter.reset()
-        y, cache = impl.mlp_forward(comm, x, local_params[comm.rank])
+        y, cache = impl.parallel_mlp_forward(comm, x, local_params[comm.rank])
         forward_calls = collective_calls(comm)
         comm.meter.reset()
-        dx, grads = impl.mlp_backward(comm, dy, cache)
+        dx, grads = impl.parallel_mlp_backward(comm, dy, cache)
         return y, dx, grads, forward_calls, collective_calls(comm)
 
     x_before = x.copy()

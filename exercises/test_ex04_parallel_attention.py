@@ -24,6 +24,7 @@ CONFIGS = [
     (4, 4, 4), (4, 4, 2), (4, 4, 1),
 ]
 CONFIG_IDS = [f"t{t}-nh{nh}-nkv{nkv}" for t, nh, nkv in CONFIGS]
+KV_KEYS = ("k.weight", "v.weight", "v.bias")
 
 
 def head_columns(first, count):
@@ -43,10 +44,10 @@ def expected_shard(params, t, nh, nkv, rank):
     q_cols = head_columns(rank * (nh // t), nh // t)
     kv_cols = head_columns(*kv_heads_of(rank, t, nkv))
     return {
-        "wq": params["wq"][:, q_cols], "bq": params["bq"][q_cols],
-        "wk": params["wk"][:, kv_cols], "bk": params["bk"][kv_cols],
-        "wv": params["wv"][:, kv_cols], "bv": params["bv"][kv_cols],
-        "wo": params["wo"][q_cols, :], "bo": params["bo"],
+        "q.weight": params["q.weight"][:, q_cols], "q.bias": params["q.bias"][q_cols],
+        "k.weight": params["k.weight"][:, kv_cols],  # no key bias, as in the torch GPT
+        "v.weight": params["v.weight"][:, kv_cols], "v.bias": params["v.bias"][kv_cols],
+        "o.weight": params["o.weight"][q_cols, :], "o.bias": params["o.bias"],
     }
 
 
@@ -87,10 +88,10 @@ def test_parallel_attention_matches_single_device(impl, t, nh, nkv, dtype):
 
     def on_rank(comm):
         comm.meter.reset()
-        y, cache = impl.attention_forward(comm, x, shards[comm.rank], nh, nkv)
+        y, cache = impl.parallel_attention_forward(comm, x, shards[comm.rank], nh, nkv)
         forward_calls = collective_calls(comm)
         comm.meter.reset()
-        dx, grads = impl.attention_backward(comm, dy, cache)
+        dx, grads = impl.parallel_attention_backward(comm, dy, cache)
         return y, dx, grads, forward_calls, collective_calls(comm)
 
     results = run_graded(on_rank, t)
@@ -101,10 +102,10 @@ def test_parallel_attention_matches_single_device(impl, t, nh, nkv, dtype):
         assert set(grads) == set(shards[rank]), f"rank {rank}: gradient keys {sorted(grads)}"
         # query heads and the output projection belong to one rank: their gradients are shards
         expected = expected_shard(grads_ref, t, nh, nkv, rank)
-        for key in ("wq", "bq", "wo", "bo"):
+        for key in ("q.weight", "q.bias", "o.weight", "o.bias"):
             assert_matches_reference(grads[key], expected[key], name=f"grad of {key}", rank=rank)
         if nkv >= t:  # each KV head lives on one rank
-            for key in ("wk", "bk", "wv", "bv"):
+            for key in KV_KEYS:
                 assert_matches_reference(grads[key], expected[key], name=f"grad of {key}", rank=rank)
         assert forward_calls == {"all_reduce": 1}, f"rank {rank}: forward made {forward_calls}"
         assert backward_calls == {"all_reduce": 1}, f"rank {rank}: backward made {backward_calls}"
@@ -114,7 +115,7 @@ def test_parallel_attention_matches_single_device(impl, t, nh, nkv, dtype):
         for head in range(nkv):
             holders = [r for r in range(t) if kv_heads_of(r, t, nkv)[0] == head]
             cols = head_columns(head, 1)
-            for key in ("wk", "bk", "wv", "bv"):
+            for key in KV_KEYS:
                 total = sum(results[r][2][key] for r in holders)
                 assert_matches_reference(total, grads_ref[key][..., cols],
                                          name=f"grad of {key} (KV head {head}, summed over ranks {holders})")

@@ -15,7 +15,8 @@ MODULE = "tp_from_scratch.demos.transformer_block"
 
 
 def assert_demo_succeeded(out, ranks):
-    assert "18/18 tensors match on rank 0; all ranks" in out, out
+    # output, grad of x and the 15 parameter gradients (no key bias, as in the torch GPT)
+    assert "17/17 tensors match on rank 0; all ranks" in out, out
     assert "MISMATCH" not in out
     theory, measured = re.search(r"= (\d+) bytes sent per rank; measured (\d+)", out).groups()
     assert theory == measured, out

@@ -2,7 +2,7 @@
 without summing it over the ranks (f's all-reduce is missing)."""
 from tp_from_scratch.layers.linear import row_parallel_linear_backward, row_parallel_linear_forward  # noqa: F401
 from tp_from_scratch.layers.mappings import f_backward, f_forward, g_backward, g_forward  # noqa: F401
-from tp_from_scratch.layers.mlp import mlp_backward, mlp_forward  # noqa: F401
+from tp_from_scratch.layers.mlp import parallel_mlp_backward, parallel_mlp_forward  # noqa: F401
 
 
 def column_parallel_linear_forward(comm, x, w_shard, b_shard):

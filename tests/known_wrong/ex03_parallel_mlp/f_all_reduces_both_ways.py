@@ -6,7 +6,7 @@ from tp_from_scratch.layers.linear import (  # noqa: F401
     row_parallel_linear_backward, row_parallel_linear_forward,
 )
 from tp_from_scratch.layers.mappings import f_backward, g_backward, g_forward  # noqa: F401
-from tp_from_scratch.layers.mlp import mlp_backward, mlp_forward  # noqa: F401
+from tp_from_scratch.layers.mlp import parallel_mlp_backward, parallel_mlp_forward  # noqa: F401
 
 
 def f_forward(comm, x):

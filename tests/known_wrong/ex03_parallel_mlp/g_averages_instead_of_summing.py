@@ -5,7 +5,7 @@ from tp_from_scratch.layers.linear import (  # noqa: F401
     row_parallel_linear_backward, row_parallel_linear_forward,
 )
 from tp_from_scratch.layers.mappings import f_backward, f_forward, g_backward  # noqa: F401
-from tp_from_scratch.layers.mlp import mlp_backward, mlp_forward  # noqa: F401
+from tp_from_scratch.layers.mlp import parallel_mlp_backward, parallel_mlp_forward  # noqa: F401
 
 
 def g_forward(comm, x):

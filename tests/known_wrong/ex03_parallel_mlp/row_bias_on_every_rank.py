@@ -3,7 +3,7 @@ so y gets t copies of b (right only at t=1)."""
 from tp_from_scratch.collectives import all_reduce
 from tp_from_scratch.layers.linear import column_parallel_linear_backward, column_parallel_linear_forward  # noqa: F401
 from tp_from_scratch.layers.mappings import f_backward, f_forward, g_backward, g_forward  # noqa: F401
-from tp_from_scratch.layers.mlp import mlp_backward, mlp_forward  # noqa: F401
+from tp_from_scratch.layers.mlp import parallel_mlp_backward, parallel_mlp_forward  # noqa: F401
 
 
 def row_parallel_linear_forward(comm, x_local, w_shard, b):

@@ -6,16 +6,16 @@ from tp_from_scratch.layers.reference import linear_backward, linear_forward
 from tp_from_scratch.layers.reference import qkv_attention_backward, qkv_attention_forward
 
 
-def attention_forward(comm, x, params_local, n_heads, n_kv_heads):
+def parallel_attention_forward(comm, x, params_local, n_heads, n_kv_heads):
     t = comm.world_size
     o, c_attn = qkv_attention_forward(x, params_local, n_heads // t, max(n_kv_heads // t, 1))
-    partial, c_out = linear_forward(o, params_local["wo"], None)
-    return all_reduce(comm, partial) + params_local["bo"], (c_attn, c_out)
+    partial, c_out = linear_forward(o, params_local["o.weight"], None)
+    return all_reduce(comm, partial) + params_local["o.bias"], (c_attn, c_out)
 
 
-def attention_backward(comm, dy, cache):
+def parallel_attention_backward(comm, dy, cache):
     c_attn, c_out = cache
     do, dwo, _ = linear_backward(dy, c_out)
     dx, grads = qkv_attention_backward(do, c_attn)  # wrong: dx is only this rank's share
-    grads.update(wo=dwo, bo=dy.reshape(-1, dy.shape[-1]).sum(axis=0))
+    grads.update({"o.weight": dwo, "o.bias": dy.reshape(-1, dy.shape[-1]).sum(axis=0)})
     return dx, grads

@@ -1,7 +1,7 @@
 """Known-wrong: the projections are split along the head-size axis instead of the head axis:
 every rank gets a 1/t slice of EVERY head. The local shapes are the right ones, so nothing
 crashes, but each rank's "heads" are fragments and the attention scores come out wrong."""
-from tp_from_scratch.layers.attention import attention_backward, attention_forward  # noqa: F401
+from tp_from_scratch.layers.attention import parallel_attention_backward, parallel_attention_forward  # noqa: F401
 
 
 def _split_head_size(w, n, tp, rank, axis):
@@ -14,9 +14,10 @@ def _split_head_size(w, n, tp, rank, axis):
 
 
 def shard_attention_params(params, n_heads, n_kv_heads, tp, rank):
-    local = {"bo": params["bo"].copy()}
+    local = {"o.bias": params["o.bias"].copy()}
     for name, n in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):
-        local["w" + name] = _split_head_size(params["w" + name], n, tp, rank, axis=1).copy()
-        local["b" + name] = _split_head_size(params["b" + name], n, tp, rank, axis=0).copy()
-    local["wo"] = _split_head_size(params["wo"], n_heads, tp, rank, axis=0).copy()
+        local[f"{name}.weight"] = _split_head_size(params[f"{name}.weight"], n, tp, rank, axis=1).copy()
+        if name != "k":  # no key bias
+            local[f"{name}.bias"] = _split_head_size(params[f"{name}.bias"], n, tp, rank, axis=0).copy()
+    local["o.weight"] = _split_head_size(params["o.weight"], n_heads, tp, rank, axis=0).copy()
     return local

@@ -6,16 +6,16 @@ from tp_from_scratch.layers.reference import linear_backward, linear_forward
 from tp_from_scratch.layers.reference import qkv_attention_backward, qkv_attention_forward
 
 
-def attention_forward(comm, x, params_local, n_heads, n_kv_heads):
+def parallel_attention_forward(comm, x, params_local, n_heads, n_kv_heads):
     t = comm.world_size
     o, c_attn = qkv_attention_forward(x, params_local, n_heads // t, max(n_kv_heads // t, 1))
-    partial, c_out = linear_forward(o, params_local["wo"], params_local["bo"])  # wrong: bias t times
+    partial, c_out = linear_forward(o, params_local["o.weight"], params_local["o.bias"])  # wrong: bias t times
     return all_reduce(comm, partial), (c_attn, c_out)
 
 
-def attention_backward(comm, dy, cache):
+def parallel_attention_backward(comm, dy, cache):
     c_attn, c_out = cache
     do, dwo, dbo = linear_backward(dy, c_out)
     dx, grads = qkv_attention_backward(do, c_attn)
-    grads.update(wo=dwo, bo=dbo)
+    grads.update({"o.weight": dwo, "o.bias": dbo})
     return all_reduce(comm, dx), grads
