@@ -47,7 +47,8 @@ from tp_from_scratch.compare import assert_all_match, assert_matches_reference, 
 from tp_from_scratch.layers import reference
 from tp_from_scratch.layers.linear import (column_parallel_linear_forward, row_parallel_linear_forward,
                                           shard_column_parallel_linear, shard_row_parallel_linear)
-from tp_from_scratch.layers.mlp import gather_mlp_params, mlp_backward, mlp_forward, shard_mlp_params
+from tp_from_scratch.layers.mlp import (gather_mlp_params, parallel_mlp_backward, parallel_mlp_forward,
+                                       shard_mlp_params)
 from tp_from_scratch.sharding import shard, unshard
 from tp_from_scratch.testing import random_array, rank_rng
 
@@ -60,6 +61,14 @@ print({k: v.shape for k, v in params.items()}, "->", y_ref.shape)"""),
     new_markdown_cell(r"""## 1. The single-device MLP, and where to cut it
 
 $$ y = \mathrm{gelu}(x W_1 + b_1)\, W_2 + b_2, \qquad W_1: (H, F),\quad W_2: (F, H). $$
+
+In the code the parameters carry the names of the torch GPT of Lessons 5 and 6: $W_1$ is
+`fc.weight`, $b_1$ `fc.bias`, $W_2$ `proj.weight`, $b_2$ `proj.bias`. numpy keeps the math layout
+$W$ (in, out) and computes `x @ W + b`; torch's `nn.Linear` stores the transpose, (out, in)
+(`reference.params_to_torch` / `params_from_torch` convert). The GeLU is GPT-2's tanh approximation
+("gelu_new", `F.gelu(x, approximate="tanh")`), while the torch GPT of Lesson 6 uses torch's default,
+the exact erf form $\tfrac12 x\,(1 + \mathrm{erf}(x/\sqrt2))$. The two differ by up to 4.7e-4, so
+compare a numpy block with a torch block only when both use the same form.
 
 Cut $W_1$ by **columns**, $W_1 = [W_1^{(0)} \dots W_1^{(t-1)}]$ (written `W1[H, F_t]`): rank $i$
 computes $h^{(i)} = x W_1^{(i)} + b_1^{(i)}$, column block $i$ of $h$, from a Replicated $x$ and
@@ -79,7 +88,7 @@ Two other cuts would cost more:
   *before* the GeLU and another after $W_2$.
 
 The next cell checks both facts numerically."""),
-    new_code_cell("""h = x @ params["w1"] + params["b1"]                  # (B, T, F)
+    new_code_cell("""h = x @ params["fc.weight"] + params["fc.bias"]      # (B, T, F)
 gelu_h, _ = reference.gelu_forward(h)
 t = 4
 for i, h_i in enumerate(shard(h, t, axis=-1)):       # (B, T, F/t) each
@@ -87,7 +96,7 @@ for i, h_i in enumerate(shard(h, t, axis=-1)):       # (B, T, F/t) each
     assert_matches_reference(reference.gelu_forward(h_i)[0], shard(gelu_h, t, -1)[i], name="gelu of a shard", rank=i, exact=True)
 print("gelu(column block) == column block of gelu(h), exactly, on all", t, "ranks")
 
-partials = [x_i @ w_i for x_i, w_i in zip(shard(x, t, -1), shard(params["w1"], t, 0))]  # row-parallel first
+partials = [x_i @ w_i for x_i, w_i in zip(shard(x, t, -1), shard(params["fc.weight"], t, 0))]  # row-parallel first
 gelu_of_sum = reference.gelu_forward(sum(partials))[0]
 sum_of_gelus = sum(reference.gelu_forward(p)[0] for p in partials)
 print(f"but gelu(sum of partials) vs sum of gelu(partials): largest difference {max_error(sum_of_gelus, gelu_of_sum):.3f}")"""),
@@ -145,19 +154,21 @@ communication:
     new_markdown_cell(r"""## 4. The parallel MLP on simulated ranks
 
 `run_spmd(fn, t)` runs `fn(comm)` on t threads, one per rank, each with its own communicator.
-Each rank takes its shard of the full parameters (`shard_mlp_params`), runs `mlp_forward` and
-`mlp_backward`, and returns its output, its input gradient and the gradients of its shards.
+Each rank takes its shard of the full parameters (`shard_mlp_params`), runs `parallel_mlp_forward`
+and `parallel_mlp_backward` (the single-device ones are `reference.mlp_forward` / `mlp_backward`),
+and returns its output, its input gradient and the gradients of its shards.
 We then compare with the single-device MLP: the output and $dx$ on **every** rank, and the weight
-gradients after gluing the shards back (`gather_mlp_params`; b2's copies must agree bit for bit).
+gradients after gluing the shards back (`gather_mlp_params`; the copies of `proj.bias` must agree bit
+for bit).
 The tolerance is the course's one policy (`tp_from_scratch.compare`): a changed summation order
 only."""),
     new_code_cell("""dy = random_array(rng, (B, T, H))
 dx_ref, grads_ref = reference.mlp_backward(dy, cache_ref)
 
 def mlp_step(comm):
-    local = shard_mlp_params(params, comm.world_size, comm.rank)   # w1 (H, F/t), b1, w2 (F/t, H), b2 (H,)
-    y, cache = mlp_forward(comm, x, local)
-    dx, grads = mlp_backward(comm, dy, cache)
+    local = shard_mlp_params(params, comm.world_size, comm.rank)   # fc.weight (H, F/t), proj.weight (F/t, H), ...
+    y, cache = parallel_mlp_forward(comm, x, local)
+    dx, grads = parallel_mlp_backward(comm, dy, cache)
     return y, dx, grads
 
 for t in [1, 2, 3, 4]:
@@ -166,7 +177,7 @@ for t in [1, 2, 3, 4]:
         assert_matches_reference(y, y_ref, name="y", rank=rank)
         assert_matches_reference(dx, dx_ref, name="dx", rank=rank)
     assert_all_match(gather_mlp_params([grads for _, _, grads in results]), grads_ref)
-    print(f"t={t}: y, dx on every rank and dW1, db1, dW2, db2 match the single-device MLP")"""),
+    print(f"t={t}: y, dx on every rank and the gradients of {', '.join(grads_ref)} match the single-device MLP")"""),
     new_markdown_cell(r"""With integer-valued data every sum is exact in any order, so the parallel result must match
 **bit for bit**: a good way to see that the only difference above is rounding. Here the row-parallel
 layer on its own (the GeLU would leave the integers):"""),
@@ -192,10 +203,10 @@ Note what is *not* in the formula: F. The wide (B, T, F) hidden activation never
     new_code_cell("""def metered_mlp_step(comm):
     local = shard_mlp_params(params, comm.world_size, comm.rank)
     comm.meter.reset()
-    y, cache = mlp_forward(comm, x, local)
+    y, cache = parallel_mlp_forward(comm, x, local)
     forward = comm.meter.snapshot()["by_collective"]
     comm.meter.reset()
-    mlp_backward(comm, dy, cache)
+    parallel_mlp_backward(comm, dy, cache)
     return forward, comm.meter.snapshot()["by_collective"]
 
 N, itemsize = B * T * H, x.itemsize
@@ -224,8 +235,8 @@ plt.show()"""),
     new_code_cell("""def mlp_table(comm):
     local = shard_mlp_params(params, comm.world_size, comm.rank)
     comm.meter.reset()
-    y, cache = mlp_forward(comm, x, local)
-    mlp_backward(comm, dy, cache)
+    y, cache = parallel_mlp_forward(comm, x, local)
+    parallel_mlp_backward(comm, dy, cache)
     return comm.meter.table()
 
 print(run_spmd(mlp_table, 4)[0])"""),
@@ -245,8 +256,8 @@ except ValueError as error:
     new_markdown_cell(r"""## Your turn: exercise 3
 
 Open `exercises/ex03_parallel_mlp.py` and write `f_forward`, `f_backward`, `g_forward`,
-`g_backward`, the column- and row-parallel linear layers (forward and backward) and the MLP,
-using `all_reduce` from Lesson 2. Then
+`g_backward`, the column- and row-parallel linear layers (forward and backward) and the MLP
+(`parallel_mlp_forward`, `parallel_mlp_backward`), using `all_reduce` from Lesson 2. Then
 
     make grade                    # or: pytest exercises -m ex03
 

@@ -44,9 +44,10 @@ from matplotlib.patches import Rectangle
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.compare import assert_all_match, assert_matches_reference
 from tp_from_scratch.layers import BlockConfig, reference
-from tp_from_scratch.layers.attention import (attention_backward, attention_forward, gather_attention_grads,
-                                             kv_heads_of_rank, shard_attention_params)
-from tp_from_scratch.layers.block import block_backward, block_forward, gather_block_grads, shard_block_params
+from tp_from_scratch.layers.attention import (gather_attention_grads, kv_heads_of_rank, parallel_attention_backward,
+                                             parallel_attention_forward, shard_attention_params)
+from tp_from_scratch.layers.block import (gather_block_grads, parallel_block_backward, parallel_block_forward,
+                                         shard_block_params)
 from tp_from_scratch.plots import device_color
 from tp_from_scratch.testing import random_array, rank_rng
 
@@ -54,9 +55,16 @@ rng = rank_rng(4)"""),
     new_markdown_cell(r"""## 1. Heads split across ranks
 
 Single-device attention with nh query heads of size hs:
-$q = x W_q$ (B, T, nh·hs), $k = x W_k$, $v = x W_v$ (B, T, nkv·hs); head $j$ computes
+$q = x W_q + b_q$ (B, T, nh·hs), $k = x W_k$, $v = x W_v + b_v$ (B, T, nkv·hs); head $j$ computes
 $\mathrm{softmax}(q_j k_{j'}^\top/\sqrt{hs} + \text{causal mask})\, v_{j'}$ with $j' = j \,/\!/\, (nh/nkv)$,
-the heads are concatenated into $o$ (B, T, nh·hs), and $y = o W_o + b_o$.
+the heads are concatenated into $o$ (B, T, nh·hs), and $y = o W_o + b_o$. In the code these are
+`q.weight`, `q.bias`, `k.weight`, `v.weight`, `v.bias`, `o.weight`, `o.bias`, the names of the torch
+GPT's attention (weights kept as (in, out) here, stored transposed by torch).
+
+There is no key bias, here or in the torch GPT: it would add $q_i \cdot b_k$ to every score of
+query $i$, the same number along the whole row, and softmax does not change when a constant is
+added to its row. So it never changes the output, and its gradient is exactly zero (the test
+`test_a_key_bias_changes_nothing_and_gets_no_gradient` checks both).
 
 The columns of $W_q$ are grouped by head. Cut them into t contiguous groups of nh/t heads:
 **column-parallel by heads**. Rank $i$ computes $q$, $k$, $v$ for its own heads only, from a
@@ -128,8 +136,8 @@ x, dy = random_array(rng, (B, T, H)), random_array(rng, (B, T, H))
 
 def attention_step(comm, params, nkv):
     local = shard_attention_params(params, nh, nkv, comm.world_size, comm.rank)
-    y, cache = attention_forward(comm, x, local, nh, nkv)
-    dx, grads = attention_backward(comm, dy, cache)
+    y, cache = parallel_attention_forward(comm, x, local, nh, nkv)
+    dx, grads = parallel_attention_backward(comm, dy, cache)
     return y, dx, grads
 
 for nkv in [8, 2, 1]:
@@ -142,18 +150,20 @@ for nkv in [8, 2, 1]:
             assert_matches_reference(y, y_ref, name="y", rank=rank)
             assert_matches_reference(dx, dx_ref, name="dx", rank=rank)
         assert_all_match(gather_attention_grads([g for *_, g in results], nh, nkv), grads_ref)
-    print(f"nkv={nkv}: y, dx and all 8 weight gradients match the single-device attention for t = 1, 2, 4, 8")
+    print(f"nkv={nkv}: y, dx and all {len(grads_ref)} parameter gradients match the single-device attention"
+          " for t = 1, 2, 4, 8")
 
 # the copies of a replicated KV head: each is Partial, their sum is the gradient
 t, nkv = 4, 2
 params = reference.init_attention_params(rng, H, nh, nkv)
 grads_ref = reference.attention_backward(dy, reference.attention_forward(x, params, nh, nkv)[1])[1]
 results = run_spmd(attention_step, t, params, nkv)
-copy0, copy1 = results[0][2]["wk"], results[1][2]["wk"]     # ranks 0 and 1 share KV head 0
+copy0, copy1 = results[0][2]["k.weight"], results[1][2]["k.weight"]   # ranks 0 and 1 share KV head 0
 hs = H // nh
-print("rank 0's copy alone matches?", np.allclose(copy0, grads_ref["wk"][:, :hs]),
-      "| rank 1's alone?", np.allclose(copy1, grads_ref["wk"][:, :hs]))
-assert_matches_reference(copy0 + copy1, grads_ref["wk"][:, :hs], name="dWk of KV head 0 (sum of the two copies)")
+print("rank 0's copy alone matches?", np.allclose(copy0, grads_ref["k.weight"][:, :hs]),
+      "| rank 1's alone?", np.allclose(copy1, grads_ref["k.weight"][:, :hs]))
+assert_matches_reference(copy0 + copy1, grads_ref["k.weight"][:, :hs],
+                         name="grad of k.weight, KV head 0 (sum of the two copies)")
 print("their sum matches: the gradient of a replicated KV head is the SUM over its copies")"""),
     new_markdown_cell(r"""## 3. The transformer block: two regions, four all-reduces
 
@@ -187,10 +197,10 @@ dx_ref, grads_ref = reference.block_backward(dy, cache)
 def block_step(comm):
     local = shard_block_params(block_params, config, comm.world_size, comm.rank)
     comm.meter.reset()
-    y, cache = block_forward(comm, x, local, config)
+    y, cache = parallel_block_forward(comm, x, local, config)
     forward = comm.meter.snapshot()["by_collective"]
     comm.meter.reset()
-    dx, grads = block_backward(comm, dy, cache)
+    dx, grads = parallel_block_backward(comm, dy, cache)
     return y, dx, grads, forward, comm.meter.snapshot()["by_collective"]
 
 N, itemsize = B * T * H, x.itemsize
@@ -220,11 +230,13 @@ ax.set_xlabel("TP degree t"); ax.set_ylabel("bytes sent per rank, per block step
 ax.set_title("transformer block communication per rank")
 plt.show()"""),
     new_markdown_cell(r"""The table one rank's meter prints for a whole block step (t = 4), and what each rank stores:
-1/t of every weight matrix, plus the Replicated LayerNorm weights and the biases $b_o$, $b_2$."""),
+1/t of every weight matrix, plus the Replicated LayerNorm weights and the biases added after an
+all-reduce, `attn.o.bias` and `mlp.proj.bias`. The names are the torch GPT Block's, so
+`reference.params_to_torch(block_params)` loads straight into it."""),
     new_code_cell("""def block_table(comm):
     local = shard_block_params(block_params, config, comm.world_size, comm.rank)
     comm.meter.reset()
-    block_backward(comm, dy, block_forward(comm, x, local, config)[1])
+    parallel_block_backward(comm, dy, parallel_block_forward(comm, x, local, config)[1])
     return comm.meter.table(), sum(p.nbytes for p in local.values())
 
 results = run_spmd(block_table, 4)
@@ -234,7 +246,7 @@ print(f"\\nparameter bytes per rank at t=4: {[r[1] for r in results]} of {full} 
     new_markdown_cell(r"""## Your turn: exercise 4
 
 Open `exercises/ex04_parallel_attention.py` and write `shard_attention_params` (which heads go
-where, GQA included), `attention_forward` and `attention_backward`. You may build on the library's
+where, GQA included), `parallel_attention_forward` and `parallel_attention_backward`. You may build on the library's
 parallel linear layers from exercise 3 and on the single-device helpers in
 `tp_from_scratch.layers.reference`. Then
 
