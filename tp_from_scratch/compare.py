@@ -63,7 +63,7 @@ def max_error(got, expected):
 def assert_matches_reference(got, expected, *, name="output", rank=None, exact=False, tol=None):
     """Assert that ``got`` equals the single-device ``expected`` under the tolerance policy.
 
-    name, rank: printed in the failure message ("grad of w1 on rank 2 ...").
+    name, rank: printed in the failure message ("grad of fc.weight on rank 2 ...").
     exact:      demand bit-for-bit equality (same operations in the same order).
     tol:        override the per-dtype relative bound (rarely needed; say why where used).
     Works on numpy arrays and torch tensors (compared on the CPU).
