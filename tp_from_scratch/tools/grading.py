@@ -29,6 +29,8 @@ EXERCISES = {
     "ex04": ("ex04_parallel_attention", ["tp_from_scratch.layers.attention"]),
     "ex05": ("ex05_autograd_mappings", ["tp_from_scratch.nn.mappings", "tp_from_scratch.nn.linear"]),
     "ex06": ("ex06_vocab_parallel_cross_entropy", ["tp_from_scratch.nn.cross_entropy"]),
+    "ex07": ("ex07_sequence_parallel", ["tp_from_scratch.sequence_parallel.mappings",
+                                        "tp_from_scratch.sequence_parallel.layernorm"]),
     "ex08": ("ex08_partial_sync", ["tp_from_scratch.partial_sync.autograd"]),
 }
 
