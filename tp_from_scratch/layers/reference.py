@@ -357,14 +357,15 @@ def init_block_params(rng, config, dtype=np.float64):
 def params_from_torch(state_dict):
     """numpy params (W (in, out)) from a torch state_dict (weight (out, in) = W^T), same names.
 
-    Every 2-D tensor is a linear weight and comes back transposed; 1-D ones (biases,
-    LayerNorm weights) are copied as they are. E.g. the dict of a tp_from_scratch.gpt.model
-    Block gives params for block_forward. Fresh, contiguous arrays: nothing aliases the tensors.
+    Meant for the layers of this package (a gpt.model Block's state_dict gives the params of
+    block_forward), where every 2-D tensor is a linear weight: it comes back transposed, and
+    1-D ones (biases, LayerNorm weights) as they are. An embedding table (V, H) is not a
+    linear weight and would be transposed wrongly. Fresh C-contiguous arrays: nothing aliases.
     """
     params = {}
     for name, value in state_dict.items():
         a = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
-        params[name] = np.ascontiguousarray(a.T if a.ndim == 2 else a).copy()
+        params[name] = np.array(a.T if a.ndim == 2 else a, order="C")  # np.array copies
     return params
 
 
@@ -375,5 +376,5 @@ def params_to_torch(params):
     """
     import torch  # only here: the numpy layers themselves never need torch
 
-    return {name: torch.from_numpy(np.ascontiguousarray(a.T if a.ndim == 2 else a).copy())
+    return {name: torch.from_numpy(np.array(a.T if a.ndim == 2 else a, order="C"))
             for name, a in params.items()}
