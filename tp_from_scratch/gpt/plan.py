@@ -494,6 +494,7 @@ def report(args, config, profile, say=print):
     degrees = [t for t in valid_tp_degrees(config, arch) if t <= 64]
     say(f"\nmemory per rank (GiB, TP rank 0, {args.precision}; activations are Korthikanti et al. 2022's "
         f"formula for 16-bit activations, B={B // args.dp} per rank)")
+    say("(AdamW state: m and v, plus the fp32 master weights in mixed precision; total: without SP)")
     say(f"{'t':>3} {'weights':>10} {'grads':>10} {'AdamW':>10} {'act.':>10} {'act.SP':>10} "
         f"{'act.SP+sel':>10} {'total':>10}")
     for t in degrees:
