@@ -28,7 +28,8 @@ LAUNCH_TIMEOUT = 240
 RUNS = {
     "tp2-f32": (2, ["--tp", "2", "--dtype", "float32", "--save", "{dir}/ckpt", "--save-every", "25"]),
     "tp4-f32": (4, ["--tp", "4", "--dtype", "float32"]),
-    "dp2tp2-f32": (4, ["--tp", "2", "--dtype", "float32"]),
+    # the TP groups on the from-scratch ring (a TorchComm over each TP process group)
+    "dp2tp2-f32": (4, ["--tp", "2", "--dtype", "float32", "--collectives", "scratch"]),
     "tp2-f64": (2, ["--tp", "2", "--dtype", "float64"]),
     "tp4-f64": (4, ["--tp", "4", "--dtype", "float64", "--save", "{dir}/ckpt-tp4-f64"]),
     "dtensor-tp2-f32": (2, ["--tp", "2", "--dtype", "float32", "--impl", "dtensor"]),
