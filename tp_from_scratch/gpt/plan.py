@@ -480,8 +480,9 @@ def build_parser():
 ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2}
 
 
-def gib(n):
-    return f"{n / 2 ** 30:10.3f}"
+def memory_unit(largest):
+    """("GiB", 2**30) or ("MiB", 2**20): whichever shows ``largest`` bytes with digits to read."""
+    return ("GiB", 2 ** 30) if largest >= 2 ** 30 else ("MiB", 2 ** 20)
 
 
 def report(args, config, profile, say=print):
@@ -492,7 +493,12 @@ def report(args, config, profile, say=print):
         f"nh={config.n_heads} nkv={config.n_kv_heads} F={config.ffn} tied={config.tie_embeddings}")
     say(f"parameters: {n:,} exactly, {rounded(n)} rounded")
     degrees = [t for t in valid_tp_degrees(config, arch) if t <= 64]
-    say(f"\nmemory per rank (GiB, TP rank 0, {args.precision}; activations are Korthikanti et al. 2022's "
+    unit, scale = memory_unit(sum(memory_per_rank(config, arch, 1, B // args.dp, args.precision).values()))
+
+    def size(n):
+        return f"{n / scale:10.3f}"
+
+    say(f"\nmemory per rank ({unit}, TP rank 0, {args.precision}; activations are Korthikanti et al. 2022's "
         f"formula for 16-bit activations, B={B // args.dp} per rank)")
     say("(AdamW state: m and v, plus the fp32 master weights in mixed precision; total: without SP)")
     say(f"{'t':>3} {'weights':>10} {'grads':>10} {'AdamW':>10} {'act.':>10} {'act.SP':>10} "
@@ -501,8 +507,8 @@ def report(args, config, profile, say=print):
         m = memory_per_rank(config, arch, t, B // args.dp, args.precision)
         sp = activation_bytes(config, B // args.dp, t, sequence_parallel=True)
         sel = activation_bytes(config, B // args.dp, t, sequence_parallel=True, selective=True)
-        say(f"{t:>3} {gib(m['weights'])} {gib(m['gradients'])} {gib(m['optimizer'])} "
-            f"{gib(m['activations'])} {gib(sp)} {gib(sel)} {gib(sum(m.values()))}")
+        say(f"{t:>3} {size(m['weights'])} {size(m['gradients'])} {size(m['optimizer'])} "
+            f"{size(m['activations'])} {size(sp)} {size(sel)} {size(sum(m.values()))}")
     t = args.tp
     say(f"\ncommunication per step on rank 0, tp={t} dp={args.dp}, {args.dtype} "
         f"(payload: handed to the collective; ring: sent by the ring all-reduce)")
