@@ -1,9 +1,9 @@
-"""The seed's PyTorch DTensor example, run for real on CPU, checked against our own shard().
+"""PyTorch DTensor's canonical sharding example, run for real on CPU, checked against our own shard().
 
     python -m tp_from_scratch.demos.dtensor_shard                  # launches itself: torchrun, 2 ranks
     torchrun --nproc-per-node 2 -m tp_from_scratch.demos.dtensor_shard [--rows 1024 --cols 1024 --axis 0]
 
-The seed builds a 1-D device mesh over 2 GPUs and calls
+The example builds a 1-D device mesh over 2 GPUs and calls
 ``distribute_tensor(tensor, mesh, [Shard(0)])``: each GPU then holds a (512, 1024) block of
 rows. Here the mesh is "cpu" (gloo) instead of "cuda", so it runs on a laptop. Each rank
 then checks, bit-exactly, that its DTensor local shard is exactly ``shard(x, t, axis=0)[rank]``
@@ -41,7 +41,7 @@ def run_rank(rows, cols, axis, seed):
     from torch.distributed.tensor import Shard, distribute_tensor
 
     rank, t = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh("cpu", (t,))  # the seed says "cuda"; "cpu" gives a gloo mesh
+    mesh = init_device_mesh("cpu", (t,))  # the example says "cuda"; "cpu" gives a gloo mesh
 
     # (rows, cols), different on every rank: only rank 0's will be used
     mine = torch.from_numpy(random_array(rank_rng(seed, rank), (rows, cols), np.float32))
