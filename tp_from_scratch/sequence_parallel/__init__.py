@@ -6,6 +6,11 @@
   block.py      the sequence-parallel pre-LN block, forward and backward by hand
   check.py      the block against the single-device reference on one rank of any backend
                 (`mpiexec -n 4 python -m tp_from_scratch.sequence_parallel.check`)
+  nn.py         torch: the two mappings as autograd Functions, LayerNorm with all-reduced
+                weight gradients, column layers fed by one all-gather, row layers reduce-scattered
+  model.py      SequenceParallelGPT: the tensor-parallel GPT's modules, run sequence-parallel
+  memory.py     bytes saved for backward per block, measured with saved_tensors_hooks, and
+                the formula that predicts them exactly; Korthikanti et al.'s formulas
 
-Every function takes the communicator first, as in Lessons 2-4.
+Every function takes the communicator (numpy) or group (torch) first, as in Lessons 2-5.
 """

@@ -1,0 +1,102 @@
+"""Activation memory, measured: the bytes each transformer block saves for backward.
+
+``saved_bytes_per_block(model, idx, targets)`` runs one forward under
+``torch.autograd.graph.saved_tensors_hooks``: every tensor autograd keeps for backward passes
+through the pack hook, which books the bytes of its storage once (q, k and v reading the same
+input book it once), skipping the parameters' storages (weights are not activations), to
+the block running at that moment (module hooks on ``model.blocks``). The same model code
+runs single-device, tensor-parallel and sequence-parallel, so the three are measured alike.
+
+``block_activation_bytes(...)`` is the formula for THIS model (gpt/model.py), term by term,
+per rank; the lesson prints measured / formula, which must be exactly 1. With e the dtype's
+itemsize, B batch, T sequence (T_r this rank's positions), H hidden, F ffn, nh heads:
+
+    tensor                                    single / TP (t ranks)   TP + SP
+    ln1, ln2 inputs x, h                      2 e B T H                2 e B T_r H
+    ln1, ln2 mean and 1/std                   4 e B T                  4 e B T_r
+    inputs of q|k|v and of fc (a, m)          2 e B T H                2 e B T_r H  (re-gathered
+                                                                       in backward, not kept)
+    q, k, v (k, v repeated to the nh query    3 e B T H / t            same
+      heads: GQA saves no memory here), o's
+      input y
+                                              + e B T H / t            same
+    softmax output                            e B nh T^2 / t           same
+    causal mask (bool, not per batch/head)    T^2                      same
+    GeLU input, proj input                    2 e B T F / t            same
+
+Korthikanti et al. (2022) count sbh(34 + 5as/h) bytes per layer for GPT-3 in 16-bit: the
+same tensors plus dropout (a 1-byte mask after attention, after the MLP, and on the attention
+probabilities, whose output is kept too), minus LayerNorm's statistics and the causal mask.
+Our model has no dropout; see ``korthikanti_bytes`` for their formulas.
+"""
+from collections import defaultdict
+
+import torch
+
+from tp_from_scratch.sharding import shard_sizes
+
+
+def saved_bytes_per_block(model, idx, targets):
+    """{block index: bytes saved for backward, "outside": the rest (embeddings, head, loss)}.
+
+    One forward pass; nothing is run backward. Each storage counts once, where it is first saved.
+    """
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen, booked, where = set(), defaultdict(int), ["outside"]
+
+    def pack(t):
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if storage.nbytes() and key not in params and key not in seen:
+            seen.add(key)  # the graph keeps it alive, so no other storage takes this address
+            booked[where[0]] += storage.nbytes()
+        return t
+
+    def enter(i):
+        return lambda module, args: where.__setitem__(0, i)
+
+    handles = []
+    for i, block in enumerate(model.blocks):
+        handles.append(block.register_forward_pre_hook(enter(i)))
+        handles.append(block.register_forward_hook(lambda module, args, out: where.__setitem__(0, "outside")))
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            _, loss = model(idx, targets)  # ``loss`` keeps the graph, and every saved tensor, alive
+        return dict(booked)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def block_activation_bytes(config, batch, seq, itemsize, tp=1, rank=0, sequence_parallel=False,
+                           save_gathered=False):
+    """Bytes one block saves for backward on rank ``rank``, by the table in the module docstring.
+
+    config: a GPTConfig (hidden, ffn, n_heads); seq: the full T; itemsize: bytes per element
+    of the activations (4 for float32, 8 for float64; LayerNorm's statistics share it).
+    Returns {term: bytes}; sum the values for the total.
+    """
+    B, T, H, F, nh, t, e = batch, seq, config.hidden, config.ffn, config.n_heads, tp, itemsize
+    T_r = shard_sizes(T, t)[rank] if sequence_parallel else T  # positions this rank holds
+    T_in = T if save_gathered or not sequence_parallel else T_r
+    return {
+        "LayerNorm inputs": 2 * e * B * T_r * H,
+        "LayerNorm mean, 1/std": 4 * e * B * T_r,
+        "column-layer inputs": 2 * e * B * T_in * H,
+        "q, k, v, o input": 4 * e * B * T * H // t,
+        "softmax output": e * B * nh * T * T // t,
+        "causal mask": T * T,
+        "GeLU input, proj input": 2 * e * B * T * F // t,
+    }
+
+
+def korthikanti_bytes(s, b, h, a, t=1, sequence_parallel=False, selective=False):
+    """Per-layer activation bytes of Korthikanti et al. 2022 (Eqs. 1, 2, 4; Table 2), 16-bit.
+
+    s sequence, b batch, h hidden, a heads, t TP degree. selective: the attention core
+    (QK^T, softmax, dropout, attention over V) is recomputed in backward.
+    """
+    scores = 0 if selective else 5 * a * s / h
+    if sequence_parallel:
+        return s * b * h / t * (34 + scores)
+    return s * b * h * (10 + 24 / t + scores / t)

@@ -1,0 +1,99 @@
+"""The sequence-parallel GPT: the tensor-parallel GPT's own modules, run with a different forward.
+
+Sequence parallelism changes no weight. ``SequenceParallelGPT`` takes a TensorParallelGPT and
+keeps its modules (the same ``gpt.model.Block`` objects, the same parameter names and shards,
+so the same checkpoint); only where the activations live between the layers differs:
+
+    idx (B, T) --wte (vocab-parallel, all-reduce) + wpe--> (B, T, H) Replicated
+      --scatter(T)--> x (B, T_r, H) Sharded(1)                   T_r: this rank's positions
+    per block:
+      ln1 on (B, T_r, H) --g: all-gather(T)--> q, k, v (B, T, heads/t*hs)   Sharded heads
+      attention --o, g-bar: reduce-scatter(T)--> + x                         Sharded(1)
+      ln2 --g--> fc (B, T, F/t) --GeLU--> proj --g-bar--> + x                Sharded(1)
+    ln_f on (B, T_r, H) --g--> (B, T, H) --LM head--> logits (B, T, V/t) Sharded(vocab)
+
+Per block: 2 all-gathers + 2 reduce-scatters forward where the TP model makes 2 all-reduces;
+backward the same, plus one all-gather per column group (the gathered input is not kept,
+see nn.ColumnLinearsFromSequence) and the all-reduces of the LayerNorm and row-bias
+gradients, which are Partial under SP. Megatron-LM turns the embedding's all-reduce into a
+reduce-scatter; here it stays an all-reduce followed by a local split, to reuse the TP
+embedding unchanged.
+"""
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from tp_from_scratch.gpt.model import causal_self_attention, gpt_to_tp
+from tp_from_scratch.nn import vocab_parallel_cross_entropy
+from tp_from_scratch.nn.mappings import tp_world_size
+from tp_from_scratch.sequence_parallel.nn import (
+    column_linears_from_sequence, gather_from_sequence_parallel_region, row_linear_to_sequence,
+    scatter_to_sequence_parallel_region, sequence_parallel_layer_norm)
+from tp_from_scratch.sharding import shard_sizes
+
+
+class SequenceParallelBlock(nn.Module):
+    """A gpt.model.Block's own modules (ln1, attn, ln2, mlp: same names, same shards), run on
+    this rank's positions x (B, T_r, H) with the sequence-parallel mappings."""
+
+    def __init__(self, group, block, save_gathered=False):
+        super().__init__()
+        self.group, self.save_gathered = group, save_gathered
+        self.ln1, self.attn, self.ln2, self.mlp = block.ln1, block.attn, block.ln2, block.mlp
+
+    def forward(self, x, sizes):
+        """x (B, T_r, H) -> (B, T_r, H); sizes: every rank's T_r."""
+        group, attn, mlp = self.group, self.attn, self.mlp
+        a = sequence_parallel_layer_norm(group, x, self.ln1)                   # (B, T_r, H)
+        q, k, v = column_linears_from_sequence(group, a, (attn.q, attn.k, attn.v), sizes,
+                                               self.save_gathered)            # (B, T, heads/t*hs)
+        y = causal_self_attention(q, k, v, attn.head_size)                      # (B, T, nh/t*hs)
+        x = x + row_linear_to_sequence(group, y, attn.o)                        # (B, T_r, H)
+        m = sequence_parallel_layer_norm(group, x, self.ln2)
+        (h,) = column_linears_from_sequence(group, m, (mlp.fc,), sizes, self.save_gathered)  # (B, T, F/t)
+        h = F.gelu(h, approximate=getattr(mlp, "approximate", "none"))
+        return x + row_linear_to_sequence(group, h, mlp.proj)                   # (B, T_r, H)
+
+
+class SequenceParallelGPT(nn.Module):
+    """A TensorParallelGPT run sequence-parallel: forward(idx, targets) -> (local logits, loss).
+
+    Holds the TP model's modules under the same names (``state_dict`` is the TP one). The loss
+    is the full mean cross-entropy, identical on every rank. save_gathered: keep the
+    all-gathered inputs of the column layers for backward instead of gathering them again.
+    """
+
+    def __init__(self, tp_model, save_gathered=False):
+        super().__init__()
+        self.config, self.group, self.save_gathered = tp_model.config, tp_model.group, save_gathered
+        # registered in the TP model's order, so the state dict lists the same names in the same order
+        self.wte, self.wpe = tp_model.wte, tp_model.wpe
+        self.blocks = nn.ModuleList(SequenceParallelBlock(self.group, b, save_gathered) for b in tp_model.blocks)
+        self.ln_f = tp_model.ln_f
+        if not self.config.tie_embeddings:
+            self.lm_head = tp_model.lm_head
+
+    def head_weight(self):
+        return self.wte.weight if self.config.tie_embeddings else self.lm_head.weight  # (V/t, H)
+
+    def forward(self, idx, targets=None):
+        group, T = self.group, idx.shape[1]
+        sizes = shard_sizes(T, tp_world_size(group))
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))  # (B, T, H) Replicated
+        x = scatter_to_sequence_parallel_region(group, x)                 # (B, T_r, H)
+        for block in self.blocks:
+            x = block(x, sizes)
+        # g: every position for the head; its backward reduce-scatters the Partial grads of the
+        # vocab shards (the job of f in the TP model)
+        h = gather_from_sequence_parallel_region(group, sequence_parallel_layer_norm(group, x, self.ln_f), sizes)
+        logits = F.linear(h, self.head_weight())                          # (B, T, V/t)
+        if targets is None:
+            return logits, None
+        loss = vocab_parallel_cross_entropy(group, logits.flatten(0, 1), targets.flatten(),
+                                            vocab_start=self.wte.vocab_start)
+        return logits, loss
+
+
+def gpt_to_sp(group, model_or_state_dict, config=None, save_gathered=False):
+    """A SequenceParallelGPT holding this rank's shard of a single-device GPT (or its state dict)."""
+    return SequenceParallelGPT(gpt_to_tp(group, model_or_state_dict, config), save_gathered)
