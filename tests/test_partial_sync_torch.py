@@ -1,0 +1,132 @@
+"""Lesson 8, torch: the CAAT GPT equals its single-device t-stream model, step for step.
+
+  * the t-stream reference at p = 1 IS the ordinary GPT (loss and every gradient);
+  * one step of CAATGPT on t simulated ranks gives every parameter's gradient of the t-stream
+    model (this rank's shard of it), t = 2, 3, 4 and p in {0.5, 0};
+  * 50 AdamW steps in float64 at t = 2 and 4 give the reference's loss at every step
+    (simulated ranks, then torchrun with 2 and 4 processes, one launch each);
+  * the meter: lowering p removes exactly the ring bytes of the unsynced channels;
+  * a checkpoint trained with p < 1 refuses to load at another t.
+"""
+import json
+
+import pytest
+import torch
+
+from tp_from_scratch.comm import run_spmd
+from tp_from_scratch.comm.launchers import run_command, torchrun_command
+from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.gpt import checkpoint as ckpt
+from tp_from_scratch.gpt.data import global_batch
+from tp_from_scratch.gpt.model import GPTConfig, init_gpt, shard_state_dict
+from tp_from_scratch.partial_sync import train
+from tp_from_scratch.partial_sync.autograd import all_reduce_replicated_grads
+from tp_from_scratch.partial_sync.mappings import ring_all_reduce_bytes, synced_channels
+from tp_from_scratch.partial_sync.model import caat_from_gpt, t_stream_forward
+
+SMALL = ["--hidden", "32", "--heads", "4", "--kv-heads", "2", "--layers", "2", "--seq-len", "16",
+         "--batch-size", "4", "--vocab-size", "37"]
+
+
+def small_config(t):
+    # t = 3 needs heads, KV heads and hidden divisible by 3
+    if t == 3:
+        return GPTConfig(vocab_size=37, seq_len=16, n_layers=2, hidden=48, n_heads=6, n_kv_heads=3)
+    return GPTConfig(vocab_size=37, seq_len=16, n_layers=2, hidden=32, n_heads=4, n_kv_heads=2)
+
+
+def test_t_stream_model_at_p_1_is_the_ordinary_gpt():
+    config = small_config(4)
+    gpt, twin = init_gpt(config, 1, torch.float64), init_gpt(config, 1, torch.float64)
+    x, y = global_batch(0, 4, config.seq_len, config.vocab_size, 1)
+    _, loss = gpt(x, y)
+    loss.backward()
+    _, loss_streams = t_stream_forward(twin, x, y, 4, 1.0)
+    loss_streams.backward()
+    assert_matches_reference(loss_streams, loss, name="loss")
+    for (name, p), q in zip(gpt.named_parameters(), twin.parameters()):
+        assert_matches_reference(q.grad, p.grad, name=f"grad of {name}")
+
+
+@pytest.mark.parametrize("t, p", [(2, 0.5), (3, 0.5), (4, 0.5), (4, 0.0)])
+def test_one_step_gives_every_gradient_of_the_t_stream_model(t, p):
+    config = small_config(t)
+    gpt = init_gpt(config, 2, torch.float64)
+    x, y = global_batch(0, 4, config.seq_len, config.vocab_size, 2)
+    _, loss = t_stream_forward(gpt, x, y, t, p)
+    loss.backward()
+    full_grads = {n: q.grad for n, q in gpt.named_parameters()}
+
+    def on_rank(comm):
+        model = caat_from_gpt(comm, gpt, p)
+        _, loss = model(x, y)
+        loss.backward()
+        all_reduce_replicated_grads(comm, model)
+        expected = shard_state_dict(full_grads, t, comm.rank, config)
+        for name, q in model.named_parameters():
+            assert_matches_reference(q.grad, expected[name], name=f"grad of {name}", rank=comm.rank)
+        return loss.item()
+
+    losses = run_spmd(on_rank, t)
+    for rank, got in enumerate(losses):
+        assert_matches_reference(torch.tensor(got, dtype=torch.float64), loss.detach(), name="loss", rank=rank)
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_50_steps_on_simulated_ranks_match_the_t_stream_model(t):
+    argv = ["--tp", str(t), "--sync-fraction", "0.5", "--steps", "50", "--dtype", "float64", *SMALL]
+    ranks = run_spmd(train.train_on_comm, t, argv, timeout=120)
+    reference = train.t_stream_losses(argv)
+    for rank, result in enumerate(ranks):
+        assert len(result["losses"]) == 50
+        for step, (got, want) in enumerate(zip(result["losses"], reference)):
+            assert_matches_reference(torch.tensor(got, dtype=torch.float64), torch.tensor(want, dtype=torch.float64),
+                                     name=f"loss at step {step}", rank=rank)
+    assert reference[-1] < reference[0] - 0.5  # it did learn: the comparison is not of constants
+
+
+def test_lowering_p_removes_exactly_the_ring_bytes_of_the_private_channels():
+    t, config = 2, small_config(2)
+    sent = {}
+    for p in (1.0, 0.5, 0.0):
+        argv = ["--tp", str(t), "--sync-fraction", str(p), "--steps", "1", "--dtype", "float64", *SMALL]
+        sent[p] = [r["bytes_sent"][0] for r in run_spmd(train.train_on_comm, t, argv)]
+    rows = 4 * config.seq_len  # B * T
+    for p in (0.5, 0.0):
+        dropped = config.hidden - synced_channels(config.hidden, p)
+        for rank in range(t):
+            # 2 partial reduces per block forward, 2 backward, each a ring all-reduce of (B, T, k)
+            full = ring_all_reduce_bytes(rows * config.hidden, 8, t, rank)
+            kept = ring_all_reduce_bytes(rows * (config.hidden - dropped), 8, t, rank)
+            assert sent[1.0][rank] - sent[p][rank] == 4 * config.n_layers * (full - kept)
+
+
+def test_checkpoint_trained_below_p_1_refuses_another_t():
+    train.check_checkpoint_fits({"tp": 2, "sync_fraction": 0.5}, 2, 0.5)   # same t and p: fine
+    train.check_checkpoint_fits({"tp": 2, "sync_fraction": 1.0}, 4, 1.0)   # p = 1 reshards
+    train.check_checkpoint_fits({"tp": 2}, 4, 1.0)                         # a plain GPT checkpoint
+    with pytest.raises(ckpt.CheckpointError, match="trained at tp=2 .* resume at --tp 2"):
+        train.check_checkpoint_fits({"tp": 2, "sync_fraction": 0.5}, 4, 0.5)
+    with pytest.raises(ckpt.CheckpointError, match="a different p is a different model"):
+        train.check_checkpoint_fits({"tp": 2, "sync_fraction": 0.5}, 2, 0.25)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_torchrun_training_matches_the_t_stream_model(ranks, tmp_path):
+    metrics, saved = tmp_path / "metrics.jsonl", tmp_path / "ckpt"
+    cmd = torchrun_command(ranks, "tp_from_scratch.partial_sync.train", "--tp", ranks, "--sync-fraction", "0.5",
+                           "--steps", 50, "--dtype", "float64", "--compare-single", "--metrics", metrics,
+                           "--save", saved, "--no-progress", *SMALL)
+    result = run_command(cmd, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "t-stream single-device comparison: 50 of 50 steps equal" in result.stdout, result.stdout[-3000:]
+    assert "TP bytes per step on rank 0" in result.stdout
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert len(records) == 50 and all(r["sync_fraction"] == 0.5 and r["tp_bytes"] > 0 for r in records)
+    # the checkpoint records p and t: loading it at another t is refused by name
+    meta = ckpt.load_full(saved)["meta"]
+    assert meta["sync_fraction"] == 0.5 and meta["tp"] == ranks
+    with pytest.raises(ckpt.CheckpointError, match=f"trained at tp={ranks}"):
+        train.check_checkpoint_fits(meta, 6 - ranks, 0.5)
