@@ -108,23 +108,6 @@ def ring_all_reduce_bytes(n, t, rank, itemsize):
     return 0 if t == 1 else (2 * n - c[rank] - c[(rank + 1) % t]) * itemsize
 
 
-def block_traffic(comm, params, config, x, dy, sequence_parallel):
-    """One forward and backward of the TP or SP block; returns (forward, backward) meter snapshots."""
-    local = block.shard_block_params(params, config, comm.world_size, comm.rank)
-    comm.meter.reset()
-    if sequence_parallel:
-        y, cache = sequence_parallel_block_forward(comm, sequence_shard(comm, x), local, config)
-        forward = comm.meter.snapshot()["by_collective"]
-        comm.meter.reset()
-        sequence_parallel_block_backward(comm, sequence_shard(comm, dy), cache)
-    else:
-        y, cache = block.parallel_block_forward(comm, x, local, config)
-        forward = comm.meter.snapshot()["by_collective"]
-        comm.meter.reset()
-        block.parallel_block_backward(comm, dy, cache)
-    return forward, comm.meter.snapshot()["by_collective"]
-
-
 def sent(traffic, *names):
     return sum(traffic[name]["bytes_sent"] for name in names if name in traffic)
 
@@ -139,8 +122,8 @@ def test_meter_sequence_parallel_sends_the_bytes_of_tensor_parallel(t, batch, se
     x = random_array(rank_rng(1), (batch, seq, H), dtype)
     dy = random_array(rank_rng(2), (batch, seq, H), dtype)
 
-    sp = run_spmd(lambda comm: block_traffic(comm, params, config, x, dy, True), t)
-    tp = run_spmd(lambda comm: block_traffic(comm, params, config, x, dy, False), t)
+    sp = run_spmd(lambda comm: check.block_traffic(comm, params, config, x, dy, True), t)
+    tp = run_spmd(lambda comm: check.block_traffic(comm, params, config, x, dy, False), t)
 
     for rank, ((fwd, bwd), (tp_fwd, tp_bwd)) in enumerate(zip(sp, tp)):
         # forward: g twice (before q/k/v and before fc), g-bar twice (after o and proj); nothing else

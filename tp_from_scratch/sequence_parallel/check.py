@@ -41,6 +41,25 @@ def difference(after, before):
     return {name: n for name, n in changed.items() if n}
 
 
+def block_traffic(comm, params, config, x, dy, sequence_parallel):
+    """One forward and backward of the TP block (Lesson 3) or the SP block on full params, x, dy.
+
+    Returns the meter's by_collective snapshots (forward, backward): {collective: counters}.
+    """
+    local = block.shard_block_params(params, config, comm.world_size, comm.rank)
+    if sequence_parallel:
+        forward, backward = sequence_parallel_block_forward, sequence_parallel_block_backward
+        x, dy = sequence_shard(comm, x), sequence_shard(comm, dy)
+    else:
+        forward, backward = block.parallel_block_forward, block.parallel_block_backward
+    comm.meter.reset()
+    _, cache = forward(comm, x, local, config)
+    before = comm.meter.snapshot()["by_collective"]
+    comm.meter.reset()
+    backward(comm, dy, cache)
+    return before, comm.meter.snapshot()["by_collective"]
+
+
 def check_sequence_parallel_block(comm, config, batch=2, seq=5, seed=0, dtype=np.float64):
     """The sequence-parallel block (block.py) against reference.block_forward / block_backward."""
     rng = rank_rng(seed)

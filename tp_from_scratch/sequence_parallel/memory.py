@@ -100,3 +100,32 @@ def korthikanti_bytes(s, b, h, a, t=1, sequence_parallel=False, selective=False)
     if sequence_parallel:
         return s * b * h / t * (34 + scores)
     return s * b * h * (10 + 24 / t + scores / t)
+
+
+def measure_block_memory(config, batch, seq, ts=(1, 2, 4), dtype=torch.float32, seed=0):
+    """Measured and predicted bytes per block for one device, TP and TP+SP at each t (simulated ranks).
+
+    Returns rows {"model", "t", "rank", "measured" (every block's bytes), "formula"} for every rank.
+    """
+    from tp_from_scratch.comm import run_spmd
+    from tp_from_scratch.gpt.model import gpt_to_tp, init_gpt
+    from tp_from_scratch.sequence_parallel.model import gpt_to_sp
+
+    reference = init_gpt(config, seed, dtype)
+    gen = torch.Generator().manual_seed(seed)
+    idx, targets = (torch.randint(0, config.vocab_size, (batch, seq), generator=gen) for _ in range(2))
+    e = torch.empty(0, dtype=dtype).element_size()
+
+    def blocks(measured):
+        return [measured[i] for i in range(config.n_layers)]
+
+    rows = [{"model": "single device", "t": 1, "rank": 0,
+             "measured": blocks(saved_bytes_per_block(reference, idx, targets)),
+             "formula": sum(block_activation_bytes(config, batch, seq, e).values())}]
+    for name, build, sp in (("TP", gpt_to_tp, False), ("TP+SP", gpt_to_sp, True)):
+        for t in ts:
+            per_rank = run_spmd(lambda comm: blocks(saved_bytes_per_block(build(comm, reference), idx, targets)), t)
+            rows += [{"model": name, "t": t, "rank": r, "measured": m,
+                      "formula": sum(block_activation_bytes(config, batch, seq, e, t, r, sp).values())}
+                     for r, m in enumerate(per_rank)]
+    return rows
