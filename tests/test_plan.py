@@ -68,14 +68,43 @@ def test_exact_count_equals_the_models_numel(name):
         assert len(found) == tensor.copies and sum(found) == tensor.count(), tensor.name
 
 
+MODEL_HAS_ARCHS = "arch" in GPTConfig.__dataclass_fields__
+ARCH_CONFIGS = {  # the other architectures, built by the model itself
+    "gpt2 (key bias, tied)": dict(arch="gpt2", n_kv_heads=8),
+    "gpt2 untied": dict(arch="gpt2", n_kv_heads=8, tie_embeddings=False),
+    "llama (RMSNorm, SwiGLU, RoPE, untied)": dict(arch="llama", n_kv_heads=2, ffn=96),
+    "llama tied": dict(arch="llama", tie_embeddings=True),
+}
+
+
+@pytest.mark.skipif(not MODEL_HAS_ARCHS, reason="this GPTConfig has no arch field yet")
+@pytest.mark.parametrize("name", ARCH_CONFIGS)
+def test_exact_count_of_the_other_architectures(name):
+    config = GPTConfig(**ARCH_CONFIGS[name])
+    model = GPT(config)
+    shapes = {n: p.numel() for n, p in model.named_parameters()}
+    assert plan.parameter_count(config) == sum(shapes.values())
+    for tensor in plan.parameters(config):
+        found = [v for n, v in shapes.items() if n == tensor.name or n.endswith("." + tensor.name)]
+        assert len(found) == tensor.copies and sum(found) == tensor.count(), tensor.name
+    # and the FLOPs of a forward and a whole step (SwiGLU: three matmuls of H x F)
+    idx = torch.randint(0, config.vocab_size, (2, config.seq_len))
+    with FlopCounterMode(display=False) as step:
+        _, loss = model(idx, idx)
+        loss.backward()
+    assert step.get_total_flops() == plan.step_flops(config, None, 2)
+
+
 @pytest.mark.parametrize("name, t", [("default (tied, GQA 8/4)", 2), ("untied", 4),
-                                     ("multi-head, untied, odd vocab", 4), ("t=3 shapes", 3)])
+                                     ("multi-head, untied, odd vocab", 4), ("t=3 shapes", 3),
+                                     ("GQA 8/2, ffn 100", 4)])
 def test_local_count_equals_each_tp_ranks_shard(name, t):
-    # the vocabulary splits unevenly (67 and 101 are prime): ranks hold different counts
+    # the vocabulary splits unevenly (67 and 101 are prime): ranks hold different counts;
+    # with 2 KV heads on 4 ranks each KV head is held whole by 2 ranks
     config = CONFIGS[name]
     full = init_gpt(config, 0)
     counts = run_spmd(lambda comm: count_parameters(gpt_to_tp(comm, full))[0], t)
-    assert counts == [plan.parameter_count(config, "ours", t, r) for r in range(t)]
+    assert counts == [plan.parameter_count(config, "gpt", t, r) for r in range(t)]
 
 
 # ---- FLOPs ------------------------------------------------------------------------------
@@ -90,23 +119,29 @@ def test_flops_equal_torchs_flop_counter(name):
     with FlopCounterMode(display=False) as step:
         _, loss = model(idx, idx)
         loss.backward()
-    assert forward.get_total_flops() == plan.forward_flops(config, "ours", 3)
-    assert step.get_total_flops() == plan.step_flops(config, "ours", 3)
+    assert forward.get_total_flops() == plan.forward_flops(config, "gpt", 3)
+    assert step.get_total_flops() == plan.step_flops(config, "gpt", 3)
 
 
 # ---- bytes on the wire ------------------------------------------------------------------
 
-TRAIN_CONFIGS = {  # tp -> extra trainer flags (hidden 48 with 6 / 3 heads makes t=3 valid)
-    1: [], 2: [], 3: ["--hidden", "48", "--heads", "6", "--kv-heads", "3"], 4: ["--untied"],
+TRAIN_CONFIGS = {  # name -> (tp, extra trainer flags); hidden 48 with 6 / 3 heads makes t=3 valid
+    "t=1": (1, []),
+    "t=2": (2, []),
+    "t=3, uneven vocabulary": (3, ["--hidden", "48", "--heads", "6", "--kv-heads", "3"]),
+    "t=4, untied": (4, ["--untied"]),
+    "t=4, 2 KV heads (each on 2 ranks)": (4, ["--kv-heads", "2"]),
+    "t=3, 1 KV head (on all 3 ranks)": (3, ["--hidden", "48", "--heads", "6", "--kv-heads", "1"]),
 }
 STEPS = 2
 
 
-@pytest.mark.parametrize("t", sorted(TRAIN_CONFIGS))
-def test_ring_bytes_equal_the_meter_of_every_simulated_rank(t):
+@pytest.mark.parametrize("name", TRAIN_CONFIGS)
+def test_ring_bytes_equal_the_meter_of_every_simulated_rank(name):
     # train_on_comm: the trainer's own model, data and optimizer on run_spmd's ranks, whose
     # collectives are the from-scratch ring; the meter books every message each rank sends
-    argv = ["--tp", str(t), "--steps", str(STEPS), *TRAIN_CONFIGS[t]]
+    t, flags = TRAIN_CONFIGS[name]
+    argv = ["--tp", str(t), "--steps", str(STEPS), *flags]
 
     def rank(comm):
         comm.meter.reset()

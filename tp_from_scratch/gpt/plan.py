@@ -12,10 +12,10 @@ The model flags are the trainer's (tp_from_scratch.gpt.train), so you plan the r
 What it prints, for a model of V vocab, T positions, L layers, H hidden, nh / nkv heads of
 size hs, F ffn, with t TP ranks, B sequences per DP rank:
 
-* parameters, exactly, per architecture: ``ours`` (tp_from_scratch.gpt.model.GPT: no key
-  bias, learned positions, LayerNorm with bias, tied unless --untied), ``gpt2`` (the same
-  plus a key bias, multi-head, tied) and ``llama`` (RMSNorm, SwiGLU, no biases, no learned
-  positions, untied, grouped-query attention);
+* parameters, exactly, per architecture: ``gpt`` (this course's tp_from_scratch.gpt.model.GPT:
+  no key bias, learned positions, LayerNorm with bias, tied unless --untied), ``gpt2`` (the
+  same plus a key bias, multi-head, tied) and ``llama`` (RMSNorm, SwiGLU, no biases, rotary
+  instead of learned positions, untied, grouped-query attention);
 * memory per rank for each t: weights, gradients, AdamW state and activations;
 * the collectives our trainer makes per step, with the bytes each one sends per rank;
 * FLOPs per step (backward = 2x forward, so a step is 3x forward) and a predicted step time
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from tp_from_scratch.sharding import shard_sizes
 
-ARCHS = ("ours", "gpt2", "llama")
+ARCHS = ("gpt", "gpt2", "llama")
 
 # Link and chip presets: vendor-spec numbers (peak, not sustained), labelled as such.
 # alpha (latency per message) is not a vendor number: it is an assumption, said so.
@@ -61,6 +61,8 @@ class Tensor:
     split: True when TP cuts ``rows`` over the ranks (column weights by output, row weights by
     input, embeddings by vocabulary); False when every rank holds all of it (norms, row biases).
     matmul: True when the forward multiplies every token by it (2 FLOPs per element per token).
+    pieces: the most pieces ``rows`` may be cut into (0: no limit). k and v have one piece per
+    KV head: with t > nkv ranks, each KV head is held whole by t / nkv neighbouring ranks.
     """
     name: str
     rows: int
@@ -68,49 +70,82 @@ class Tensor:
     split: bool = False
     copies: int = 1
     matmul: bool = False
+    pieces: int = 0
+
+    def replicas(self, t):
+        """How many ranks hold the same piece: t / pieces when t exceeds ``pieces``, else 1."""
+        return max(1, t // self.pieces) if self.split and self.pieces else 1
 
     def count(self, t=1, rank=0):
         """Elements on TP rank ``rank`` of ``t`` (uneven splits like numpy.array_split)."""
-        rows = shard_sizes(self.rows, t)[rank] if self.split else self.rows
+        r = self.replicas(t)
+        rows = shard_sizes(self.rows, t // r)[rank // r] if self.split else self.rows
         return self.copies * rows * self.cols
 
 
-def parameters(config, arch="ours"):
-    """Every parameter of the model described by ``config`` (a GPTConfig), as Tensors."""
-    if arch not in ARCHS:
+# What each architecture is made of. A GPTConfig that carries these fields itself (the model's
+# ``arch`` presets) is read directly; an older one gets them from here.
+ARCH_FIELDS = {
+    "gpt": dict(norm="layernorm", position="learned", mlp="gelu", bias=True, key_bias=False,
+                tie_embeddings=True),
+    "gpt2": dict(norm="layernorm", position="learned", mlp="gelu", bias=True, key_bias=True,
+                 tie_embeddings=True),
+    "llama": dict(norm="rmsnorm", position="rope", mlp="swiglu", bias=False, key_bias=False,
+                  tie_embeddings=False),
+}
+
+
+def architecture(config, arch=None):
+    """{norm, position, mlp, bias, key_bias, tie_embeddings} of ``config`` built as ``arch``.
+
+    arch None: the config's own (``config.arch``, "gpt" for a config without one). The
+    course's "gpt" follows the config's tie_embeddings; "gpt2" and "llama" are as published
+    unless the config is itself of that arch and says otherwise.
+    """
+    own = getattr(config, "arch", "gpt")
+    arch = arch or own
+    if arch not in ARCH_FIELDS:
         raise ValueError(f"arch {arch!r} is not one of {ARCHS}")
+    fields = dict(ARCH_FIELDS[arch])
+    if arch == own:
+        fields.update({k: getattr(config, k) for k in fields if getattr(config, k, None) is not None})
+    return fields
+
+
+def parameters(config, arch=None):
+    """Every parameter of the model described by ``config`` (a GPTConfig), as Tensors.
+
+    Names as in tp_from_scratch.gpt.model (``attn.q.weight``, ``mlp.fc.weight``, ...).
+    """
+    a = architecture(config, arch)
     V, T, L, H, F = config.vocab_size, config.seq_len, config.n_layers, config.hidden, config.ffn
-    q, kv = config.n_heads * config.head_size, config.n_kv_heads * config.head_size
-    if arch == "llama":
-        return [Tensor("embed.weight", V, H, split=True),
-                Tensor("attn_norm.weight", H, copies=L),
-                Tensor("q.weight", q, H, True, L, True),
-                Tensor("k.weight", kv, H, True, L, True),
-                Tensor("v.weight", kv, H, True, L, True),
-                Tensor("o.weight", q, H, True, L, True),          # rows = its input, split
-                Tensor("ffn_norm.weight", H, copies=L),
-                Tensor("gate.weight", F, H, True, L, True),
-                Tensor("up.weight", F, H, True, L, True),
-                Tensor("down.weight", F, H, True, L, True),       # rows = its input, split
-                Tensor("norm.weight", H),
-                Tensor("lm_head.weight", V, H, True, 1, True)]
-    block = [Tensor("ln1.weight", H, copies=L), Tensor("ln1.bias", H, copies=L),
-             Tensor("attn.q.weight", q, H, True, L, True), Tensor("attn.q.bias", q, 1, True, L),
-             Tensor("attn.k.weight", kv, H, True, L, True)]
-    if arch == "gpt2":
-        block.append(Tensor("attn.k.bias", kv, 1, True, L))
-    block += [Tensor("attn.v.weight", kv, H, True, L, True), Tensor("attn.v.bias", kv, 1, True, L),
-              Tensor("attn.o.weight", q, H, True, L, True), Tensor("attn.o.bias", H, copies=L),
-              Tensor("ln2.weight", H, copies=L), Tensor("ln2.bias", H, copies=L),
-              Tensor("mlp.fc.weight", F, H, True, L, True), Tensor("mlp.fc.bias", F, 1, True, L),
-              Tensor("mlp.proj.weight", F, H, True, L, True), Tensor("mlp.proj.bias", H, copies=L)]
-    tied = arch == "gpt2" or config.tie_embeddings
-    head = [] if tied else [Tensor("lm_head.weight", V, H, True, 1, True)]
-    return [Tensor("wte.weight", V, H, split=True), Tensor("wpe.weight", T, H), *block,
-            Tensor("ln_f.weight", H), Tensor("ln_f.bias", H), *head]
+    q, kv, nkv = config.n_heads * config.head_size, config.n_kv_heads * config.head_size, config.n_kv_heads
+
+    def norm(name, copies=1):  # LayerNorm: weight and bias; RMSNorm: weight only
+        out = [Tensor(f"{name}.weight", H, copies=copies)]
+        return out + [Tensor(f"{name}.bias", H, copies=copies)] if a["norm"] == "layernorm" else out
+
+    def column(name, rows, pieces=0, bias=a["bias"]):  # W[out_t, in], its bias split alike
+        out = [Tensor(f"{name}.weight", rows, H, True, L, True, pieces)]
+        return out + [Tensor(f"{name}.bias", rows, 1, True, L, pieces=pieces)] if bias else out
+
+    def row(name, rows):  # W[out, in_t]: the rows here are its input features; bias whole
+        out = [Tensor(f"{name}.weight", rows, H, True, L, True)]
+        return out + [Tensor(f"{name}.bias", H, copies=L)] if a["bias"] else out
+
+    attention = (column("attn.q", q) + column("attn.k", kv, nkv, a["bias"] and a["key_bias"])
+                 + column("attn.v", kv, nkv) + row("attn.o", q))
+    if a["mlp"] == "swiglu":
+        mlp = column("mlp.gate", F) + column("mlp.up", F) + row("mlp.down", F)
+    else:
+        mlp = column("mlp.fc", F) + row("mlp.proj", F)
+    return [Tensor("wte.weight", V, H, split=True),
+            *([Tensor("wpe.weight", T, H)] if a["position"] == "learned" else []),
+            *norm("ln1", L), *attention, *norm("ln2", L), *mlp, *norm("ln_f"),
+            *([] if a["tie_embeddings"] else [Tensor("lm_head.weight", V, H, True, 1, True)])]
 
 
-def parameter_count(config, arch="ours", t=1, rank=0):
+def parameter_count(config, arch=None, t=1, rank=0):
     """Exact number of parameters: of the whole model (t=1), or held by TP rank ``rank`` of ``t``."""
     return sum(p.count(t, rank) for p in parameters(config, arch))
 
@@ -175,7 +210,7 @@ class Call:
     collective: str = "all_reduce"
 
 
-def collective_calls(config, t, batch, dp=1, arch="ours", tp_rank=0):
+def collective_calls(config, t, batch, dp=1, arch=None, tp_rank=0):
     """The collectives one step of tp_from_scratch.gpt.train makes on one rank.
 
     ``batch`` is the global batch (the trainer splits it over dp); N = B/dp * T tokens.
@@ -184,6 +219,9 @@ def collective_calls(config, t, batch, dp=1, arch="ours", tp_rank=0):
                proj in each block; cross-entropy's three all-reduces of N numbers (max,
                target logit, sum of exponentials);
       backward: f before q/k/v and f inside fc in each block; f before the LM head.
+    With t > nkv, each KV head lives on t/nkv ranks, and backward sums the gradient of each of
+    its weights (k.weight, v.weight, v.bias) over them: one all-reduce per weight and layer of
+    a buffer with a slot per KV head, nkv times the local weight (nn.mappings.sum_over_replicas).
     With dp > 1: one all-reduce of every local gradient (flattened), and one of the loss.
     """
     L, H = config.n_layers, config.hidden
@@ -195,6 +233,10 @@ def collective_calls(config, t, batch, dp=1, arch="ours", tp_rank=0):
              Call("LM head f (backward)", "tp", 1, tokens * H),
              Call("q, k, v f (backward)", "tp", L, tokens * H),
              Call("mlp fc f (backward)", "tp", L, tokens * H)]
+    for p in parameters(config, arch):
+        if p.replicas(t) > 1:  # a slot for every distinct piece: t / replicas x the local piece
+            calls.append(Call(f"{p.name} grad over KV replicas (backward)", "tp", p.copies,
+                              t // p.replicas(t) * p.count(t, tp_rank) // p.copies))
     if dp > 1:
         calls += [Call("gradient average", "dp", 1, parameter_count(config, arch, t, tp_rank)),
                   Call("loss average", "dp", 1, 1)]
@@ -217,7 +259,7 @@ def ring_messages(world_size):
     return 2 * (world_size - 1)
 
 
-def traffic(config, t, batch, dp=1, itemsize=4, arch="ours", tp_rank=0, dp_rank=0):
+def traffic(config, t, batch, dp=1, itemsize=4, arch=None, tp_rank=0, dp_rank=0):
     """Per call site, per step on one rank: calls, payload bytes and ring bytes sent.
 
     payload: what the rank hands to the collective (N * itemsize per call), which the
@@ -247,8 +289,7 @@ def forward_flops(config, arch, batch, t=1, rank=0):
     """
     tokens = batch * config.seq_len
     weights = sum(p.count(t, rank) for p in parameters(config, arch) if p.matmul)
-    tied = arch == "gpt2" or (arch == "ours" and config.tie_embeddings)
-    if tied:
+    if architecture(config, arch)["tie_embeddings"]:
         weights += shard_sizes(config.vocab_size, t)[rank] * config.hidden
     heads = config.n_heads // t
     attention = 4 * batch * config.seq_len ** 2 * config.head_size * heads * config.n_layers
@@ -277,7 +318,7 @@ def all_reduce_seconds(profile, collectives, nbytes, world_size):
     return ring_messages(world_size) * link["alpha_s"] + sent * link["beta_s_per_byte"]
 
 
-def predict_step(config, profile, t, batch, dp=1, itemsize=4, arch="ours", threads=1,
+def predict_step(config, profile, t, batch, dp=1, itemsize=4, arch=None, threads=1,
                  collectives="native"):
     """{"compute_s", "communication_s", "step_s"} predicted for one training step.
 
@@ -296,13 +337,16 @@ def predict_step(config, profile, t, batch, dp=1, itemsize=4, arch="ours", threa
     return {"flops": flops, "compute_s": compute, "communication_s": comm, "step_s": compute + comm}
 
 
-def valid_tp_degrees(config, arch="ours", largest=64):
-    """The t in 1..largest that split heads, kv heads, hidden and ffn evenly (vocab may be uneven)."""
-    sizes = (config.n_heads, config.n_kv_heads, config.hidden, config.ffn)
-    return [t for t in range(1, largest + 1) if all(s % t == 0 for s in sizes) and t <= config.vocab_size]
+def valid_tp_degrees(config, arch=None, largest=64):
+    """The t in 1..largest that split heads, hidden and ffn evenly, and KV heads evenly or into
+    whole replicated heads (t a multiple of nkv); the vocabulary may split unevenly."""
+    sizes = (config.n_heads, config.hidden, config.ffn)
+    kv = config.n_kv_heads  # fewer KV heads than ranks: each is replicated on t / nkv ranks
+    return [t for t in range(1, largest + 1) if all(s % t == 0 for s in sizes)
+            and (kv % t == 0 or t % kv == 0) and t <= config.vocab_size]
 
 
-def crossover_tp(config, profile, batch, itemsize=4, arch="ours", collectives="native", largest=64):
+def crossover_tp(config, profile, batch, itemsize=4, arch=None, collectives="native", largest=64):
     """The smallest valid t at which communication per step takes longer than compute; None if none.
 
     ``batch``: sequences per TP group (no data parallelism here).
@@ -452,17 +496,20 @@ def add_model_flags(parser):
 
 
 def config_from_args(args):
+    """The GPTConfig the trainer would build from these flags, as architecture ``--arch``."""
     from tp_from_scratch.gpt.model import GPTConfig
     kv = args.kv_heads or (args.heads if args.arch == "gpt2" else min(GPTConfig().n_kv_heads, args.heads))
-    return GPTConfig(vocab_size=args.vocab_size, seq_len=args.seq_len, n_layers=args.layers,
-                     hidden=args.hidden, n_heads=args.heads, n_kv_heads=kv, ffn=args.ffn,
-                     tie_embeddings=args.arch == "gpt2" or (args.arch == "ours" and not args.untied))
+    kw = dict(vocab_size=args.vocab_size, seq_len=args.seq_len, n_layers=args.layers, hidden=args.hidden,
+              n_heads=args.heads, n_kv_heads=kv, ffn=args.ffn)
+    if "arch" in GPTConfig.__dataclass_fields__:  # the model knows the architectures itself
+        return GPTConfig(**kw, arch=args.arch, **({"tie_embeddings": False} if args.untied else {}))
+    return GPTConfig(**kw, tie_embeddings=not args.untied)  # gpt2 / llama: architecture() decides
 
 
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m tp_from_scratch.gpt.plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arch", choices=ARCHS, default="ours")
+    p.add_argument("--arch", choices=ARCHS, default="gpt", help="gpt: this course's model")
     p.add_argument("--tp", type=int, default=1, help="the TP degree to predict the step time of")
     p.add_argument("--dp", type=int, default=1)
     p.add_argument("--dtype", choices=["float32", "float64", "bfloat16"], default="float32",
@@ -489,8 +536,9 @@ def report(args, config, profile, say=print):
     """The planner's tables, as text."""
     arch, B, itemsize = args.arch, args.batch_size, ITEMSIZE[args.dtype]
     n = parameter_count(config, arch)
-    say(f"{arch} GPT: V={config.vocab_size} T={config.seq_len} L={config.n_layers} H={config.hidden} "
-        f"nh={config.n_heads} nkv={config.n_kv_heads} F={config.ffn} tied={config.tie_embeddings}")
+    fields = ", ".join(f"{k}={v}" for k, v in architecture(config, arch).items())
+    say(f"{arch}: V={config.vocab_size} T={config.seq_len} L={config.n_layers} H={config.hidden} "
+        f"nh={config.n_heads} nkv={config.n_kv_heads} F={config.ffn}; {fields}")
     say(f"parameters: {n:,} exactly, {rounded(n)} rounded")
     degrees = [t for t in valid_tp_degrees(config, arch) if t <= 64]
     unit, scale = memory_unit(sum(memory_per_rank(config, arch, 1, B // args.dp, args.precision).values()))
