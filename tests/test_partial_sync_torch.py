@@ -130,3 +130,17 @@ def test_torchrun_training_matches_the_t_stream_model(ranks, tmp_path):
     assert meta["sync_fraction"] == 0.5 and meta["tp"] == ranks
     with pytest.raises(ckpt.CheckpointError, match=f"trained at tp={ranks}"):
         train.check_checkpoint_fits(meta, 6 - ranks, 0.5)
+
+
+def test_experiment_runs_and_reports_bytes_relative_to_p_1(tmp_path):
+    from tp_from_scratch.partial_sync import experiment
+    plan = dict(tps=(2,), fractions=(1.0, 0.0), seeds=(0, 1), steps=2,
+                config=dict(hidden=16, n_heads=2, n_kv_heads=2, seq_len=8, vocab_size=17),
+                batch=2, val_batches=1, timing_steps=2)
+    results = experiment.run(plan, log=lambda line: None)
+    full, none = results["rows"]
+    assert full["bytes_relative"] == 1.0 and 0 < none["bytes_relative"] < 1
+    assert none["synced_channels"] == 0 and len(none["val_losses"]) == 2
+    json.dumps(results)  # the results file must be plain JSON
+    assert experiment.plot(results, tmp_path / "plot.png").exists()
+    assert "| 2 | 0 |" in experiment.table(results)

@@ -12,4 +12,11 @@ computes all t streams explicitly.
   block.py      the TP block stack (one stream per rank)
   reference.py  the single-device t-stream reference of the same model
   check.py      the TP stack against the reference on any backend
+
+torch (the GPT of Lesson 6):
+  autograd.py   the partial reduce as an autograd Function; summing the shared parameters' grads
+  model.py      CAATGPT (one rank) and t_stream_forward (the single-device t-stream model)
+  train.py      `python -m tp_from_scratch.partial_sync.train --sync-fraction p`
+  experiment.py held-out loss against bytes per step, tp in {2, 4}, p in {1, ..., 0}
+  diagram.py    the picture of synced and private channels
 """
