@@ -1,0 +1,318 @@
+"""Generate lessons/07_sequence_parallelism.ipynb (without outputs; `make lessons` executes it).
+
+    .venv/bin/python lessons/src/07_sequence_parallelism.py
+    .venv/bin/jupyter nbconvert --to notebook --execute --inplace lessons/07_sequence_parallelism.ipynb
+"""
+from pathlib import Path
+
+from nbformat.v4 import new_code_cell, new_markdown_cell
+from lesson_notebook import write_notebook
+
+HERE = Path(__file__).resolve().parent
+
+cells = [
+    new_markdown_cell(r"""# Lesson 7: sequence parallelism, and activation memory measured byte for byte
+
+Tensor parallelism (Lessons 3-6) splits the weights and the work inside attention and the MLP
+by t. But look at what every rank still holds in full: the residual stream, both LayerNorms
+and their inputs, the inputs of the column layers. Those activations stay **Replicated**, so
+activation memory stops shrinking as t grows. Korthikanti et al. (2022, "Reducing Activation
+Recomputation in Large Transformer Models") noticed that these regions act on each position
+on its own, so they can be split along the **sequence** instead: (B, T, H) -> (B, T/t, H).
+The all-reduce at each region boundary becomes a **reduce-scatter** and the identity becomes
+an **all-gather**, and a ring reduce-scatter plus a ring all-gather *is* a ring all-reduce:
+the same bytes on the wire, 1/t of the activations.
+
+What you will see:
+1. where each activation of a block lives, with TP only and with TP + SP;
+2. the paper's conjugate pair g / g-bar in numpy, and why LayerNorm's weight gradient needs an all-reduce;
+3. the sequence-parallel block equal to the single-device block, t = 1..4, T not divisible by t;
+4. the meter: 2 all-gathers + 2 reduce-scatters each way, exactly the TP block's bytes;
+5. the torch GPT trained sequence-parallel, equal to one device, with the TP model's state dict;
+6. the bytes autograd saves for backward, **measured** per block, next to a formula for this model:
+   measured / formula = 1.000 in every configuration; then the formula for the paper's 22B-1T models.
+
+Legend: B batch, T sequence (T_r: this rank's positions), H hidden, F ffn, nh heads, hs head size,
+t TP degree. Code: `tp_from_scratch/sequence_parallel/`. Exercise 7 (`exercises/ex07_sequence_parallel.py`)
+asks for the two mappings and the LayerNorm backward."""),
+    new_code_cell("""import sys, time
+from pathlib import Path
+if not (Path.cwd() / "tp_from_scratch").is_dir():  # run from lessons/: make the package importable
+    sys.path.insert(0, str(Path.cwd().parent))
+
+import numpy as np
+import torch
+import matplotlib.pyplot as plt
+
+from tp_from_scratch.comm import run_spmd
+from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.layers import reference as ref
+from tp_from_scratch.sharding import shard_sizes
+from tp_from_scratch.testing import random_array, rank_rng
+from tp_from_scratch.sequence_parallel import check, memory
+from tp_from_scratch.sequence_parallel.mappings import (
+    gather_from_sequence_parallel_region_forward, gather_from_sequence_parallel_region_backward,
+    reduce_scatter_to_sequence_parallel_region_forward, reduce_scatter_to_sequence_parallel_region_backward,
+    sequence_shard)
+from tp_from_scratch.sequence_parallel.layernorm import (
+    sequence_parallel_layernorm_forward, sequence_parallel_layernorm_backward)
+from tp_from_scratch.sequence_parallel.pictures import draw_block_layouts, plot_activation_memory
+torch.set_num_threads(1)
+START = time.perf_counter()"""),
+    new_markdown_cell(r"""## 1. Where each activation lives
+
+Rows are positions (T), columns hidden features (H, or F inside the MLP); each rank's part in
+its colour, a **Partial** tensor (a full-size addend of a sum) hatched. With TP only, everything
+outside attention and the MLP is **Replicated**: every rank normalises every position."""),
+    new_code_cell("""draw_block_layouts(t=2, sequence_parallel=False)
+plt.show()"""),
+    new_markdown_cell(r"""With sequence parallelism the residual stream, the LayerNorms and the biases work on
+**Sharded(seq)** (B, T/t, H) blocks. Entering attention or the MLP, the column layers need every
+position, so an **all-gather along T** rebuilds (B, T, H); leaving them, the row layer's Partial
+output is summed *and* split along T in one **reduce-scatter**.
+
+| paper (Korthikanti 2022) | Megatron-LM code name | forward | backward |
+|---|---|---|---|
+| f (Lesson 3's f) | `copy_to_tensor_model_parallel_region` | identity | all-reduce |
+| f-bar (Lesson 3's **g**) | `reduce_from_tensor_model_parallel_region` | all-reduce | identity |
+| **g** | `gather_from_sequence_parallel_region` | all-gather(T) | reduce-scatter(T) |
+| **g-bar** | `reduce_scatter_to_sequence_parallel_region` | reduce-scatter(T) | all-gather(T) |
+
+The paper's g is *not* our Lesson 3 g (Megatron 2019, all-reduce forward): to keep one vocabulary
+we use Megatron-LM's code names. g replaces f, g-bar replaces Lesson 3's g."""),
+    new_code_cell("""draw_block_layouts(t=2, sequence_parallel=True)
+plt.show()"""),
+    new_markdown_cell(r"""## 2. The pair in numpy, on an uneven sequence
+
+T need not divide by t: shards follow `numpy.array_split` (the first T mod t ranks hold one more
+position), the chunking `collectives.reduce_scatter` already uses, so each backward lands on the
+shard its forward came from. T = 7 over t = 3 ranks gives 3, 2, 2 positions. Moving data is
+exact; integer-valued data makes the sums exact too."""),
+    new_code_cell("""t, T, B, H = 3, 7, 2, 4
+full = random_array(rank_rng(0), (B, T, H))
+print("positions per rank:", shard_sizes(T, t))
+
+def pair(comm):
+    x_shard = sequence_shard(comm, full)                                         # (B, T_r, H)
+    gathered = gather_from_sequence_parallel_region_forward(comm, x_shard)       # g:  (B, T, H)
+    partial = random_array(rank_rng(1, comm.rank), (B, T, H), integer=True)      # one addend per rank
+    return (x_shard.shape, gathered, partial,
+            gather_from_sequence_parallel_region_backward(comm, partial),        # g backward: RS
+            reduce_scatter_to_sequence_parallel_region_forward(comm, partial),   # g-bar forward: RS
+            reduce_scatter_to_sequence_parallel_region_backward(comm, x_shard))  # g-bar backward: AG
+
+results = run_spmd(pair, t)
+total = sum(r[2] for r in results)
+for rank, (shape, gathered, _, g_back, gbar_fwd, gbar_back) in enumerate(results):
+    assert_matches_reference(gathered, full, name="g forward", rank=rank, exact=True)
+    assert_matches_reference(gbar_back, full, name="g-bar backward", rank=rank, exact=True)
+    mine = np.array_split(total, t, axis=1)[rank]
+    assert_matches_reference(g_back, mine, name="g backward", rank=rank, exact=True)
+    assert_matches_reference(gbar_fwd, mine, name="g-bar forward", rank=rank, exact=True)
+    print(f"rank {rank}: shard {shape} -> g -> {gathered.shape}; g-bar -> {gbar_fwd.shape}   all bit-exact")"""),
+    new_markdown_cell(r"""### LayerNorm on a shard: the weight gradient is Partial
+
+LayerNorm normalises each position over H, so a shard is normalised exactly as in the full
+tensor. But its weight gradient is a sum over **all** positions, dweight = sum over (b, s) of
+dy * xhat, and a rank sees only its own: each rank's dweight (and dbias) is Partial. Left alone,
+the Replicated LayerNorm weights would get different updates on every rank and drift apart.
+One all-reduce of the (2H,) pair fixes it (Megatron-LM does the same for every parameter it
+marks `sequence_parallel`)."""),
+    new_code_cell("""rng = rank_rng(2)
+x, dy = random_array(rng, (B, T, H)), random_array(rng, (B, T, H))
+w, b = random_array(rng, (H,)), random_array(rng, (H,))
+_, cache = ref.layernorm_forward(x, w, b)
+_, dw_ref, db_ref = ref.layernorm_backward(dy, cache)
+
+def layernorm(comm):
+    y, c = sequence_parallel_layernorm_forward(comm, sequence_shard(comm, x), w, b)
+    _, dw_partial, _ = ref.layernorm_backward(sequence_shard(comm, dy), c)       # without the all-reduce
+    _, dw, db = sequence_parallel_layernorm_backward(comm, sequence_shard(comm, dy), c)
+    return dw_partial, dw, db
+
+for rank, (dw_partial, dw, db) in enumerate(run_spmd(layernorm, t)):
+    off = np.abs(dw_partial - dw_ref).max()
+    assert_matches_reference(dw, dw_ref, name="dweight", rank=rank)
+    assert_matches_reference(db, db_ref, name="dbias", rank=rank)
+    print(f"rank {rank}: own positions only: dweight off by {off:.2f};  all-reduced: equal to the reference")"""),
+    new_markdown_cell(r"""## 3. The sequence-parallel block equals the single-device block
+
+`check.check_everything` runs the block (`sequence_parallel/block.py`) on each rank's positions
+against `layers.reference.block_forward/backward` on all of them: float64 and float32, T = 2t
+and T = 2t + 1 (uneven), multi-head, grouped-query and multi-query attention. It compares the
+output and dx shards and every parameter gradient (gathered), and checks the collectives:
+forward 2 all-gathers + 2 reduce-scatters and nothing else, backward the same plus one
+all-reduce per LayerNorm. The row-layer bias needs none: its backward has just all-gathered dy,
+so the full bias gradient is summed from it. (The same runs under `mpiexec -n 4 python -m
+tp_from_scratch.sequence_parallel.check`.)"""),
+    new_code_cell("""for t in (1, 2, 3, 4):
+    compared = run_spmd(check.check_everything, t)
+    print(f"t={t}: every rank compared {compared[0]} tensors with the reference: all match")"""),
+    new_markdown_cell(r"""## 4. The meter: the same bytes as tensor parallelism
+
+A ring all-reduce of N elements is a ring reduce-scatter then a ring all-gather. SP performs the
+same two halves, with the block's computation in between. So per block and direction, SP's
+all-gathers + reduce-scatters must send exactly the TP block's all-reduce bytes: per rank when
+t divides T (the T-chunks are then the all-reduce's chunks), and summed over ranks always."""),
+    new_code_cell("""rows = []
+for t, T in [(2, 8), (4, 8), (3, 6), (3, 7), (4, 7)]:
+    heads = 6 if t == 3 else 4
+    config = ref.BlockConfig(hidden=2 * heads, n_heads=heads, n_kv_heads=heads // 2, ffn=4 * 2 * heads)
+    params = ref.init_block_params(rank_rng(0), config)
+    x, dy = random_array(rank_rng(1), (2, T, config.hidden)), random_array(rank_rng(2), (2, T, config.hidden))
+    sp = run_spmd(lambda comm: check.block_traffic(comm, params, config, x, dy, True), t)
+    tp = run_spmd(lambda comm: check.block_traffic(comm, params, config, x, dy, False), t)
+    for direction, d in (("forward", 0), ("backward", 1)):
+        calls = {k: v["calls"] for k, v in sp[0][d].items()}
+        sp_bytes = [sum(r[d][k]["bytes_sent"] for k in ("all_gather", "reduce_scatter")) for r in sp]
+        tp_bytes = [r[d]["all_reduce"]["bytes_sent"] for r in tp]
+        ln_bytes = sum(r[d].get("all_reduce", {}).get("bytes_sent", 0) for r in sp)
+        assert sum(sp_bytes) == sum(tp_bytes)
+        if T % t == 0:
+            assert sp_bytes == tp_bytes
+        rows.append((t, T, direction, calls, sp_bytes, tp_bytes, ln_bytes))
+print(f"{'t':>2} {'T':>2} {'direction':<9} {'SP collectives':<54} {'SP AG+RS bytes per rank':<26} {'TP all-reduce bytes':<24} LN grads")
+for t, T, direction, calls, spb, tpb, ln in rows:
+    print(f"{t:>2} {T:>2} {direction:<9} {str(calls):<54} {str(spb):<26} {str(tpb):<24} {ln}")"""),
+    new_markdown_cell(r"""When T = 7 is split over 3 or 4 ranks, the per-rank bytes differ (the T-chunks are not the
+all-reduce's flat chunks) but the totals agree to the byte. The only extra traffic is the
+LayerNorm gradients: 2 all-reduces of 2H values per block, tiny next to (B, T, H).
+
+## 5. The torch GPT, sequence-parallel
+
+`sequence_parallel/nn.py` has the two mappings as autograd Functions (group first), and the
+layers as functions of the **tensor-parallel modules' own parameters**:
+`sequence_parallel_layer_norm` passes the LayerNorm weight and bias through f (identity forward,
+all-reduce backward: their gradients are Partial), `column_linears_from_sequence` gathers once
+for q, k and v, and `row_linear_to_sequence` reduce-scatters the row output and adds f(bias).
+`SequenceParallelGPT` holds the TensorParallelGPT's modules, so its state dict *is* the TP
+one: a checkpoint does not know whether it was trained with SP. Here: 4 AdamW steps in float64
+on simulated ranks, T = 15 (uneven for t = 2 and 4), GQA with nkv = 2 (at t = 4 each KV head is
+held by two ranks), against the single-device GPT."""),
+    new_code_cell("""import copy
+from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt, shard_state_dict
+from tp_from_scratch.sequence_parallel.model import gpt_to_sp
+
+gpt_config = GPTConfig(vocab_size=67, seq_len=16, n_layers=2, hidden=32, n_heads=4, n_kv_heads=2)
+gen = torch.Generator().manual_seed(1)
+batches = [(torch.randint(0, 67, (2, 15), generator=gen), torch.randint(0, 67, (2, 15), generator=gen))
+           for _ in range(4)]
+
+def train(model):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for idx, targets in batches:
+        _, loss = model(idx, targets)
+        opt.zero_grad(); loss.backward(); opt.step()
+        losses.append(loss.item())
+    return losses, model.state_dict()
+
+reference = init_gpt(gpt_config, seed=0, dtype=torch.float64)
+single, single_weights = train(copy.deepcopy(reference))
+print("single device :", " ".join(f"{l:.12f}" for l in single))
+for t in (2, 4):
+    def rank_run(comm):
+        losses, weights = train(gpt_to_sp(comm, reference))
+        same_names = list(gpt_to_tp(comm, reference).state_dict()) == list(weights)
+        for name, want in shard_state_dict(single_weights, t, comm.rank, gpt_config).items():
+            assert_matches_reference(weights[name], want, name=name, rank=comm.rank)
+        return losses, same_names
+    per_rank = run_spmd(rank_run, t)
+    for step, (got, want) in enumerate(zip(per_rank[0][0], single)):
+        assert_matches_reference(np.float64(got), np.float64(want), name=f"loss at step {step}")
+    assert all(same for _, same in per_rank)
+    diff = max(abs(a - b) for a, b in zip(per_rank[0][0], single))
+    print(f"tp+sp, t={t}   :", " ".join(f"{l:.12f}" for l in per_rank[0][0]),
+          f"  max |diff| {diff:.1e}; trained shards equal; state-dict names = TP's")"""),
+    new_markdown_cell(r"""## 6. Activation memory, measured
+
+`memory.saved_bytes_per_block` runs one forward under `torch.autograd.graph.saved_tensors_hooks`:
+every tensor autograd keeps for backward passes through the pack hook, which books its storage's
+bytes once (q, k and v share their input: booked once), skips parameters (weights are not
+activations), and charges the block running at the time. Then the formula, derived for **this**
+model (`gpt/model.py`: pre-LN, GeLU, F = 4H, GQA, no dropout, e = the dtype's itemsize), per rank:
+
+| tensor saved for backward | one device, or TP | TP + SP |
+|---|---|---|
+| inputs of ln1 and ln2 (the residual stream) | 2 e B T H | 2 e B T_r H |
+| LayerNorm mean and 1/std (2 per LayerNorm) | 4 e B T | 4 e B T_r |
+| inputs of the column layers (q/k/v's, fc's) | 2 e B T H | 2 e B T_r H |
+| q, k, v (k and v already repeated to nh heads), o's input | 4 e B T H / t | same |
+| softmax output | e B nh T² / t | same |
+| causal mask (bool, not per batch or head) | T² | same |
+| GeLU input, proj input | 2 e B T F / t | same |
+
+Under SP the column layers keep only the shard of their input and all-gather it again in
+backward (the paper's §4.2.2: one more all-gather, overlapped with compute in Megatron-LM).
+With TP only, the first three rows do not shrink with t; with SP only the causal mask does not."""),
+    new_code_cell("""course = GPTConfig()                       # the trainer's default GPT: H=64, nh=8, nkv=4, F=256, 2 layers
+BATCH, SEQ = 4, 32
+ts = [1, 2, 4, 8]
+rows = memory.measure_block_memory(course, BATCH, SEQ, ts, dtype=torch.float32)
+print(f"{'model':<14} {'t':>2} {'rank':>4} {'measured B/block':>17} {'formula':>9} {'measured/formula':>17}")
+for r in rows:
+    for m in r["measured"]:
+        assert m == r["formula"], r          # exact, for every block and every rank
+    if r["rank"] == 0:
+        print(f"{r['model']:<14} {r['t']:>2} {r['rank']:>4} {r['measured'][0]:>17,} {r['formula']:>9,} "
+              f"{r['measured'][0] / r['formula']:>17.3f}")
+print(f"every rank, every block, {len(rows)} (model, t, rank) rows: measured / formula = 1.000 exactly")
+
+def at(model, t):
+    return next(r["measured"][0] for r in rows if r["model"] == model and r["t"] == t and r["rank"] == 0)
+predicted = {m: [sum(memory.block_activation_bytes(course, BATCH, SEQ, 4, t, 0, m == "TP+SP").values()) for t in ts]
+             for m in ("TP", "TP+SP")}
+measured = {m: [at(m, t) for t in ts] for m in ("TP", "TP+SP")}
+for m in measured:
+    print(f"{m:<6}: at t=4 a rank saves {measured[m][2] / measured[m][0]:.1%} of what one device saves; "
+          f"at t=8 {measured[m][3] / measured[m][0]:.1%}")
+fig, ax = plt.subplots(figsize=(6, 3.5))
+plot_activation_memory(ax, ts, measured, predicted)
+ax.set_title(f"course GPT, B={BATCH}, T={SEQ}, float32")
+plt.show()"""),
+    new_markdown_cell(r"""### Against Korthikanti et al.'s sbh(34 + 5as/h)
+
+Their count (16-bit activations, GPT-3 with dropout, s = T, b = B, h = H, a = nh) and ours at
+e = 2, F = 4H, term by term:
+
+| | Korthikanti (bytes) | ours, e = 2 | the difference |
+|---|---|---|---|
+| attention, linear parts | 11 sbh | 10 sbh | their dropout mask after the output projection (1 byte per element) |
+| attention scores | 5 as²b | 2 as²b + s² | theirs: softmax output (2), dropout mask (1), dropout output (2); ours: no dropout, plus our bool causal mask |
+| MLP | 19 sbh | 18 sbh | their dropout mask after the MLP |
+| LayerNorms | 4 sbh | 4 sbh + 8 sb | LayerNorm's mean and 1/std, which they leave out |
+| GQA | (multi-head) | no saving | our attention repeats k and v to the nh query heads before the matmuls, and those copies are what is saved |
+
+So our model is sbh(32 + 2as/h) + 8sb + s² bytes per layer on one device, and with TP+SP
+everything but the s² mask divides by t. Their formulas, per layer, for the four models of their
+Table 3 (s = 2048, t = 8; configurations as printed there; check the paper):"""),
+    new_code_cell("""# (name, a heads, h hidden, L layers, b micro-batch); s = 2048, t = 8 (Korthikanti et al. 2022, Table 3)
+paper = [("22B", 64, 6144, 48, 4), ("175B", 96, 12288, 96, 1), ("530B", 128, 20480, 105, 1),
+         ("1T", 160, 25600, 128, 1)]
+s, t, GiB = 2048, 8, 2**30
+print(f"{'model':<5} {'no parallelism':>15} {'TP':>8} {'TP+SP':>8} {'TP+sel.':>8} {'TP+SP+sel.':>11}   GiB per layer"
+      f"   L layers (a 1F1B first stage holds L layers' worth), TP -> TP+SP")
+for name, a, h, L, b in paper:
+    k = lambda **kw: memory.korthikanti_bytes(s, b, h, a, **kw) / GiB
+    none, tp, sp = k(), k(t=t), k(t=t, sequence_parallel=True)
+    tp_sel, sp_sel = k(t=t, selective=True), k(t=t, sequence_parallel=True, selective=True)
+    print(f"{name:<5} {none:>15.2f} {tp:>8.2f} {sp:>8.2f} {tp_sel:>8.2f} {sp_sel:>11.2f}   "
+          f"{' ' * 13}{L * tp:7.1f} -> {L * sp:6.1f} GiB (x{tp / sp:.1f} less)")"""),
+    new_markdown_cell(r"""With TP alone the replicated 10 sbh (of which our model has 8 sbh + 8 sb) dominates once
+t = 8. Pipeline parallelism does not help here: with the 1F1B schedule the first stage keeps
+its L/p layers' activations for p micro-batches in flight, L layers' worth. For the 530B model
+that is about 86 GiB per GPU with TP alone, more than an 80 GB A100 holds in total, hence full
+recomputation before this paper. TP+SP divides every term by t; with selective recomputation
+of the attention core (the 5as/h term) as well, the paper needs no other recomputation.
+
+## What is not here yet
+
+* selective recomputation as a flag of our model, measured the same way;
+* `--sequence-parallel` in the trainer (`gpt/train.py`), and PyTorch's DTensor
+  `SequenceParallel` plan with its `CommDebugMode` counts next to ours.
+
+Exercise 7: `exercises/ex07_sequence_parallel.py`, graded by `pytest exercises -m ex07`."""),
+    new_code_cell("""print(f"lesson executed in {time.perf_counter() - START:.1f} s")"""),
+]
+
+write_notebook(cells, HERE.parent / "07_sequence_parallelism.ipynb")
