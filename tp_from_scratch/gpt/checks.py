@@ -27,10 +27,18 @@ from tp_from_scratch.nn import gather_from_tp_region, tp_rank, tp_world_size
 BASE = GPTConfig(vocab_size=67, seq_len=16, n_layers=2, hidden=32, n_heads=8, n_kv_heads=4, ffn=64)
 
 
+# the two published architectures on the same sizes: GPT-2 (multi-head, all biases with the
+# key bias, tanh GeLU) and Llama (RMSNorm, RoPE, SwiGLU, no biases; 2 KV heads: replicated at t=4)
+GPT2 = GPTConfig(arch="gpt2", vocab_size=67, seq_len=16, n_layers=2, hidden=32, n_heads=8, n_kv_heads=8, ffn=64)
+LLAMA = GPTConfig(arch="llama", vocab_size=67, seq_len=16, n_layers=2, hidden=32, n_heads=8, n_kv_heads=2,
+                  ffn=64)
+
+
 def configs_for(tp):
-    """The configs checked at TP degree tp: tied and untied head, and one KV head (replicated
-    on every rank when tp > 1) in the tanh-GeLU form of the numpy lessons."""
-    configs = [BASE, replace(BASE, tie_embeddings=False), replace(BASE, n_kv_heads=1, gelu="tanh")]
+    """The configs checked at TP degree tp: tied and untied head, one KV head (replicated
+    on every rank when tp > 1) in the tanh-GeLU form of the numpy lessons, GPT-2 and Llama."""
+    configs = [BASE, replace(BASE, tie_embeddings=False), replace(BASE, n_kv_heads=1, gelu="tanh"),
+               GPT2, LLAMA]
     return [c for c in configs if _valid(c, tp)]
 
 
@@ -93,7 +101,7 @@ def main(argv=None):
                 check_config(world, config, getattr(torch, dtype))
             if dist.get_rank() == 0:
                 print(f"model checks passed (tp={tp}, {dtype}, native collectives, tied and untied "
-                      f"head, nkv=1)", flush=True)
+                      f"head, nkv=1, gpt2, llama)", flush=True)
         check_config(TorchComm(world), BASE, torch.float64)  # the same model on the ring collectives
         if dist.get_rank() == 0:
             print(f"model checks passed (tp={tp}, float64, from-scratch collectives)", flush=True)

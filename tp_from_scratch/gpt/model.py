@@ -20,6 +20,20 @@ weight rows are replicated over those ranks, and their gradients are summed amon
 
 Weights use torch's layout, (out, in); a state dict has the same keys in both models, the
 TP one holding each rank's shard. ``shard_state_dict`` / ``unshard_state_dict`` convert.
+
+Three architectures come out of the one Block, chosen by ``GPTConfig.arch`` (a preset for the
+fields norm, position, mlp, gelu, bias, key_bias, norm_eps, tie_embeddings):
+
+    arch    norm                 position          MLP                        biases         head
+    gpt     LayerNorm            learned (wpe)     fc -> GeLU (erf) -> proj   all but key    tied
+    gpt2    LayerNorm eps 1e-5   learned (wpe)     fc -> GeLU (tanh) -> proj  all, key too   tied
+    llama   RMSNorm eps 1e-6     RoPE, per head    SwiGLU: down(silu(gate) *  none           untied
+                                                   up), gate/up column, down row
+
+"gpt" is the course's own model and the default. RoPE rotates q and k of each head by its
+position, so a rank that holds a head rotates it by itself: no communication. SwiGLU's gate
+and up are column-parallel (one f for both), down is row-parallel: one all-reduce (g), as
+for the GeLU MLP.
 """
 from dataclasses import asdict, dataclass
 
@@ -33,6 +47,18 @@ from tp_from_scratch.nn.mappings import all_gather, tp_rank, tp_world_size
 from tp_from_scratch.sharding import check_divisible, shard_sizes
 
 GELUS = {"erf": "none", "tanh": "tanh"}  # config name -> F.gelu's ``approximate``
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rope")
+MLPS = ("gelu", "swiglu")
+# arch -> the values its fields take when the config leaves them at None
+ARCHS = {
+    "gpt": dict(norm="layernorm", norm_eps=1e-5, position="learned", mlp="gelu", gelu="erf",
+                bias=True, key_bias=False, tie_embeddings=True),
+    "gpt2": dict(norm="layernorm", norm_eps=1e-5, position="learned", mlp="gelu", gelu="tanh",
+                 bias=True, key_bias=True, tie_embeddings=True),
+    "llama": dict(norm="rmsnorm", norm_eps=1e-6, position="rope", mlp="swiglu", gelu="erf",
+                  bias=False, key_bias=False, tie_embeddings=False),
+}
 
 
 @dataclass
@@ -45,13 +71,27 @@ class GPTConfig:
     n_heads: int = 8            # nh; head size hs = H / nh
     n_kv_heads: int = 4         # grouped-query attention: nh / nkv query heads share a k, v head
     ffn: int = 0                # F; 0 means 4 * H
-    tie_embeddings: bool = True  # the LM head reuses the token embedding's weight
-    gelu: str = "erf"           # "erf": exact GeLU (torch's default); "tanh": GPT-2's approximation,
-                                # the form the numpy layers of Lessons 3-4 use
+    tie_embeddings: bool = None  # the LM head reuses the token embedding's weight (None: arch's)
+    gelu: str = None            # "erf": exact GeLU (torch's default); "tanh": GPT-2's approximation
+                                # ("gelu_new"), the form the numpy layers of Lessons 3-4 use
+    # the architecture: a preset for every field below left at None (see ARCHS)
+    arch: str = "gpt"           # "gpt" (this course's model), "gpt2" or "llama"
+    norm: str = None            # "layernorm" or "rmsnorm"
+    norm_eps: float = None      # the norms' epsilon
+    position: str = None        # "learned" (a wpe table of seq_len rows) or "rope"
+    rope_theta: float = 10000.0  # RoPE's base: head pair i turns by position * theta^(-2i/hs)
+    mlp: str = None             # "gelu" (fc, proj) or "swiglu" (gate, up, down)
+    bias: bool = None           # biases on the linear layers
+    key_bias: bool = None       # a bias on k as well (GPT-2 has one; softmax ignores it, see Attention)
 
     def __post_init__(self):
         if self.ffn == 0:
             self.ffn = 4 * self.hidden
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch must be one of {sorted(ARCHS)}, got {self.arch!r}")
+        for name, value in ARCHS[self.arch].items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
 
     @property
     def head_size(self):
@@ -71,6 +111,11 @@ class GPTConfig:
             raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         if self.gelu not in GELUS:
             raise ValueError(f"gelu must be one of {sorted(GELUS)}, got {self.gelu!r}")
+        for name, allowed in (("norm", NORMS), ("position", POSITIONS), ("mlp", MLPS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
+        if self.position == "rope" and self.head_size % 2 != 0:
+            raise ValueError(f"RoPE turns pairs of a head's dimensions: head size {self.head_size} is odd")
         if tp < 1:
             raise ValueError(f"tp must be at least 1, got {tp}")
         for name, size in [("ffn size", self.ffn), ("vocab size", self.vocab_size),
@@ -88,24 +133,87 @@ class GPTConfig:
         # the vocabulary may split unevenly: see vocab_shard_sizes
 
 
-def causal_self_attention(q, k, v, head_size):
+def rope_tables(positions, head_size, theta, dtype):
+    """(cos, sin), each (T, hs), for rotary position embeddings at ``positions`` (T,).
+
+    Head dimensions i and i + hs/2 form a pair turned by the angle position * theta^(-2i/hs)
+    (the "rotate half" layout of Hugging Face's Llama). Computed in float64, then cast.
+    """
+    inv_freq = theta ** (-torch.arange(0, head_size, 2, dtype=torch.float64, device=positions.device)
+                         / head_size)                                  # (hs/2,)
+    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]  # (T, hs/2)
+    angles = torch.cat([angles, angles], dim=-1)                       # (T, hs)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x, cos, sin):
+    """Rotate every head of x (B, n, T, hs) by its position: x cos + rotate_half(x) sin."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far, one (k, v) pair per layer, for generation.
+
+    Each entry is (B, nkv_local, T_seen, hs): in the TP model a rank caches only the KV heads
+    it holds (Sharded by heads like the attention; a replicated KV head when nkv < t), so the
+    cache is split like the weights and decoding needs no extra communication.
+    """
+
+    def __init__(self, n_layers):
+        self.k = [None] * n_layers
+        self.v = [None] * n_layers
+
+    def __len__(self):
+        """Tokens cached so far (the position of the next token)."""
+        return 0 if self.k[0] is None else self.k[0].shape[2]
+
+    def layer(self, i):
+        return _LayerCache(self, i)
+
+
+class _LayerCache:
+    def __init__(self, cache, i):
+        self.cache, self.i = cache, i
+
+    def start(self):
+        k = self.cache.k[self.i]
+        return 0 if k is None else k.shape[2]
+
+    def append(self, k, v):                            # k, v (B, nkv, T_new, hs)
+        c, i = self.cache, self.i
+        c.k[i] = k if c.k[i] is None else torch.cat([c.k[i], k], dim=2)
+        c.v[i] = v if c.v[i] is None else torch.cat([c.v[i], v], dim=2)
+        return c.k[i], c.v[i]                          # (B, nkv, T_seen, hs)
+
+
+def causal_self_attention(q, k, v, head_size, rope=None, cache=None):
     """softmax(q k^T / sqrt(hs) + causal mask) v for the heads this rank holds.
 
     q (B, T, nq*hs), k and v (B, T, nkv*hs) -> (B, T, nq*hs). The head counts are read off
     the shapes, so the same code serves the full model (nq = nh) and a TP shard (nh/t):
     the q heads of a shard use exactly the kv heads of the same shard (Sharded by heads; one
-    replicated KV head when nkv < t).
+    replicated KV head when nkv < t). ``rope``: (cos, sin) of the T new positions, applied
+    to q and k per head. ``cache``: a layer of a KVCache; the T new tokens come after the
+    ones it holds and attend to them too.
     """
     B, T, _ = q.shape
     q = q.view(B, T, -1, head_size).transpose(1, 2)   # (B, nq, T, hs)
     k = k.view(B, T, -1, head_size).transpose(1, 2)   # (B, nkv, T, hs)
     v = v.view(B, T, -1, head_size).transpose(1, 2)   # (B, nkv, T, hs)
+    if rope is not None:
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    if cache is not None:
+        k, v = cache.append(k, v)                      # (B, nkv, Tk, hs), Tk = seen + T
+    Tk = k.shape[2]
     group = q.shape[1] // k.shape[1]
     # GQA: q head j reads kv head j // group
-    k = k.repeat_interleave(group, dim=1)              # (B, nq, T, hs)
-    v = v.repeat_interleave(group, dim=1)              # (B, nq, T, hs)
-    att = (q @ k.transpose(-2, -1)) * head_size ** -0.5  # (B, nq, T, T)
-    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    k = k.repeat_interleave(group, dim=1)              # (B, nq, Tk, hs)
+    v = v.repeat_interleave(group, dim=1)              # (B, nq, Tk, hs)
+    att = (q @ k.transpose(-2, -1)) * head_size ** -0.5  # (B, nq, T, Tk)
+    # new token i sits at position Tk - T + i and sees keys 0 .. Tk - T + i
+    mask = torch.ones(T, Tk, dtype=torch.bool, device=q.device).tril(diagonal=Tk - T)
     att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
     y = att @ v                                        # (B, nq, T, hs)
     return y.transpose(1, 2).reshape(B, T, -1)         # (B, T, nq*hs)
@@ -116,6 +224,12 @@ def _linear(n_in, n_out, bias=True, input_is_copied=False, kv=False):
     return nn.Linear(n_in, n_out, bias=bias)
 
 
+def _row(row, config, n_in, n_out):
+    """A row layer with the config's bias; called as row(n_in, n_out) when it has one, so
+    layer factories written before biases became optional keep working."""
+    return row(n_in, n_out) if config.bias else row(n_in, n_out, bias=False)
+
+
 class Attention(nn.Module):
     """q, k, v projections (column-parallel in TP), attention per head, o projection (row)."""
 
@@ -123,48 +237,78 @@ class Attention(nn.Module):
         super().__init__()
         hs = config.head_size
         self.head_size = hs
+        self.rope = config.position == "rope"
+        self.rope_theta = config.rope_theta
         # q, k and v read one input: in TP a single f (copy_in) serves all three, so backward
         # all-reduces their summed input gradient once per block instead of three times
         self.copy_in = copy_in or (lambda x: x)
-        self.q = column(config.hidden, config.n_heads * hs, input_is_copied=True)
-        # no key bias: it adds q.b_k to a whole row of scores, which softmax ignores, so its
-        # gradient is exactly zero and Adam would turn the roundoff left in it into real steps
-        self.k = column(config.hidden, config.n_kv_heads * hs, bias=False, input_is_copied=True, kv=True)
-        self.v = column(config.hidden, config.n_kv_heads * hs, input_is_copied=True, kv=True)
-        self.o = row(config.n_heads * hs, config.hidden)
+        self.q = column(config.hidden, config.n_heads * hs, bias=config.bias, input_is_copied=True)
+        # by default no key bias: it adds q.b_k to a whole row of scores, which softmax ignores,
+        # so its gradient is exactly zero and Adam would turn the roundoff left in it into real
+        # steps. GPT-2 has one (key_bias=True): imported checkpoints keep it, and it changes
+        # neither the loss nor any other gradient (tests/test_arch.py proves it)
+        self.k = column(config.hidden, config.n_kv_heads * hs, bias=config.bias and config.key_bias,
+                        input_is_copied=True, kv=True)
+        self.v = column(config.hidden, config.n_kv_heads * hs, bias=config.bias, input_is_copied=True, kv=True)
+        self.o = _row(row, config, config.n_heads * hs, config.hidden)
 
-    def forward(self, x):                               # x (B, T, H)
+    def forward(self, x, cache=None):                   # x (B, T, H)
         x = self.copy_in(x)                             # f: identity forward, all-reduce backward
-        y = causal_self_attention(self.q(x), self.k(x), self.v(x), self.head_size)
+        rope = None
+        if self.rope:  # each head is turned by its own positions: local to the rank holding it
+            start = 0 if cache is None else cache.start()
+            positions = torch.arange(start, start + x.shape[1], device=x.device)
+            rope = rope_tables(positions, self.head_size, self.rope_theta, x.dtype)
+        y = causal_self_attention(self.q(x), self.k(x), self.v(x), self.head_size, rope, cache)
         return self.o(y)                                # (B, T, H)
 
 
 class MLP(nn.Module):
-    """fc (column-parallel in TP) -> GeLU -> proj (row-parallel in TP)."""
+    """fc (column-parallel in TP) -> GeLU -> proj (row-parallel in TP); or, with mlp="swiglu",
+    gate and up (both column-parallel, one f) -> silu(gate) * up -> down (row-parallel)."""
 
-    def __init__(self, config, column, row):
+    def __init__(self, config, column, row, copy_in=None):
         super().__init__()
         self.approximate = GELUS[config.gelu]
-        self.fc = column(config.hidden, config.ffn)
-        self.proj = row(config.ffn, config.hidden)
+        self.swiglu = config.mlp == "swiglu"
+        if self.swiglu:
+            self.copy_in = copy_in or (lambda x: x)   # f once for gate and up, as for q, k, v
+            self.gate = column(config.hidden, config.ffn, bias=config.bias, input_is_copied=True)
+            self.up = column(config.hidden, config.ffn, bias=config.bias, input_is_copied=True)
+            self.down = _row(row, config, config.ffn, config.hidden)
+        else:
+            self.fc = column(config.hidden, config.ffn) if config.bias else \
+                column(config.hidden, config.ffn, bias=False)
+            self.proj = _row(row, config, config.ffn, config.hidden)
 
     def forward(self, x):                               # x (B, T, H)
+        if self.swiglu:
+            x = self.copy_in(x)
+            h = F.silu(self.gate(x)) * self.up(x)       # (B, T, F/t): element-wise on the shards
+            return self.down(h)
         h = F.gelu(self.fc(x), approximate=self.approximate)  # GeLU acts on (B, T, F/t) shards
         return self.proj(h)
 
 
+def make_norm(config, **kw):
+    """The config's norm over H: LayerNorm (weight, bias) or RMSNorm (weight only); replicated."""
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.hidden, eps=config.norm_eps, **kw)
+    return nn.LayerNorm(config.hidden, eps=config.norm_eps, **kw)
+
+
 class Block(nn.Module):
-    """Pre-LN transformer block: x + attn(ln1(x)), then + mlp(ln2(x))."""
+    """Pre-norm transformer block: x + attn(ln1(x)), then + mlp(ln2(x))."""
 
     def __init__(self, config, column, row, copy_in=None):
         super().__init__()
-        self.ln1 = nn.LayerNorm(config.hidden)
+        self.ln1 = make_norm(config)
         self.attn = Attention(config, column, row, copy_in)
-        self.ln2 = nn.LayerNorm(config.hidden)
-        self.mlp = MLP(config, column, row)
+        self.ln2 = make_norm(config)
+        self.mlp = MLP(config, column, row, copy_in)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
+    def forward(self, x, cache=None):
+        x = x + self.attn(self.ln1(x), cache)
         return x + self.mlp(self.ln2(x))
 
 
@@ -176,23 +320,36 @@ class GPT(nn.Module):
         config.validate(1)
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.hidden)
-        self.wpe = nn.Embedding(config.seq_len, config.hidden)
+        if config.position == "learned":
+            self.wpe = nn.Embedding(config.seq_len, config.hidden)
         self.blocks = nn.ModuleList(Block(config, _linear, _linear) for _ in range(config.n_layers))
-        self.ln_f = nn.LayerNorm(config.hidden)
+        self.ln_f = make_norm(config)
         if not config.tie_embeddings:
             self.lm_head = nn.Linear(config.hidden, config.vocab_size, bias=False)
 
     def head_weight(self):
         return self.wte.weight if self.config.tie_embeddings else self.lm_head.weight  # (V, H)
 
-    def forward(self, idx, targets=None):               # idx (B, T) token ids
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))  # (B, T, H)
-        for block in self.blocks:
-            x = block(x)
+    def forward(self, idx, targets=None, cache=None):   # idx (B, T) token ids
+        x = embed(self, idx, cache)                     # (B, T, H)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if cache is None else cache.layer(i))
         logits = F.linear(self.ln_f(x), self.head_weight())  # (B, T, V)
         if targets is None:
             return logits, None
         return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def embed(model, idx, cache=None):
+    """Token embeddings, plus learned positions (continuing after the cached tokens)."""
+    x = model.wte(idx)                                  # (B, T, H)
+    if model.config.position != "learned":
+        return x                                        # RoPE acts inside attention
+    start = 0 if cache is None else len(cache)
+    if start + idx.shape[1] > model.config.seq_len:
+        raise ValueError(f"position {start + idx.shape[1] - 1} is past the last learned position "
+                         f"{model.config.seq_len - 1} (seq_len {model.config.seq_len})")
+    return x + model.wpe(torch.arange(start, start + idx.shape[1], device=idx.device))
 
 
 def init_gpt(config, seed, dtype=torch.float32):
@@ -209,7 +366,8 @@ def init_gpt(config, seed, dtype=torch.float32):
             elif ".ln" in name or name.startswith("ln_f"):
                 p.fill_(1.0)
             else:
-                std = 0.02 / (2 * config.n_layers) ** 0.5 if name.endswith(("o.weight", "proj.weight")) else 0.02
+                std = 0.02 / (2 * config.n_layers) ** 0.5 if name.endswith(
+                    ("o.weight", "proj.weight", "down.weight")) else 0.02
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * std)
     return model
 
@@ -245,19 +403,20 @@ class TensorParallelGPT(nn.Module):
             return ColumnParallelLinear(n_in, n_out, bias, group=group, input_is_copied=input_is_copied,
                                         replicas=replicas if kv else 1, **kw)
 
-        def row(n_in, n_out):      # W[out, in_t]: input Sharded, output Partial -> all-reduced
-            return RowParallelLinear(n_in, n_out, bias=True, input_is_parallel=True, group=group, **kw)
+        def row(n_in, n_out, bias=True):  # W[out, in_t]: input Sharded, output Partial -> all-reduced
+            return RowParallelLinear(n_in, n_out, bias=bias, input_is_parallel=True, group=group, **kw)
 
         def copy_in(x):  # f, shared by the q, k and v column layers of a block
             return copy_to_tp_region(group, x)
 
         local = dict(dtype=dtype, device=device)
         self.wte = VocabParallelEmbedding(config.vocab_size, config.hidden, group=group, **kw)  # (V/t, H)
-        self.wpe = nn.Embedding(config.seq_len, config.hidden, **local)                  # replicated
+        if config.position == "learned":
+            self.wpe = nn.Embedding(config.seq_len, config.hidden, **local)              # replicated
         self.blocks = nn.ModuleList(Block(config, column, row, copy_in) for _ in range(config.n_layers))
         for block in self.blocks:
-            block.to(**local)  # the LayerNorms; the parallel layers already have dtype and device
-        self.ln_f = nn.LayerNorm(config.hidden, **local)
+            block.to(**local)  # the norms; the parallel layers already have dtype and device
+        self.ln_f = make_norm(config, **local)
         if not config.tie_embeddings:
             # a local linear on this rank's vocabulary rows, the same rows as the embedding's
             self.lm_head = nn.Linear(config.hidden, self.wte.weight.shape[0], bias=False, **local)
@@ -265,10 +424,10 @@ class TensorParallelGPT(nn.Module):
     def head_weight(self):
         return self.wte.weight if self.config.tie_embeddings else self.lm_head.weight  # (V/t, H)
 
-    def forward(self, idx, targets=None):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))  # (B, T, H)
-        for block in self.blocks:
-            x = block(x)
+    def forward(self, idx, targets=None, cache=None):
+        x = embed(self, idx, cache)                     # (B, T, H)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if cache is None else cache.layer(i))
         # f: forward identity; backward all-reduces the partial input grads of the vocab shards
         h = copy_to_tp_region(self.group, self.ln_f(x))
         logits = F.linear(h, self.head_weight())        # (B, T, V/t) Sharded(vocab)
@@ -284,10 +443,11 @@ class TensorParallelGPT(nn.Module):
 # Conversion through state dicts: one rule per parameter name says how it is split
 # ---------------------------------------------------------------------------------------
 
-_COLUMN = ("attn.q.weight", "attn.q.bias", "attn.k.weight",
-           "attn.v.weight", "attn.v.bias", "mlp.fc.weight", "mlp.fc.bias")
-_KV = ("attn.k.weight", "attn.v.weight", "attn.v.bias")
-_ROW = ("attn.o.weight", "mlp.proj.weight")
+_COLUMN = ("attn.q.weight", "attn.q.bias", "attn.k.weight", "attn.k.bias",
+           "attn.v.weight", "attn.v.bias", "mlp.fc.weight", "mlp.fc.bias",
+           "mlp.gate.weight", "mlp.gate.bias", "mlp.up.weight", "mlp.up.bias")
+_KV = ("attn.k.weight", "attn.k.bias", "attn.v.weight", "attn.v.bias")
+_ROW = ("attn.o.weight", "mlp.proj.weight", "mlp.down.weight")
 _VOCAB = ("wte.weight", "lm_head.weight")
 
 
@@ -296,8 +456,8 @@ def shard_axis(name):
 
     Column-parallel weights (out, in) and their biases split the out axis (0); row-parallel
     weights split the in axis (1) and keep their bias whole (added once, after g); the token
-    embedding and LM head split the vocabulary rows (0). LayerNorms, the position embedding
-    and row biases are replicated.
+    embedding and LM head split the vocabulary rows (0). Norms, the position embedding
+    and row biases are replicated. SwiGLU's gate and up are column-parallel, down row-parallel.
     """
     if name in _VOCAB or name.endswith(_COLUMN):
         return 0

@@ -82,15 +82,20 @@ def build_parser():
     g.add_argument("--kv-heads", type=int, default=d.n_kv_heads)
     g.add_argument("--ffn", type=int, default=0, help="0: 4 x hidden")
     g.add_argument("--untied", action="store_true", help="an LM head of its own instead of the embedding")
-    g.add_argument("--gelu", choices=["erf", "tanh"], default=d.gelu,
-                   help="exact GeLU (erf) or GPT-2's tanh approximation (the numpy lessons' form)")
+    g.add_argument("--gelu", choices=["erf", "tanh"], default=None,
+                   help="exact GeLU (erf) or GPT-2's tanh approximation (the numpy lessons' form); "
+                        "default: the architecture's (gpt erf, gpt2 tanh)")
+    g.add_argument("--arch", choices=["gpt", "gpt2", "llama"], default="gpt",
+                   help="gpt: this course's model; gpt2: LayerNorm, learned positions, all biases, tanh "
+                        "GeLU; llama: RMSNorm, RoPE, SwiGLU, no biases, untied head (gpt/model.py)")
     return p
 
 
 def config_from_args(args):
     return GPTConfig(vocab_size=args.vocab_size, seq_len=args.seq_len, n_layers=args.layers,
                      hidden=args.hidden, n_heads=args.heads, n_kv_heads=args.kv_heads,
-                     ffn=args.ffn, tie_embeddings=not args.untied, gelu=args.gelu)
+                     ffn=args.ffn, tie_embeddings=False if args.untied else None, gelu=args.gelu,
+                     arch=getattr(args, "arch", "gpt"))
 
 
 def validate(args, world_size):
