@@ -13,7 +13,7 @@ import numpy as np
 
 from tp_from_scratch.layers.mappings import f_backward, f_forward, g_backward, g_forward
 from tp_from_scratch.layers.reference import linear_backward, linear_forward
-from tp_from_scratch.sharding import check_divisible
+from tp_from_scratch.sharding import check_divisible, shard_range
 
 
 def column_parallel_linear_forward(comm, x, w_shard, b_shard):
@@ -66,8 +66,7 @@ def shard_column_parallel_linear(w, b, tp, rank, what="output features"):
     """Rank ``rank``'s column block (W_i (in, out/t), b_i (out/t,)) of a full W (in, out), b (out,)."""
     check_divisible(w.shape[1], tp, what)
     check_rank(rank, tp)
-    n = w.shape[1] // tp
-    cols = slice(rank * n, (rank + 1) * n)
+    cols = slice(*shard_range(w.shape[1], rank, tp))
     return w[:, cols].copy(), (None if b is None else b[cols].copy())
 
 
@@ -75,8 +74,8 @@ def shard_row_parallel_linear(w, b, tp, rank, what="input features"):
     """Rank ``rank``'s row block W_i (in/t, out) of a full W (in, out); b (out,) stays whole."""
     check_divisible(w.shape[0], tp, what)
     check_rank(rank, tp)
-    n = w.shape[0] // tp
-    return w[rank * n:(rank + 1) * n].copy(), (None if b is None else b.copy())
+    rows = slice(*shard_range(w.shape[0], rank, tp))
+    return w[rows].copy(), (None if b is None else b.copy())
 
 
 def check_rank(rank, tp):
