@@ -21,7 +21,7 @@ LESSON = {
     "sequence_parallel": 7,                     # Lesson 7: sequence parallelism
     "partial_sync": 8,                          # Lesson 8: partially synchronized activations
 }
-TOOLING = {"tools", "bench", "demos"}           # may import any lesson; no lesson imports them
+TOOLING = {"tools", "bench", "demos", "verify"}  # may import any lesson; no lesson imports them
 MAX_TOP_LEVEL_MODULES = 8
 
 

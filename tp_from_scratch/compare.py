@@ -60,6 +60,20 @@ def max_error(got, expected):
     return float(np.max(np.abs(g.astype(np.float64) - e.astype(np.float64))))
 
 
+def _scale(e):
+    """max(1, max |expected|) over the finite entries: what the relative bound multiplies."""
+    finite = np.isfinite(e)
+    return max(1.0, float(np.max(np.abs(e[finite]))) if finite.any() else 1.0)
+
+
+def allowed_error(expected, *, exact=False, tol=None):
+    """The largest max |got - expected| the policy accepts: 0 if exact, else bound x scale."""
+    e, edt = to_numpy(expected)
+    if exact or not np.issubdtype(e.dtype, np.inexact):
+        return 0.0
+    return (TOLERANCE[edt] if tol is None else tol) * _scale(e)
+
+
 def assert_matches_reference(got, expected, *, name="output", rank=None, exact=False, tol=None):
     """Assert that ``got`` equals the single-device ``expected`` under the tolerance policy.
 
@@ -90,7 +104,7 @@ def assert_matches_reference(got, expected, *, name="output", rank=None, exact=F
         raise AssertionError(f"{where}: non-finite values (nan/inf) differ from the reference")
     bound = (TOLERANCE[edt] if tol is None else tol)
     finite = np.isfinite(e)
-    scale = max(1.0, float(np.max(np.abs(e[finite]))) if finite.any() else 1.0)
+    scale = _scale(e)
     err = max_error(np.where(finite, g, 0), np.where(finite, e, 0))
     if err > bound * scale:
         raise AssertionError(

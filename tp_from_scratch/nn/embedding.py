@@ -25,10 +25,13 @@ class VocabParallelEmbedding(nn.Module):
     Local weight (V/t, H) (uneven V: the first V % t ranks hold one row more).
     """
 
-    def __init__(self, num_embeddings, embedding_dim, *, group, dtype=None, device=None,
-                 init=True):
+    def __init__(self, num_embeddings, embedding_dim, *, group, padding_idx=None, dtype=None,
+                 device=None, init=True):
         super().__init__()
         self.group = group
+        # a global id whose row gets no gradient (nn.Embedding's padding_idx); only the rank
+        # that owns that row applies it, at the row's LOCAL index
+        self.padding_idx = padding_idx
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         t, rank = tp_world_size(group), tp_rank(group)
         self.vocab_sizes = shard_sizes(num_embeddings, t)
@@ -51,7 +54,7 @@ class VocabParallelEmbedding(nn.Module):
         """This rank's block of rows of a single-device torch.nn.Embedding (a copy)."""
         w = embedding.weight
         layer = cls(embedding.num_embeddings, embedding.embedding_dim, group=group,
-                    dtype=w.dtype, device=w.device, init=False)
+                    padding_idx=embedding.padding_idx, dtype=w.dtype, device=w.device, init=False)
         with torch.no_grad():
             layer.weight.copy_(w[layer.vocab_start:layer.vocab_stop])
         return layer
@@ -60,7 +63,10 @@ class VocabParallelEmbedding(nn.Module):
         # ids: (B, T) global token ids, the same on every rank
         outside = (ids < self.vocab_start) | (ids >= self.vocab_stop)
         local_ids = (ids - self.vocab_start).masked_fill(outside, 0)  # any valid row; zeroed below
-        rows = F.embedding(local_ids, self.weight)                    # (B, T, H)
+        local_padding = None
+        if self.padding_idx is not None and self.vocab_start <= self.padding_idx < self.vocab_stop:
+            local_padding = self.padding_idx - self.vocab_start
+        rows = F.embedding(local_ids, self.weight, local_padding)     # (B, T, H)
         rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)           # (B, T, H), Partial
         return reduce_from_tp_region(self.group, rows)                # (B, T, H), Replicated
 
