@@ -4,7 +4,7 @@ Story: SequenceParallelGPT reuses the TP model's modules, so (1) its state dict 
 model's, (2) training it gives the single-device losses and weights (float64, simulated
 ranks, T not divisible by t), and (3) the bytes autograd saves for backward per block,
 measured with saved_tensors_hooks, equal the formula of sequence_parallel.memory exactly,
-for one device, TP and TP+SP, at t = 1, 2, 4.
+for one device, TP, TP+SP and TP+SP with selective recomputation, at t = 1, 2, 4.
 """
 import copy
 
@@ -42,14 +42,15 @@ def train(model, data):
     return losses, model.state_dict()
 
 
-@pytest.mark.parametrize("t", [2, 4])
-def test_sequence_parallel_training_equals_single_device(t):
+@pytest.mark.parametrize("t,recompute", [(2, False), (4, False), (2, True)])
+def test_sequence_parallel_training_equals_single_device(t, recompute):
+    # recompute: selective recomputation, the attention core run again in backward
     reference = init_gpt(CONFIG, seed=0, dtype=torch.float64)
     data = batches()
     expected_losses, expected_weights = train(copy.deepcopy(reference), data)
 
     def on_rank(comm):
-        losses, weights = train(gpt_to_sp(comm, reference), data)
+        losses, weights = train(gpt_to_sp(comm, reference, recompute_attention=recompute), data)
         mine = shard_state_dict(expected_weights, t, comm.rank, CONFIG)
         for step, (got, want) in enumerate(zip(losses, expected_losses)):
             assert_matches_reference(got, want, name=f"loss at step {step}", rank=comm.rank)
@@ -74,14 +75,19 @@ def test_the_state_dict_is_the_tensor_parallel_one():
     run_spmd(on_rank, 2)
 
 
-def measured_and_formula(build, t, dtype, sequence_parallel):
+def selective(comm, model):
+    return gpt_to_sp(comm, model, recompute_attention=True)
+
+
+def measured_and_formula(build, t, dtype, sequence_parallel, recompute=False):
     reference = init_gpt(CONFIG, seed=0, dtype=dtype)
     idx, targets = batches()[0]
     itemsize = torch.empty(0, dtype=dtype).element_size()
 
     def on_rank(comm):
         measured = saved_bytes_per_block(build(comm, reference), idx, targets)
-        formula = sum(block_activation_bytes(CONFIG, B, T, itemsize, t, comm.rank, sequence_parallel).values())
+        formula = sum(block_activation_bytes(CONFIG, B, T, itemsize, t, comm.rank, sequence_parallel,
+                                             recompute_attention=recompute).values())
         return [measured[i] for i in range(CONFIG.n_layers)], formula
 
     return run_spmd(on_rank, t)
@@ -94,10 +100,11 @@ def test_activation_bytes_measured_equal_the_formula(t, dtype):
     itemsize = torch.empty(0, dtype=dtype).element_size()
     assert [single[i] for i in range(CONFIG.n_layers)] == [
         sum(block_activation_bytes(CONFIG, B, T, itemsize).values())] * CONFIG.n_layers
-    for build, sp in ((gpt_to_tp, False), (gpt_to_sp, True)):
-        for rank, (per_block, formula) in enumerate(measured_and_formula(build, t, dtype, sp)):
+    for name, build, sp, recompute in (("TP", gpt_to_tp, False, False), ("TP+SP", gpt_to_sp, True, False),
+                                       ("TP+SP+selective", selective, True, True)):
+        for rank, (per_block, formula) in enumerate(measured_and_formula(build, t, dtype, sp, recompute)):
             assert per_block == [formula] * CONFIG.n_layers, \
-                f"{'TP+SP' if sp else 'TP'} t={t} rank {rank}: measured {per_block}, formula {formula}"
+                f"{name} t={t} rank {rank}: measured {per_block}, formula {formula}"
 
 
 def test_a_shard_that_breaks_the_array_split_rule_is_refused():

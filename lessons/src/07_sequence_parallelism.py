@@ -244,28 +244,35 @@ model (`gpt/model.py`: pre-LN, GeLU, F = 4H, GQA, no dropout, e = the dtype's it
 
 Under SP the column layers keep only the shard of their input and all-gather it again in
 backward (the paper's §4.2.2: one more all-gather, overlapped with compute in Megatron-LM).
-With TP only, the first three rows do not shrink with t; with SP only the causal mask does not."""),
+With TP only, the first three rows do not shrink with t; with SP only the causal mask does not.
+
+**Selective recomputation** (`gpt_to_sp(..., recompute_attention=True)`, the paper's §5): the
+attention core softmax(q kᵀ/√hs + mask) v becomes one autograd Function that keeps only q, k and
+v and runs again in backward. The softmax output, the repeated k and v and the mask leave memory;
+k and v are now kept with this rank's KV heads only, so here GQA does save memory:
+2 e B T (nkv/t) hs instead of 2 e B T H/t."""),
     new_code_cell("""course = GPTConfig()                       # the trainer's default GPT: H=64, nh=8, nkv=4, F=256, 2 layers
 BATCH, SEQ = 4, 32
 ts = [1, 2, 4, 8]
 rows = memory.measure_block_memory(course, BATCH, SEQ, ts, dtype=torch.float32)
-print(f"{'model':<14} {'t':>2} {'rank':>4} {'measured B/block':>17} {'formula':>9} {'measured/formula':>17}")
+print(f"{'model':<16} {'t':>2} {'rank':>4} {'measured B/block':>17} {'formula':>9} {'measured/formula':>17}")
 for r in rows:
     for m in r["measured"]:
         assert m == r["formula"], r          # exact, for every block and every rank
     if r["rank"] == 0:
-        print(f"{r['model']:<14} {r['t']:>2} {r['rank']:>4} {r['measured'][0]:>17,} {r['formula']:>9,} "
+        print(f"{r['model']:<16} {r['t']:>2} {r['rank']:>4} {r['measured'][0]:>17,} {r['formula']:>9,} "
               f"{r['measured'][0] / r['formula']:>17.3f}")
 print(f"every rank, every block, {len(rows)} (model, t, rank) rows: measured / formula = 1.000 exactly")
 
 def at(model, t):
     return next(r["measured"][0] for r in rows if r["model"] == model and r["t"] == t and r["rank"] == 0)
-predicted = {m: [sum(memory.block_activation_bytes(course, BATCH, SEQ, 4, t, 0, m == "TP+SP").values()) for t in ts]
-             for m in ("TP", "TP+SP")}
-measured = {m: [at(m, t) for t in ts] for m in ("TP", "TP+SP")}
+predicted = {m: [sum(memory.block_activation_bytes(course, BATCH, SEQ, 4, t, 0, m != "TP",
+                                                    recompute_attention=m.endswith("selective")).values())
+                  for t in ts] for m in ("TP", "TP+SP", "TP+SP+selective")}
+measured = {m: [at(m, t) for t in ts] for m in predicted}
 for m in measured:
-    print(f"{m:<6}: at t=4 a rank saves {measured[m][2] / measured[m][0]:.1%} of what one device saves; "
-          f"at t=8 {measured[m][3] / measured[m][0]:.1%}")
+    print(f"{m:<16}: a rank keeps {measured[m][2] / measured[m][0]:.1%} of its t=1 bytes at t=4, "
+          f"{measured[m][3] / measured[m][0]:.1%} at t=8 ({measured[m][0] / measured['TP'][0]:.0%} of TP's at t=1)")
 fig, ax = plt.subplots(figsize=(6, 3.5))
 plot_activation_memory(ax, ts, measured, predicted)
 ax.set_title(f"course GPT, B={BATCH}, T={SEQ}, float32")
@@ -307,7 +314,7 @@ of the attention core (the 5as/h term) as well, the paper needs no other recompu
 
 ## What is not here yet
 
-* selective recomputation as a flag of our model, measured the same way;
+* the step-time cost of selective recomputation (`bench`);
 * `--sequence-parallel` in the trainer (`gpt/train.py`), and PyTorch's DTensor
   `SequenceParallel` plan with its `CommDebugMode` counts next to ours.
 

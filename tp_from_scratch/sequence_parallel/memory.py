@@ -69,16 +69,29 @@ def saved_bytes_per_block(model, idx, targets):
 
 
 def block_activation_bytes(config, batch, seq, itemsize, tp=1, rank=0, sequence_parallel=False,
-                           save_gathered=False):
+                           save_gathered=False, recompute_attention=False):
     """Bytes one block saves for backward on rank ``rank``, by the table in the module docstring.
 
     config: a GPTConfig (hidden, ffn, n_heads); seq: the full T; itemsize: bytes per element
     of the activations (4 for float32, 8 for float64; LayerNorm's statistics share it).
+    recompute_attention (selective recomputation, SP model only): q, k, v are kept as the
+    projections made them (k, v with this rank's KV heads, not repeated), and the softmax
+    output and causal mask are not kept at all.
     Returns {term: bytes}; sum the values for the total.
     """
     B, T, H, F, nh, t, e = batch, seq, config.hidden, config.ffn, config.n_heads, tp, itemsize
     T_r = shard_sizes(T, t)[rank] if sequence_parallel else T  # positions this rank holds
     T_in = T if save_gathered or not sequence_parallel else T_r
+    if recompute_attention:
+        kv_local = max(config.n_kv_heads // t, 1) * config.head_size  # a replicated KV head when nkv < t
+        return {
+            "LayerNorm inputs": 2 * e * B * T_r * H,
+            "LayerNorm mean, 1/std": 4 * e * B * T_r,
+            "column-layer inputs": 2 * e * B * T_in * H,
+            "q, o input": 2 * e * B * T * H // t,
+            "k, v (not repeated)": 2 * e * B * T * kv_local,
+            "GeLU input, proj input": 2 * e * B * T * F // t,
+        }
     return {
         "LayerNorm inputs": 2 * e * B * T_r * H,
         "LayerNorm mean, 1/std": 4 * e * B * T_r,
@@ -103,7 +116,8 @@ def korthikanti_bytes(s, b, h, a, t=1, sequence_parallel=False, selective=False)
 
 
 def measure_block_memory(config, batch, seq, ts=(1, 2, 4), dtype=torch.float32, seed=0):
-    """Measured and predicted bytes per block for one device, TP and TP+SP at each t (simulated ranks).
+    """Measured and predicted bytes per block for one device, TP, TP+SP and TP+SP with selective
+    recomputation, at each t (simulated ranks).
 
     Returns rows {"model", "t", "rank", "measured" (every block's bytes), "formula"} for every rank.
     """
@@ -122,10 +136,15 @@ def measure_block_memory(config, batch, seq, ts=(1, 2, 4), dtype=torch.float32, 
     rows = [{"model": "single device", "t": 1, "rank": 0,
              "measured": blocks(saved_bytes_per_block(reference, idx, targets)),
              "formula": sum(block_activation_bytes(config, batch, seq, e).values())}]
-    for name, build, sp in (("TP", gpt_to_tp, False), ("TP+SP", gpt_to_sp, True)):
+    def selective(comm, model):
+        return gpt_to_sp(comm, model, recompute_attention=True)
+
+    for name, build, sp, recompute in (("TP", gpt_to_tp, False, False), ("TP+SP", gpt_to_sp, True, False),
+                                       ("TP+SP+selective", selective, True, True)):
         for t in ts:
             per_rank = run_spmd(lambda comm: blocks(saved_bytes_per_block(build(comm, reference), idx, targets)), t)
             rows += [{"model": name, "t": t, "rank": r, "measured": m,
-                      "formula": sum(block_activation_bytes(config, batch, seq, e, t, r, sp).values())}
+                      "formula": sum(block_activation_bytes(config, batch, seq, e, t, r, sp,
+                                                            recompute_attention=recompute).values())}
                      for r, m in enumerate(per_rank)]
     return rows

@@ -32,13 +32,36 @@ from tp_from_scratch.sequence_parallel.nn import (
 from tp_from_scratch.sharding import shard_sizes
 
 
+class RecomputedAttention(torch.autograd.Function):
+    """Selective activation recomputation (Korthikanti et al. §5): the attention core
+    softmax(q k^T / sqrt(hs) + mask) v keeps only q, k, v for backward and runs again there.
+
+    The softmax output (B, nh/t, T, T), the repeated k and v and the causal mask are never
+    kept: the T^2 terms, the largest at long sequences, leave activation memory for one
+    extra attention forward per backward.
+    """
+
+    @staticmethod
+    def forward(ctx, head_size, q, k, v):
+        ctx.head_size = head_size
+        ctx.save_for_backward(q, k, v)
+        return causal_self_attention(q, k, v, head_size)  # autograd records nothing in here
+
+    @staticmethod
+    def backward(ctx, dy):
+        q, k, v = (x.detach().requires_grad_() for x in ctx.saved_tensors)
+        with torch.enable_grad():  # the forward again, this time recorded, then its backward
+            y = causal_self_attention(q, k, v, ctx.head_size)
+        return (None, *torch.autograd.grad(y, (q, k, v), dy))
+
+
 class SequenceParallelBlock(nn.Module):
     """A gpt.model.Block's own modules (ln1, attn, ln2, mlp: same names, same shards), run on
     this rank's positions x (B, T_r, H) with the sequence-parallel mappings."""
 
-    def __init__(self, group, block, save_gathered=False):
+    def __init__(self, group, block, save_gathered=False, recompute_attention=False):
         super().__init__()
-        self.group, self.save_gathered = group, save_gathered
+        self.group, self.save_gathered, self.recompute_attention = group, save_gathered, recompute_attention
         self.ln1, self.attn, self.ln2, self.mlp = block.ln1, block.attn, block.ln2, block.mlp
 
     def forward(self, x, sizes):
@@ -47,7 +70,10 @@ class SequenceParallelBlock(nn.Module):
         a = sequence_parallel_layer_norm(group, x, self.ln1)                   # (B, T_r, H)
         q, k, v = column_linears_from_sequence(group, a, (attn.q, attn.k, attn.v), sizes,
                                                self.save_gathered)            # (B, T, heads/t*hs)
-        y = causal_self_attention(q, k, v, attn.head_size)                      # (B, T, nh/t*hs)
+        if self.recompute_attention:
+            y = RecomputedAttention.apply(attn.head_size, q, k, v)              # (B, T, nh/t*hs)
+        else:
+            y = causal_self_attention(q, k, v, attn.head_size)
         x = x + row_linear_to_sequence(group, y, attn.o)                        # (B, T_r, H)
         m = sequence_parallel_layer_norm(group, x, self.ln2)
         (h,) = column_linears_from_sequence(group, m, (mlp.fc,), sizes, self.save_gathered)  # (B, T, F/t)
@@ -61,14 +87,16 @@ class SequenceParallelGPT(nn.Module):
     Holds the TP model's modules under the same names (``state_dict`` is the TP one). The loss
     is the full mean cross-entropy, identical on every rank. save_gathered: keep the
     all-gathered inputs of the column layers for backward instead of gathering them again.
+    recompute_attention: selective recomputation of the attention core (RecomputedAttention).
     """
 
-    def __init__(self, tp_model, save_gathered=False):
+    def __init__(self, tp_model, save_gathered=False, recompute_attention=False):
         super().__init__()
         self.config, self.group, self.save_gathered = tp_model.config, tp_model.group, save_gathered
         # registered in the TP model's order, so the state dict lists the same names in the same order
         self.wte, self.wpe = tp_model.wte, tp_model.wpe
-        self.blocks = nn.ModuleList(SequenceParallelBlock(self.group, b, save_gathered) for b in tp_model.blocks)
+        self.blocks = nn.ModuleList(SequenceParallelBlock(self.group, b, save_gathered, recompute_attention)
+                                    for b in tp_model.blocks)
         self.ln_f = tp_model.ln_f
         if not self.config.tie_embeddings:
             self.lm_head = tp_model.lm_head
@@ -94,6 +122,7 @@ class SequenceParallelGPT(nn.Module):
         return logits, loss
 
 
-def gpt_to_sp(group, model_or_state_dict, config=None, save_gathered=False):
+def gpt_to_sp(group, model_or_state_dict, config=None, save_gathered=False, recompute_attention=False):
     """A SequenceParallelGPT holding this rank's shard of a single-device GPT (or its state dict)."""
-    return SequenceParallelGPT(gpt_to_tp(group, model_or_state_dict, config), save_gathered)
+    return SequenceParallelGPT(gpt_to_tp(group, model_or_state_dict, config), save_gathered,
+                               recompute_attention)
