@@ -1,0 +1,129 @@
+"""Hugging Face checkpoints in and out: our GPT (single device and TP at t = 1, 2, 4 on simulated
+ranks) equals transformers' GPT2LMHeadModel / LlamaForCausalLM on the same weights.
+
+Logits, the loss on the same targets, and the gradient of every parameter (ours mapped to
+Hugging Face's names by convert.to_hf, which is linear, so it maps gradients too), float64.
+"""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("transformers")
+import hf_models  # noqa: E402  (tests/hf_models.py)
+
+from tp_from_scratch.comm import run_spmd
+from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.gpt import checkpoint as ckpt
+from tp_from_scratch.gpt import convert
+from tp_from_scratch.gpt.data import global_batch
+from tp_from_scratch.gpt.model import GPT, gather_state_dict, gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.checks import BASE
+from tp_from_scratch.nn import gather_from_tp_region, tp_rank
+
+
+def hf_reference(hf, x, y):
+    """transformers' logits (B, T, V), loss on targets y, and every parameter's gradient."""
+    hf.zero_grad()
+    logits = hf(input_ids=x).logits
+    loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+    loss.backward()
+    return logits.detach(), loss.detach(), {n: p.grad.clone() for n, p in hf.named_parameters()}
+
+
+def check_tp_against_hf(comm, config, full, x, y, ref):
+    """On one rank: the TP model from the imported weights against transformers' results."""
+    logits_ref, loss_ref, grads_ref = ref
+    rank = tp_rank(comm)
+    model = gpt_to_tp(comm, full, config)
+    logits, loss = model(x, y)
+    loss.backward()
+    assert_matches_reference(loss, loss_ref, name="loss against transformers", rank=rank)
+    assert_matches_reference(gather_from_tp_region(comm, logits.detach(), model.wte.vocab_sizes), logits_ref,
+                             name="logits against transformers", rank=rank)
+    grads = gather_state_dict(comm, {n: p.grad for n, p in model.named_parameters()}, config)
+    as_hf = convert.to_hf(grads, config)
+    for name, g in grads_ref.items():
+        assert_matches_reference(as_hf[name], g, name=f"grad of {name} against transformers", rank=rank)
+
+
+def imported(hf, tmp_path):
+    hf.save_pretrained(tmp_path)  # config.json + model.safetensors, as on the hub
+    config, full = convert.load_hf(tmp_path, dtype=next(hf.parameters()).dtype)
+    return config, full
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama-gqa", "llama-one-kv-head-tied"])
+def test_imported_model_equals_transformers_at_t_1_2_4(name, tmp_path):
+    hf = {"gpt2": lambda: hf_models.gpt2(),
+          "llama-gqa": lambda: hf_models.llama(),  # nkv = 2: replicated over 2 ranks at t = 4
+          "llama-one-kv-head-tied": lambda: hf_models.llama(num_key_value_heads=1, tie_word_embeddings=True,
+                                                            rms_norm_eps=1e-5)}[name]()
+    config, full = imported(hf, tmp_path)
+    x, y = global_batch(0, 3, 16, 67, seed=5)
+    ref = hf_reference(hf, x, y)
+    for tp in (1, 2, 4):
+        run_spmd(lambda comm: check_tp_against_hf(comm, config, full, x, y, ref), tp)
+
+
+def test_unpatched_llama_agrees_in_float32(tmp_path):
+    # transformers' own float32 RMSNorm and RoPE tables, our float64-then-cast tables: float32 tolerance
+    hf = hf_models.llama(seed=2, dtype=torch.float32, patch=False)
+    config, full = imported(hf, tmp_path)
+    x, y = global_batch(1, 2, 16, 67, seed=5)
+    ref = hf_reference(hf, x, y)
+    run_spmd(lambda comm: check_tp_against_hf(comm, config, full, x, y, ref), 2)
+
+
+@pytest.mark.parametrize("arch", ["gpt", "gpt2", "llama"])
+def test_export_then_transformers_loads_the_same_model(arch, tmp_path):
+    # ours -> save_pretrained directory -> transformers' from_pretrained: the same logits; the
+    # course's own "gpt" (erf GeLU, no key bias, 4 KV heads for 8 query heads) becomes a GPT-2
+    # with its KV heads repeated. Import of the export gives back our weights bit for bit.
+    from transformers import AutoModelForCausalLM
+    config = BASE if arch == "gpt" else convert.config_from_hf(
+        json.loads(json.dumps(convert.hf_config(type(BASE)(**{**BASE.to_dict(), "arch": arch,
+                                                              **_arch_fields(arch)})))))
+    model = init_gpt(config, 3, torch.float64)
+    with torch.no_grad():  # random biases and norms too
+        g = torch.Generator().manual_seed(1)
+        for n, p in model.named_parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+    ckpt.save_single_device(model, tmp_path / "ours.pt")
+    assert convert.main(["export", str(tmp_path / "ours.pt"), "--out", str(tmp_path / "hf")]) is None
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float64, attn_implementation="sdpa")
+    if arch == "llama":
+        hf_models.float64_llama(hf)
+    x, _ = global_batch(0, 2, 16, 67, seed=2)
+    assert_matches_reference(hf(input_ids=x).logits, model(x)[0], name=f"{arch} logits in transformers")
+    if arch != "gpt":
+        back = convert.load_hf(tmp_path / "hf")[1]
+        for n, p in model.state_dict().items():
+            assert_matches_reference(back[n], p, name=f"{n} after export and import", exact=True)
+
+
+def _arch_fields(arch):
+    # the arch preset's fields (BASE.to_dict() holds gpt's resolved values)
+    from tp_from_scratch.gpt.model import ARCHS
+    fields = dict(ARCHS[arch])
+    return {**fields, "n_kv_heads": BASE.n_heads if arch == "gpt2" else BASE.n_kv_heads}
+
+
+def test_import_command_writes_a_sharded_checkpoint_that_loads_at_any_t(tmp_path):
+    hf = hf_models.gpt2(dtype=torch.float32)
+    hf.save_pretrained(tmp_path / "hf")
+    convert.main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ours"), "--tp", "2"])
+    loaded = ckpt.load_full(tmp_path / "ours")
+    assert loaded["meta"]["tp"] == 2 and loaded["config"].arch == "gpt2"
+    model = GPT(loaded["config"])
+    model.load_state_dict(loaded["model"])
+    x, _ = global_batch(0, 2, 16, 67, seed=2)
+    assert_matches_reference(model(x)[0], hf(input_ids=x).logits, name="logits of the imported checkpoint")
+
+
+def test_unsupported_checkpoints_are_refused_with_the_reason():
+    with pytest.raises(convert.ConversionError, match="rope_type 'llama3'"):
+        convert.config_from_hf({"model_type": "llama", "rope_parameters": {"rope_type": "llama3"}})
+    with pytest.raises(convert.ConversionError, match="only 'gpt2' and 'llama'"):
+        convert.config_from_hf({"model_type": "bert"})
