@@ -42,16 +42,20 @@ def train(model, data):
     return losses, model.state_dict()
 
 
-@pytest.mark.parametrize("t,recompute", [(2, False), (4, False), (2, True)])
-def test_sequence_parallel_training_equals_single_device(t, recompute):
-    # recompute: selective recomputation, the attention core run again in backward
-    reference = init_gpt(CONFIG, seed=0, dtype=torch.float64)
+@pytest.mark.parametrize("t,recompute,arch", [(2, False, "gpt"), (4, False, "gpt"), (2, True, "gpt"),
+                                               (4, True, "llama"), (2, False, "gpt2")])
+def test_sequence_parallel_training_equals_single_device(t, recompute, arch):
+    # recompute: selective recomputation, the attention core run again in backward;
+    # llama: RMSNorm (weight only), RoPE, SwiGLU (gate and up share one all-gather)
+    config = GPTConfig(vocab_size=67, seq_len=16, n_layers=2, hidden=32, n_heads=4, n_kv_heads=2, arch=arch)
+    assert arch != "llama" or (config.norm, config.position, config.mlp) == ("rmsnorm", "rope", "swiglu")
+    reference = init_gpt(config, seed=0, dtype=torch.float64)
     data = batches()
     expected_losses, expected_weights = train(copy.deepcopy(reference), data)
 
     def on_rank(comm):
         losses, weights = train(gpt_to_sp(comm, reference, recompute_attention=recompute), data)
-        mine = shard_state_dict(expected_weights, t, comm.rank, CONFIG)
+        mine = shard_state_dict(expected_weights, t, comm.rank, config)
         for step, (got, want) in enumerate(zip(losses, expected_losses)):
             assert_matches_reference(got, want, name=f"loss at step {step}", rank=comm.rank)
         # after the steps every shard still equals the single-device weights' shard: the

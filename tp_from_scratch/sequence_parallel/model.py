@@ -12,6 +12,10 @@ so the same checkpoint); only where the activations live between the layers diff
       ln2 --g--> fc (B, T, F/t) --GeLU--> proj --g-bar--> + x                Sharded(1)
     ln_f on (B, T_r, H) --g--> (B, T, H) --LM head--> logits (B, T, V/t) Sharded(vocab)
 
+The same holds for the three architectures of gpt/model.py: RMSNorm's weight is Partial like
+LayerNorm's, RoPE turns each head by its position after the all-gather (positions 0 .. T-1,
+as in TP), and SwiGLU's gate and up share one all-gather like q, k and v.
+
 Per block: 2 all-gathers + 2 reduce-scatters forward where the TP model makes 2 all-reduces;
 backward the same, plus one all-gather per column group (the gathered input is not kept,
 see nn.ColumnLinearsFromSequence) and the all-reduces of the LayerNorm and row-bias
@@ -23,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tp_from_scratch.gpt.model import causal_self_attention, gpt_to_tp
+from tp_from_scratch.gpt.model import causal_self_attention, embed, gpt_to_tp, rope_tables
 from tp_from_scratch.nn import vocab_parallel_cross_entropy
 from tp_from_scratch.nn.mappings import tp_world_size
 from tp_from_scratch.sequence_parallel.nn import (
@@ -42,17 +46,17 @@ class RecomputedAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, head_size, q, k, v):
-        ctx.head_size = head_size
+    def forward(ctx, head_size, rope, q, k, v):
+        ctx.head_size, ctx.rope = head_size, rope  # rope: the (cos, sin) tables, not learned
         ctx.save_for_backward(q, k, v)
-        return causal_self_attention(q, k, v, head_size)  # autograd records nothing in here
+        return causal_self_attention(q, k, v, head_size, rope)  # autograd records nothing in here
 
     @staticmethod
     def backward(ctx, dy):
         q, k, v = (x.detach().requires_grad_() for x in ctx.saved_tensors)
         with torch.enable_grad():  # the forward again, this time recorded, then its backward
-            y = causal_self_attention(q, k, v, ctx.head_size)
-        return (None, *torch.autograd.grad(y, (q, k, v), dy))
+            y = causal_self_attention(q, k, v, ctx.head_size, ctx.rope)
+        return (None, None, *torch.autograd.grad(y, (q, k, v), dy))
 
 
 class SequenceParallelBlock(nn.Module):
@@ -66,18 +70,24 @@ class SequenceParallelBlock(nn.Module):
 
     def forward(self, x, sizes):
         """x (B, T_r, H) -> (B, T_r, H); sizes: every rank's T_r."""
-        group, attn, mlp = self.group, self.attn, self.mlp
+        group, attn, mlp, keep = self.group, self.attn, self.mlp, self.save_gathered
         a = sequence_parallel_layer_norm(group, x, self.ln1)                   # (B, T_r, H)
-        q, k, v = column_linears_from_sequence(group, a, (attn.q, attn.k, attn.v), sizes,
-                                               self.save_gathered)            # (B, T, heads/t*hs)
+        q, k, v = column_linears_from_sequence(group, a, (attn.q, attn.k, attn.v), sizes, keep)
+        rope = None                                                            # (B, T, heads/t*hs)
+        if attn.rope:  # attention sees every position after the gather: positions 0 .. T-1
+            positions = torch.arange(sum(sizes), device=x.device)
+            rope = rope_tables(positions, attn.head_size, attn.rope_theta, x.dtype)
         if self.recompute_attention:
-            y = RecomputedAttention.apply(attn.head_size, q, k, v)              # (B, T, nh/t*hs)
+            y = RecomputedAttention.apply(attn.head_size, rope, q, k, v)        # (B, T, nh/t*hs)
         else:
-            y = causal_self_attention(q, k, v, attn.head_size)
+            y = causal_self_attention(q, k, v, attn.head_size, rope)
         x = x + row_linear_to_sequence(group, y, attn.o)                        # (B, T_r, H)
         m = sequence_parallel_layer_norm(group, x, self.ln2)
-        (h,) = column_linears_from_sequence(group, m, (mlp.fc,), sizes, self.save_gathered)  # (B, T, F/t)
-        h = F.gelu(h, approximate=getattr(mlp, "approximate", "none"))
+        if mlp.swiglu:  # gate and up read one gathered input
+            gate, up = column_linears_from_sequence(group, m, (mlp.gate, mlp.up), sizes, keep)
+            return x + row_linear_to_sequence(group, F.silu(gate) * up, mlp.down)
+        (h,) = column_linears_from_sequence(group, m, (mlp.fc,), sizes, keep)  # (B, T, F/t)
+        h = F.gelu(h, approximate=mlp.approximate)
         return x + row_linear_to_sequence(group, h, mlp.proj)                   # (B, T_r, H)
 
 
@@ -94,7 +104,9 @@ class SequenceParallelGPT(nn.Module):
         super().__init__()
         self.config, self.group, self.save_gathered = tp_model.config, tp_model.group, save_gathered
         # registered in the TP model's order, so the state dict lists the same names in the same order
-        self.wte, self.wpe = tp_model.wte, tp_model.wpe
+        self.wte = tp_model.wte
+        if self.config.position == "learned":
+            self.wpe = tp_model.wpe
         self.blocks = nn.ModuleList(SequenceParallelBlock(self.group, b, save_gathered, recompute_attention)
                                     for b in tp_model.blocks)
         self.ln_f = tp_model.ln_f
@@ -107,7 +119,7 @@ class SequenceParallelGPT(nn.Module):
     def forward(self, idx, targets=None):
         group, T = self.group, idx.shape[1]
         sizes = shard_sizes(T, tp_world_size(group))
-        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))  # (B, T, H) Replicated
+        x = embed(self, idx)                                               # (B, T, H) Replicated
         x = scatter_to_sequence_parallel_region(group, x)                 # (B, T_r, H)
         for block in self.blocks:
             x = block(x, sizes)

@@ -131,13 +131,16 @@ def scatter_to_sequence_parallel_region(group, x):
 # ---------------------------------------------------------------------------------------
 
 def sequence_parallel_layer_norm(group, x, norm):
-    """``norm`` (an nn.LayerNorm, Replicated weights) applied to this rank's positions x (B, T_r, H).
+    """``norm`` (an nn.LayerNorm or nn.RMSNorm, Replicated weights) on this rank's positions x (B, T_r, H).
 
-    Its weight and bias enter through f (identity forward): each rank's gradient covers only
+    Its weight (and bias) enter through f (identity forward): each rank's gradient covers only
     its positions, so it is Partial, and f's backward all-reduces it (Megatron-LM all-reduces
     the same gradients, coalesced, in finalize_model_grads).
     """
-    weight, bias = copy_to_tp_region(group, norm.weight), copy_to_tp_region(group, norm.bias)
+    weight = copy_to_tp_region(group, norm.weight)
+    if isinstance(norm, torch.nn.RMSNorm):
+        return F.rms_norm(x, norm.normalized_shape, weight, norm.eps)
+    bias = None if norm.bias is None else copy_to_tp_region(group, norm.bias)
     return F.layer_norm(x, norm.normalized_shape, weight, bias, norm.eps)
 
 
