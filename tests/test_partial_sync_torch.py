@@ -101,6 +101,13 @@ def test_lowering_p_removes_exactly_the_ring_bytes_of_the_private_channels():
             assert sent[1.0][rank] - sent[p][rank] == 4 * config.n_layers * (full - kept)
 
 
+def test_trainer_refuses_a_sync_fraction_outside_0_1_and_dtensor():
+    parse = train.build_parser().parse_args
+    assert "--sync-fraction must be in [0, 1]" in train.validate(parse(["--tp", "2", "--sync-fraction", "1.5"]), 2)
+    assert "no partial reduce" in train.validate(parse(["--tp", "2", "--impl", "dtensor"]), 2)
+    assert train.validate(parse(["--tp", "2", "--sync-fraction", "0.25"]), 2) is None
+
+
 def test_checkpoint_trained_below_p_1_refuses_another_t():
     train.check_checkpoint_fits({"tp": 2, "sync_fraction": 0.5}, 2, 0.5)   # same t and p: fine
     train.check_checkpoint_fits({"tp": 2, "sync_fraction": 1.0}, 4, 1.0)   # p = 1 reshards
