@@ -103,6 +103,46 @@ def run_graded(fn, world_size, *args, timeout=20.0):
         raise
 
 
+def _storage_key(x):
+    """(kind, start address) of the memory behind an array or tensor; None for other objects."""
+    if hasattr(x, "untyped_storage"):  # a torch tensor: views share one storage
+        return ("torch", x.untyped_storage().data_ptr())
+    return None
+
+
+def assert_not_aliased(result, inputs, name, rank=None):
+    """Fail if ``result`` shares memory with any of ``inputs`` (a view, or the input returned as is).
+
+    A caller who later writes into the result would silently change its input. Arrays and
+    tensors only; anything else (None, a tuple of results) is looked into one level deep.
+    """
+    import numpy as np
+
+    where = name if rank is None else f"{name} on rank {rank}"
+    results = result if isinstance(result, (list, tuple)) else [result]
+    for got in results:
+        for given in inputs:
+            if isinstance(got, np.ndarray) and isinstance(given, np.ndarray):
+                shared = np.may_share_memory(got, given)
+            elif _storage_key(got) is not None and _storage_key(got) == _storage_key(given):
+                shared = got.untyped_storage().nbytes() > 0
+            else:
+                shared = False
+            assert not shared, (
+                f"{where} shares memory with an input (the input itself, or a view of it): return a new "
+                f"array (np.copy / np.concatenate / tensor.clone()), or writing into the result "
+                f"changes the caller's data")
+
+
+def expected_calls(t, calls):
+    """The collective calls a rank must make; at t = 1 skipping them is accepted too.
+
+    With one rank a sum or gather over the group is its input itself, so an implementation
+    may skip the collective (Megatron-LM does) or call it (the library does): both pass.
+    """
+    return [calls, {}] if t == 1 else [calls]
+
+
 def collective_calls(comm, reset=False):
     """{collective name: calls} this rank entered since the meter's last reset (then reset if asked)."""
     calls = {name: t.calls for name, t in comm.meter.by_collective.items() if t.calls}
