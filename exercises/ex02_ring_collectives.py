@@ -12,6 +12,8 @@ You may use only:
 and numpy. The ring: rank r sends to (r + 1) % p and receives from (r - 1) % p.
 The graders also read comm.meter: each rank must send about (p-1)/p of the array in
 reduce_scatter and all_gather, and 2(p-1)/p in all_reduce, and talk only to its neighbours.
+Every collective returns a NEW array, also when p = 1 (never x itself or a view of it),
+and never modifies x.
 """
 import numpy as np
 

@@ -19,6 +19,7 @@ from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.sharding import shard_sizes
 from tp_from_scratch.testing import random_array, rank_rng
+from tp_from_scratch.tools.grading import assert_not_aliased
 
 # world sizes: 1 (nothing to send), 2, and several that are not powers of two
 WORLD_SIZES = [1, 2, 3, 4, 7]
@@ -107,16 +108,19 @@ def test_all_reduce_max(impl, p):
 
 # ---------------------------------------------------------------- the caller's input is sacred
 
+@pytest.mark.parametrize("p", [1, 3])
 @pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather", "all_reduce"])
-def test_input_is_never_modified(impl, collective):
-    p = 3
+def test_input_is_never_modified_and_the_result_is_a_new_array(impl, collective, p):
+    # p = 1 too: one rank has nothing to send, but handing back x (or a view of it) as the
+    # result would let a caller who writes into the result change its input
     xs = inputs(40, p, (7, 2))
     fn = getattr(impl, collective)
     given = [x.copy() for x in xs]  # the arrays handed to the collective
-    spmd(lambda comm: fn(comm, given[comm.rank]), p)
+    results = spmd(lambda comm: fn(comm, given[comm.rank]), p)
     for rank in range(p):
         assert_matches_reference(given[rank], xs[rank], name=f"input of {collective} (must not change)",
                                  rank=rank, exact=True)
+        assert_not_aliased(results[rank], [given[rank]], f"the result of {collective}", rank)
 
 
 # ---------------------------------------------------------------- cost: the meter's bytes
@@ -177,6 +181,22 @@ def test_all_reduce_sends_2_p_minus_1_over_p_of_the_array(impl, p):
             assert_bytes_within(got, 2 * (p - 1) * min(sizes) * s, 2 * (p - 1) * max(sizes) * s,
                                 f"all_reduce {what}", rank)
     assert sum(sent for sent, _ in traffic) == 2 * (p - 1) * n * s, "all ranks together: 2(p-1) arrays"
+
+
+def test_all_reduce_of_a_2d_array_balances_the_flattened_elements(impl):
+    # (2, 100) on 4 ranks: chunks of the 200 flattened elements are 50 each, so every rank
+    # sends exactly 2 * 3 * 50 elements. Chunking along axis 0 instead (rows of 100, and two
+    # ranks with nothing) gives the right sum but unbalanced traffic.
+    p, shape = 4, (2, 100)
+    xs = inputs(53, p, shape)
+    s = xs[0].itemsize
+    traffic = metered(lambda comm: impl.all_reduce(comm, xs[comm.rank].copy()), p)
+    balanced = 2 * (p - 1) * (xs[0].size // p) * s
+    for rank, (sent, received) in enumerate(traffic):
+        for what, got in [("bytes sent", sent), ("bytes received", received)]:
+            assert got == balanced, (
+                f"all_reduce {what} on rank {rank} for a {shape} array on {p} ranks: {got}, expected "
+                f"{balanced}; chunk the flattened elements (x.reshape(-1)), not the rows")
 
 
 # ---------------------------------------------------------------- topology: a ring
