@@ -85,6 +85,7 @@ def test_tp_gpt_equals_single_device_under_torchrun(nproc):
     for dtype in ("float64", "float32"):
         assert f"model checks passed (tp={nproc}, {dtype}, native collectives" in out.stdout
     assert f"model checks passed (tp={nproc}, float64, from-scratch collectives)" in out.stdout
+    assert f"generation checks passed (tp={nproc}" in out.stdout
 
 
 @pytest.mark.parametrize("tp", [1, 2, 3, 4])

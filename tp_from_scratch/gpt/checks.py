@@ -88,6 +88,21 @@ def check_config(group, config, dtype, seed=0):
         assert_matches_reference(stepped[name], p, name=f"{name} after one SGD step", rank=rank)
 
 
+def check_generation(group, config, dtype, seed=0):
+    """Greedy and seeded-sampled token ids of the TP model (KV cache sharded by heads) equal
+    the single-device model's, on every rank."""
+    from tp_from_scratch.gpt.generate import generate
+    single = init_gpt(config, seed, dtype).eval()
+    tp_model = gpt_to_tp(group, single).eval()
+    prompt = torch.randint(config.vocab_size, (2, 4), generator=torch.Generator().manual_seed(seed))
+    for kw in (dict(), dict(sample=True, seed=seed, top_k=10)):
+        ids = generate(tp_model, prompt, config.seq_len - 4, **kw)
+        want = generate(single, prompt, config.seq_len - 4, **kw)
+        if not torch.equal(ids, want):
+            raise AssertionError(f"generated ids on rank {tp_rank(group)} ({config.arch}, {kw or 'greedy'}): "
+                                 f"{ids.tolist()}, single device {want.tolist()}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", choices=["float32", "float64"], nargs="+", default=["float64", "float32"])
@@ -105,6 +120,10 @@ def main(argv=None):
         check_config(TorchComm(world), BASE, torch.float64)  # the same model on the ring collectives
         if dist.get_rank() == 0:
             print(f"model checks passed (tp={tp}, float64, from-scratch collectives)", flush=True)
+        for config in (c for c in (BASE, LLAMA) if _valid(c, tp)):
+            check_generation(world, config, torch.float32)
+        if dist.get_rank() == 0:
+            print(f"generation checks passed (tp={tp}, float32, greedy and sampled, gpt and llama)", flush=True)
     finally:
         dist.destroy_process_group()
 

@@ -1,0 +1,63 @@
+"""Generation under TP: the KV cache, token ids at t = 2, 4 identical to one device (greedy in
+float64 and float32, seeded sampling), and identical to transformers' generate on imported
+weights. The torchrun launch of gpt/checks.py generates too (test_model.py)."""
+import pytest
+import torch
+
+from tp_from_scratch.comm import run_spmd
+from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.gpt.checks import BASE, GPT2, LLAMA
+from tp_from_scratch.gpt.generate import generate
+from tp_from_scratch.gpt.model import KVCache, gpt_to_tp, init_gpt
+
+
+def prompt(config, B=2, T=4, seed=0):
+    return torch.randint(config.vocab_size, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("config", [BASE, GPT2, LLAMA], ids=["gpt", "gpt2", "llama"])
+def test_prefill_and_decode_with_the_cache_equal_one_full_forward(config):
+    model = init_gpt(config, 1, torch.float64)
+    x = prompt(config, T=config.seq_len)
+    full, _ = model(x)
+    cache = KVCache(config.n_layers)
+    parts = [model(x[:, :5], cache=cache)[0]] + [model(x[:, i:i + 1], cache=cache)[0]
+                                                 for i in range(5, config.seq_len)]
+    assert len(cache) == config.seq_len
+    assert_matches_reference(torch.cat(parts, dim=1), full, name=f"{config.arch} logits through the KV cache")
+
+
+def _tp_ids(config, dtype, tp, **kw):
+    single = init_gpt(config, 2, dtype).eval()
+    x = prompt(config)
+    ref = generate(single, x, config.seq_len - 4, **kw)
+    full = single.state_dict()
+    for rank, ids in enumerate(run_spmd(lambda comm: generate(gpt_to_tp(comm, full, config).eval(), x,
+                                                              config.seq_len - 4, **kw), tp)):
+        assert torch.equal(ids, ref), f"rank {rank}: {ids.tolist()} != single-device {ref.tolist()}"
+    return ref
+
+
+@pytest.mark.parametrize("config, tp", [(BASE, 2), (LLAMA, 4)], ids=["gpt-t2", "llama-t4"])
+def test_tp_generation_gives_the_single_device_token_ids(config, tp):
+    # Llama has 2 KV heads: at t = 4 each is cached on 2 ranks
+    for dtype in (torch.float64, torch.float32):
+        greedy = _tp_ids(config, dtype, tp)
+    sampled = _tp_ids(config, torch.float64, tp, sample=True, seed=3, temperature=0.9, top_k=20)
+    assert not torch.equal(sampled, greedy)  # sampling did sample
+
+
+def test_generation_equals_transformers_generate(tmp_path):
+    pytest.importorskip("transformers")
+    import hf_models
+    from tp_from_scratch.gpt.convert import load_hf
+    for name, hf in (("gpt2", hf_models.gpt2(seed=4)), ("llama", hf_models.llama(seed=4))):
+        hf.save_pretrained(tmp_path / name)
+        config, full = load_hf(tmp_path / name, dtype=torch.float64)
+        x = prompt(config, T=5, seed=1)
+        want = hf.generate(x, max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0,
+                           attention_mask=torch.ones_like(x))
+        for tp in (1, 2):
+            for rank, ids in enumerate(run_spmd(lambda comm: generate(gpt_to_tp(comm, full, config).eval(),
+                                                                      x, 10), tp)):
+                assert torch.equal(ids, want), f"{name} tp={tp} rank {rank}: {ids.tolist()} != {want.tolist()}"

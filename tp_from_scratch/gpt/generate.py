@@ -1,0 +1,220 @@
+"""Generate tokens with the GPT under tensor parallelism: prefill, then decode with a KV cache.
+
+    # our checkpoint (or an imported Hugging Face one, see convert.py), 2 ranks, greedy,
+    # rank 0 also generates on one device and says whether the token ids are identical
+    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.generate --load runs/ckpt \\
+        --prompt 1,2,3 --new-tokens 20 --compare-single
+    # seeded sampling (temperature, top-k): the same ids at every t
+    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.generate --load runs/gpt2.pt \\
+        --sample --temperature 0.8 --top-k 40 --seed 1
+    # latency: prefill time and per-token decode time of a random model at t = world size
+    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.generate bench --arch llama
+
+Each rank holds its heads' weights and caches only its heads' keys and values (KVCache in
+model.py: Sharded by heads, a replicated KV head when nkv < t). One step of decoding is one
+forward of the new token: per block, f (identity), attention on the local heads against the
+local cache, g (one all-reduce of (B, 1, H)) after o, and the same for the MLP; at the end the
+vocabulary-sharded logits of the last position are all-gathered (B, V), so every rank picks
+the same next token (greedy: argmax; sampling: one uniform number from a generator seeded
+identically on every rank, so no broadcast is needed).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from tp_from_scratch.gpt.model import GPT, GPTConfig, KVCache, TensorParallelGPT, gpt_to_tp, init_gpt
+from tp_from_scratch.nn import gather_from_tp_region
+
+
+def last_logits(model, logits):
+    """The full-vocabulary logits (B, V) of the last position, on every rank.
+
+    TP: the local logits are (B, T, V/t) Sharded(vocab); one all-gather over the TP group.
+    """
+    last = logits[:, -1]                                       # (B, V/t) or (B, V)
+    if isinstance(model, TensorParallelGPT):
+        return gather_from_tp_region(model.group, last.contiguous(), model.wte.vocab_sizes)
+    return last
+
+
+def choose(logits, generator=None, temperature=1.0, top_k=0):
+    """Next token ids (B,) from full logits (B, V): argmax when ``generator`` is None, else a
+    seeded sample (inverse CDF with one uniform per row, drawn in float64)."""
+    if generator is None:
+        return logits.argmax(dim=-1)
+    logits = logits.to(torch.float64) / temperature
+    if top_k:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    cdf = logits.softmax(dim=-1).cumsum(dim=-1)                # (B, V)
+    u = torch.rand(logits.shape[0], 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u).squeeze(1).clamp(max=logits.shape[-1] - 1)
+
+
+@torch.no_grad()
+def generate(model, prompt, new_tokens, *, sample=False, seed=0, temperature=1.0, top_k=0, timings=None):
+    """prompt (B, T0) token ids -> (B, T0 + new_tokens), for a GPT or a TensorParallelGPT.
+
+    Prefill runs the whole prompt once and fills the KV cache; each decode step runs one token.
+    ``timings``: a dict that receives "prefill_s" and "decode_s" (a list, one per new token
+    after the first).
+    """
+    if prompt.shape[1] + new_tokens - 1 > model.config.seq_len and model.config.position == "learned":
+        raise ValueError(f"prompt {prompt.shape[1]} + {new_tokens} new tokens exceed seq_len "
+                         f"{model.config.seq_len}, the last learned position")
+    generator = torch.Generator().manual_seed(seed) if sample else None
+    cache = KVCache(model.config.n_layers)
+    out = [prompt]
+    t0 = time.perf_counter()
+    logits, _ = model(prompt, cache=cache)                    # prefill: (B, T0, V or V/t)
+    token = choose(last_logits(model, logits), generator, temperature, top_k)
+    if timings is not None:
+        timings["prefill_s"] = time.perf_counter() - t0
+        timings["decode_s"] = []
+    out.append(token[:, None])
+    for _ in range(new_tokens - 1):
+        t0 = time.perf_counter()
+        logits, _ = model(token[:, None], cache=cache)        # decode: one token, (B, 1, V or V/t)
+        token = choose(last_logits(model, logits), generator, temperature, top_k)
+        if timings is not None:
+            timings["decode_s"].append(time.perf_counter() - t0)
+        out.append(token[:, None])
+    return torch.cat(out, dim=1)
+
+
+def load_model(args):
+    """(config, full state dict) from --load (ours) or --hf (a Hugging Face directory)."""
+    dtype = getattr(torch, args.dtype)
+    if args.hf:
+        from tp_from_scratch.gpt.convert import load_hf
+        return load_hf(args.hf, dtype=dtype)
+    from tp_from_scratch.gpt import checkpoint as ckpt
+    loaded = ckpt.load_full(args.load)
+    return loaded["config"], {k: v.to(dtype) for k, v in loaded["model"].items()}
+
+
+def single_device(config, full):
+    model = GPT(config).to(next(iter(full.values())).dtype)
+    model.load_state_dict(full)
+    return model.eval()
+
+
+def parse_prompt(text, config, seed):
+    if text:
+        ids = [int(t) for t in text.split(",")]
+    else:
+        ids = torch.randint(config.vocab_size, (8,), generator=torch.Generator().manual_seed(seed)).tolist()
+    bad = [i for i in ids if not 0 <= i < config.vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids {bad} are outside the vocabulary 0..{config.vocab_size - 1}")
+    return torch.tensor([ids])
+
+
+def run_generate(args, group, rank, tp):
+    config, full = load_model(args)
+    config.validate(tp)
+    prompt = parse_prompt(args.prompt, config, args.seed)
+    model = (gpt_to_tp(group, full, config) if tp > 1 else single_device(config, full)).eval()
+    kw = dict(sample=args.sample, seed=args.seed, temperature=args.temperature, top_k=args.top_k)
+    ids = generate(model, prompt, args.new_tokens, **kw)
+    if rank == 0:
+        print(f"{config.arch}, tp={tp}, {args.dtype}, {'sampled' if args.sample else 'greedy'}: "
+              f"{','.join(map(str, ids[0].tolist()))}", flush=True)
+    if args.compare_single and rank == 0:
+        ref = generate(single_device(config, full), prompt, args.new_tokens, **kw)
+        same = torch.equal(ids, ref)
+        print(f"single device: {'identical token ids' if same else 'DIFFERENT token ids: ' + str(ref[0].tolist())}",
+              flush=True)
+        return 0 if same else 1
+    return 0
+
+
+def run_bench(args, group, rank, tp):
+    """Median prefill time and per-token decode time of a random model, at this world's t."""
+    config = GPTConfig(arch=args.arch, vocab_size=args.vocab_size, seq_len=args.prompt_len + args.new_tokens,
+                       n_layers=args.layers, hidden=args.hidden, n_heads=args.heads, n_kv_heads=args.kv_heads)
+    full = init_gpt(config, 0, getattr(torch, args.dtype)).state_dict()
+    model = (gpt_to_tp(group, full, config) if tp > 1 else single_device(config, full)).eval()
+    prompt = torch.randint(config.vocab_size, (args.batch_size, args.prompt_len),
+                           generator=torch.Generator().manual_seed(0))
+    prefill, decode = [], []
+    for rep in range(args.repeats + 1):
+        timings = {}
+        generate(model, prompt, args.new_tokens, timings=timings)
+        if rep:                                              # the first run warms up
+            prefill.append(timings["prefill_s"])
+            decode.append(statistics.median(timings["decode_s"]))
+    result = {"arch": args.arch, "tp": tp, "threads": torch.get_num_threads(), "dtype": args.dtype,
+              "batch": args.batch_size, "prompt": args.prompt_len, "new_tokens": args.new_tokens,
+              "layers": args.layers, "hidden": args.hidden, "heads": args.heads, "kv_heads": args.kv_heads,
+              "prefill_ms": 1e3 * statistics.median(prefill), "decode_ms_per_token": 1e3 * statistics.median(decode)}
+    if rank == 0:
+        print(f"tp={tp} ({torch.get_num_threads()} thread(s) per rank): prefill {result['prefill_ms']:.2f} ms "
+              f"({args.prompt_len} tokens), decode {result['decode_ms_per_token']:.3f} ms/token "
+              f"({config.arch}, {args.layers} layers, H={args.hidden}, B={args.batch_size}, {args.dtype})",
+              flush=True)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps(result) + "\n")
+    return 0
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m tp_from_scratch.gpt.generate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", nargs="?", choices=["generate", "bench"], default="generate")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--load", help="our checkpoint root or single-device .pt (convert.py import writes both)")
+    src.add_argument("--hf", help="a Hugging Face save_pretrained directory (GPT-2 or Llama)")
+    p.add_argument("--prompt", help="comma-separated token ids (default: 8 random ids from --seed)")
+    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--sample", action="store_true", help="seeded sampling instead of greedy")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--compare-single", action="store_true", help="rank 0 also generates on one device")
+    b = p.add_argument_group("bench (a random model)")
+    b.add_argument("--arch", choices=["gpt", "gpt2", "llama"], default="llama")
+    b.add_argument("--layers", type=int, default=4)
+    b.add_argument("--hidden", type=int, default=512)
+    b.add_argument("--heads", type=int, default=8)
+    b.add_argument("--kv-heads", type=int, default=4)
+    b.add_argument("--vocab-size", type=int, default=4096)
+    b.add_argument("--batch-size", type=int, default=1)
+    b.add_argument("--prompt-len", type=int, default=64)
+    b.add_argument("--repeats", type=int, default=5)
+    b.add_argument("--json", help="append the result as one JSON line")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.mode == "generate" and not (args.load or args.hf):
+        build_parser().error("generate needs --load or --hf")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    group, rank = None, 0
+    if world > 1:
+        from tp_from_scratch.comm.process_group import init_process_group
+        init_process_group("cpu")
+        group, rank = dist.group.WORLD, dist.get_rank()
+    try:
+        run = run_bench if args.mode == "bench" else run_generate
+        status = run(args, group, rank, world)
+    except ValueError as e:
+        print(f"rank {rank}: error: {e}", file=sys.stderr, flush=True)
+        status = 1
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()
