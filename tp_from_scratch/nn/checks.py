@@ -311,41 +311,42 @@ def check_dropout_rng(group, dtype=torch.float64, seed=0, *, p=0.5, device="cpu"
         raise AssertionError(f"rank {rank}: dropout kept {kept:.2f} of the elements at p={p}")
 
 
-def _our_layers(group, dtype, device):
-    return {"column": lambda: ColumnParallelLinear(6, 10, group=group, dtype=dtype, device=device),
-            "row": lambda: RowParallelLinear(10, 6, group=group, dtype=dtype, device=device),
-            "embedding": lambda: VocabParallelEmbedding(13, 4, group=group, dtype=dtype, device=device)}
+def _our_layers(group, dtype, device, n, vocab):
+    return {"column": lambda: ColumnParallelLinear(6, n, group=group, dtype=dtype, device=device),
+            "row": lambda: RowParallelLinear(n, 6, group=group, dtype=dtype, device=device),
+            "embedding": lambda: VocabParallelEmbedding(vocab, 4, group=group, dtype=dtype, device=device)}
 
 
 def check_default_init(group, dtype=torch.float32, seed=0, device="cpu", *, layers=None,
-                       layout=shard_range, judge=None):
+                       sizes=(10, 13), layout=shard_range, judge=None):
     """With the same seed, default-initialised parallel layers hold their shards of nn.Linear / nn.Embedding.
 
     layers: {"column": make, "row": make, "embedding": make}, each make() building a default-
-    initialised ColumnParallelLinear(6, 10), RowParallelLinear(10, 6), VocabParallelEmbedding(13, 4)
-    (ours when None; a missing entry is not checked). Uses torch's default RNG, which simulated
+    initialised ColumnParallelLinear(6, n), RowParallelLinear(n, 6), VocabParallelEmbedding(V, 4)
+    for sizes=(n, V) (ours when None; a missing entry is not checked). Uses torch's default RNG, which simulated
     ranks (threads) share: run it on real processes, on one simulated rank, or with a judge
     whose exclusive() lets one rank draw at a time.
     """
     judge = judge or Strict()
     rank, t = tp_rank(group), tp_world_size(group)
-    makers = dict(_our_layers(group, dtype, device) if layers is None else layers)
-    makers.update({"linear 6->10": lambda: nn.Linear(6, 10, dtype=dtype, device=device),
-                   "linear 10->6": lambda: nn.Linear(10, 6, dtype=dtype, device=device),
-                   "nn.Embedding": lambda: nn.Embedding(13, 4, dtype=dtype, device=device)})
+    n, vocab = sizes
+    makers = dict(_our_layers(group, dtype, device, n, vocab) if layers is None else layers)
+    makers.update({"linear 6->n": lambda: nn.Linear(6, n, dtype=dtype, device=device),
+                   "linear n->6": lambda: nn.Linear(n, 6, dtype=dtype, device=device),
+                   "nn.Embedding": lambda: nn.Embedding(vocab, 4, dtype=dtype, device=device)})
     built = {}
     with judge.exclusive():
         for name, make in makers.items():
             torch.manual_seed(seed)
             built[name] = make()
-    (lo, hi), (rlo, rhi), (vlo, vhi) = (layout(n, rank, t) for n in (10, 10, 13))
+    (lo, hi), (vlo, vhi) = layout(n, rank, t), layout(vocab, rank, t)
     pairs = {}
     if "column" in built:
-        pairs["column W"] = (built["column"].weight, built["linear 6->10"].weight[lo:hi])
-        pairs["column b"] = (built["column"].bias, built["linear 6->10"].bias[lo:hi])
+        pairs["column W"] = (built["column"].weight, built["linear 6->n"].weight[lo:hi])
+        pairs["column b"] = (built["column"].bias, built["linear 6->n"].bias[lo:hi])
     if "row" in built:
-        pairs["row W"] = (built["row"].weight, built["linear 10->6"].weight[:, rlo:rhi])
-        pairs["row b"] = (built["row"].bias, built["linear 10->6"].bias)
+        pairs["row W"] = (built["row"].weight, built["linear n->6"].weight[:, lo:hi])
+        pairs["row b"] = (built["row"].bias, built["linear n->6"].bias)
     if "embedding" in built:
         pairs["embedding E"] = (built["embedding"].weight, built["nn.Embedding"].weight[vlo:vhi])
     for name, (got, expected) in pairs.items():

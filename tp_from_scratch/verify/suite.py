@@ -198,12 +198,12 @@ def _mapping_case(kind, check, expected=None, split=False, **options):
 
 
 def _init_case(component):
-    sizes = {"column": (6, 10), "row": (10, 6), "embedding": (13, 4)}[component]
-
     def run(group, dtype, judge, adapter):
-        make = lambda: adapter.default_init(group, component, *sizes, dtype)  # noqa: E731
-        checks.check_default_init(group, dtype, layers={component: make}, layout=adapter.layout,
-                                  judge=judge)
+        n, vocab = (10, 13) if "uneven" in adapter.supports else (12, 12)
+        shape = {"column": (6, n), "row": (n, 6), "embedding": (vocab, 4)}[component]
+        make = lambda: adapter.default_init(group, component, *shape, dtype)  # noqa: E731
+        checks.check_default_init(group, dtype, layers={component: make}, sizes=(n, vocab),
+                                  layout=adapter.layout, judge=judge)
     return Case(component, "default init", run)
 
 
