@@ -8,7 +8,13 @@ Every function runs on ONE rank and takes that rank's communicator `comm`
 (comm.rank, comm.world_size); t = comm.world_size is the TP degree.
 The one collective you need is `all_reduce(comm, x)` (imported below): it returns the
 sum of x over all ranks, on every rank. The graders count your all-reduces with the
-meter: one too many or one too few fails, even when the numbers come out right.
+meter: one too many or one too few fails, even when the numbers come out right. At t = 1
+you may skip the all-reduce (a sum over one rank is its input; Megatron-LM skips it) or
+call it: both pass, and the graders count collectives only for t > 1.
+
+Never modify an array you are given (inputs, weights, incoming gradients): the graders
+check them afterwards. f's forward and g's backward are identities and may return their
+input itself; every layer returns new arrays.
 
 Shapes: x (B, T, H); a linear layer computes y = x @ w + b with w of shape (in, out)
 (torch's nn.Linear stores the transpose, (out, in); the parameter names are the torch GPT's).
