@@ -2,7 +2,8 @@
 step's loss equal to the single-device loss (the trainer exits 1 when a step differs).
 
 One launch per configuration: 2 ranks (tp=2, float32, Lesson 6's 50 steps), and 4 ranks
-(tp=4, float64, selective recomputation of the attention core).
+(tp=4, float64, selective recomputation of the attention core); and PyTorch's own DTensor
+sequence-parallel plan on 2 ranks, against one device, with CommDebugMode's counts.
 """
 import pytest
 
@@ -36,3 +37,15 @@ def test_sequence_parallel_training_equals_single_device_under_torchrun(ranks, e
     assert result.returncode == 0, result.stdout[-3000:]
     assert f"sequence parallel over tp={extra[1]}" in result.stdout
     assert f"single-device comparison: {steps} of {steps} steps equal" in result.stdout, result.stdout[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_pytorch_sequence_parallel_plan_equals_single_device_and_counts_its_collectives():
+    # the DTensor plan (SequenceParallel, PrepareModuleInput/Output, RowwiseParallel to Shard(1))
+    result = run_command(torchrun_command(2, "tp_from_scratch.sequence_parallel.dtensor_plan"), timeout=180)
+    assert result.returncode == 0, result.stdout[-3000:]
+    line = next(l for l in result.stdout.splitlines() if "largest |loss - single-device loss|" in l)
+    assert float(line.rsplit(" ", 1)[1]) <= 1e-12, line  # float64: near-bitwise
+    forward = next(l for l in result.stdout.splitlines() if "collectives in one forward" in l)
+    assert "all_gather_into_tensor" in forward and "reduce_scatter_tensor" in forward, forward
