@@ -20,6 +20,7 @@ LESSON = {
     "gpt": 6,                                   # Lesson 6: train a GPT (and Lesson 9's planner)
     "sequence_parallel": 7,                     # Lesson 7: sequence parallelism
     "partial_sync": 8,                          # Lesson 8: partially synchronized activations
+    "overlap": 10,                              # Lesson 10: hiding and shrinking communication
 }
 TOOLING = {"tools", "bench", "demos", "verify"}  # may import any lesson; no lesson imports them
 MAX_TOP_LEVEL_MODULES = 8

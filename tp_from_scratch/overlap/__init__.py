@@ -1,0 +1,11 @@
+"""Lesson 10: hiding and shrinking communication.
+
+    algorithms.py   four all-reduce algorithms (ring, recursive doubling, Rabenseifner,
+                    segmented ring), their exact traffic and alpha-beta time, and the
+                    selector all_reduce(comm, x) that picks one by size from measurements
+    nonblocking.py  all_reduce_async(comm, x) -> handle; handle.wait(): the ring, in steps
+                    driven by isend/irecv, so compute can run while it is in flight
+    linear.py       AsyncColumnParallelLinear: backward starts the dX all-reduce, computes
+                    dW meanwhile, then waits (Megatron's overlap of the two)
+    check.py        the claims above, checked on any backend (simulator, mpiexec, torchrun)
+"""
