@@ -224,6 +224,27 @@ for t in (2, 4):
     diff = max(abs(a - b) for a, b in zip(per_rank[0][0], single))
     print(f"tp+sp, t={t}   :", " ".join(f"{l:.12f}" for l in per_rank[0][0]),
           f"  max |diff| {diff:.1e}; trained shards equal; state-dict names = TP's")"""),
+    new_markdown_cell(r"""### What the torch models send, per training step
+
+The meter of the simulated ranks (our ring collectives) for one forward and backward of the
+TP and the SP GPT (2 layers, t = 2). SP's all-gathers and reduce-scatters replace the TP
+blocks' all-reduces, and backward adds what the numpy block did not have: one more all-gather
+per column group (the input is gathered again instead of being kept: the memory saving of
+section 6), and an all-reduce for each Partial LayerNorm weight, LayerNorm bias and row bias
+(f on each parameter; Megatron-LM coalesces them into one buffer). The embedding's all-reduce
+and the cross-entropy's small all-reduces are the same in both."""),
+    new_code_cell("""def one_step_traffic(comm, build):
+    model = build(comm, reference)
+    comm.meter.reset()
+    _, loss = model(*batches[0])
+    loss.backward()
+    return {name: (t.calls, t.bytes_sent) for name, t in sorted(comm.meter.by_collective.items())}
+
+for name, build in (("TP", gpt_to_tp), ("TP+SP", gpt_to_sp)):
+    traffic = run_spmd(lambda comm: one_step_traffic(comm, build), 2)[0]
+    total = sum(b for _, b in traffic.values())
+    print(f"{name:<6} rank 0: " + ", ".join(f"{k} {c} calls {b:,} B" for k, (c, b) in traffic.items())
+          + f";  total {total:,} B")"""),
     new_markdown_cell(r"""## 6. Activation memory, measured
 
 `memory.saved_bytes_per_block` runs one forward under `torch.autograd.graph.saved_tensors_hooks`:
@@ -312,11 +333,17 @@ that is about 86 GiB per GPU with TP alone, more than an 80 GB A100 holds in tot
 recomputation before this paper. TP+SP divides every term by t; with selective recomputation
 of the attention core (the 5as/h term) as well, the paper needs no other recomputation.
 
-## What is not here yet
+## Run it on real processes
 
-* the step-time cost of selective recomputation (`bench`);
-* `--sequence-parallel` in the trainer (`gpt/train.py`), and PyTorch's DTensor
-  `SequenceParallel` plan with its `CommDebugMode` counts next to ours.
+* `torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.train --tp 2 --compare-single`:
+  Lesson 6's trainer with the model run sequence-parallel (`--recompute-attention` for selective
+  recomputation, `--collectives scratch` for our ring collectives); every step against one device.
+* `torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.dtensor_plan`:
+  PyTorch's own `SequenceParallel` plan on the same GPT (`sequence_parallel/dtensor_plan.py`), its
+  losses against one device and its collectives counted by `CommDebugMode`. On gloo a
+  reduce-scatter is emulated with an all-reduce, so its bytes are not a ring's: measure ours.
+
+Not here yet: the step-time cost of selective recomputation in `bench`.
 
 Exercise 7: `exercises/ex07_sequence_parallel.py`, graded by `pytest exercises -m ex07`."""),
     new_code_cell("""print(f"lesson executed in {time.perf_counter() - START:.1f} s")"""),
