@@ -1,4 +1,5 @@
-"""Offline training data: token sequences from a seeded Markov chain (nothing is downloaded).
+"""Offline training data: token sequences from a seeded Markov chain (nothing is downloaded),
+or, with data="text", bytes of the Python standard library's source (gpt/text.py).
 
 A random but fixed transition matrix over V tokens gives every token a few likely
 successors, so a small GPT has something to learn: its loss falls from ln(V) towards
@@ -37,11 +38,20 @@ def entropy_rate(vocab_size, seed, successors=4):
     return float(pi @ h_rows)
 
 
-def global_batch(step, batch_size, seq_len, vocab_size, seed):
+def global_batch(step, batch_size, seq_len, vocab_size, seed, data="markov", split="train"):
     """The whole step's batch: inputs and next-token targets, both (B, T) int64 tensors.
 
-    Same (seed, step) -> same tokens, on every rank and in every run.
+    Same (seed, step) -> same tokens, on every rank and in every run. ``data="text"``: bytes
+    of the Python standard library's source (gpt/text.py; vocab_size must be 256), from the
+    "train" or "val" split; the Markov chain has no split (every batch is fresh).
     """
+    if data == "text":
+        from tp_from_scratch.gpt.text import VOCAB_SIZE, text_batch
+        if vocab_size != VOCAB_SIZE:
+            raise ValueError(f"text data is bytes: vocab size must be {VOCAB_SIZE}, got {vocab_size}")
+        return text_batch(step, batch_size, seq_len, seed, split)
+    if data != "markov":
+        raise ValueError(f"data must be 'markov' or 'text', got {data!r}")
     p = transition_matrix(vocab_size, seed)
     cdf = np.cumsum(p, axis=1)
     rng = np.random.default_rng([seed, step])
@@ -56,10 +66,10 @@ def global_batch(step, batch_size, seq_len, vocab_size, seed):
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def local_batch(step, batch_size, seq_len, vocab_size, seed, dp_rank=0, dp_size=1):
+def local_batch(step, batch_size, seq_len, vocab_size, seed, dp_rank=0, dp_size=1, data="markov"):
     """This data-parallel rank's rows of the global batch: (B/dp, T) inputs and targets."""
     if batch_size % dp_size != 0:
         raise ValueError(f"batch size {batch_size} is not divisible by dp={dp_size}")
-    x, y = global_batch(step, batch_size, seq_len, vocab_size, seed)
+    x, y = global_batch(step, batch_size, seq_len, vocab_size, seed, data)
     rows = slice(dp_rank * batch_size // dp_size, (dp_rank + 1) * batch_size // dp_size)
     return x[rows], y[rows]

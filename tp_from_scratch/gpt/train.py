@@ -72,6 +72,11 @@ def build_parser():
     g.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
     g.add_argument("--lr", type=float, default=None, help="default 3e-3 (adamw) or 0.3 (sgd)")
     g.add_argument("--batch-size", type=int, default=8, help="global batch B (split over dp)")
+    g.add_argument("--data", choices=["markov", "text"], default="markov",
+                   help="markov: a seeded Markov chain (known entropy rate); text: bytes of the Python "
+                        "standard library's source, V=256 (gpt/text.py)")
+    g.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="every N steps, the loss on a fixed held-out batch (text: the validation split)")
     g = p.add_argument_group("model size")
     d = GPTConfig()
     g.add_argument("--vocab-size", type=int, default=d.vocab_size)
@@ -92,7 +97,8 @@ def build_parser():
 
 
 def config_from_args(args):
-    return GPTConfig(vocab_size=args.vocab_size, seq_len=args.seq_len, n_layers=args.layers,
+    vocab = 256 if getattr(args, "data", "markov") == "text" else args.vocab_size  # text: bytes
+    return GPTConfig(vocab_size=vocab, seq_len=args.seq_len, n_layers=args.layers,
                      hidden=args.hidden, n_heads=args.heads, n_kv_heads=args.kv_heads,
                      ffn=args.ffn, tie_embeddings=False if args.untied else None, gelu=args.gelu,
                      arch=getattr(args, "arch", "gpt"))
@@ -187,7 +193,7 @@ def single_device_run(config, args, start=None, model=None):
         ckpt.load_optimizer_state_by_name(model, optimizer, start["optimizer"])
         step = start["step"]
     for step in range(step, args.steps):
-        x, y = global_batch(step, args.batch_size, config.seq_len, config.vocab_size, args.seed)
+        x, y = global_batch(step, args.batch_size, config.seq_len, config.vocab_size, args.seed, args.data)
         optimizer.zero_grad(set_to_none=True)
         _, loss = model(x, y)
         loss.backward()
@@ -207,7 +213,7 @@ def train_on_comm(comm, argv=()):
     optimizer = make_optimizer(model.parameters(), args)
     losses = []
     for step in range(args.steps):
-        x, y = global_batch(step, args.batch_size, config.seq_len, config.vocab_size, args.seed)
+        x, y = global_batch(step, args.batch_size, config.seq_len, config.vocab_size, args.seed, args.data)
         losses.append(train_step(model, optimizer, x, y).item())
     return losses
 
@@ -282,6 +288,11 @@ def report_memory(args, model, config, mesh):
               f"nh={config.n_heads}, nkv={config.n_kv_heads}, F={config.ffn}, V={config.vocab_size}, "
               f"T={config.seq_len}); global batch B={args.batch_size}; mesh dp={mesh.dp} x tp={mesh.tp}",
               flush=True)
+        if args.data == "text":
+            from tp_from_scratch.gpt.text import FILES, corpus
+            data, digest = corpus()
+            print(f"data: {len(FILES)} files of this Python's standard library, {len(data):,} bytes "
+                  f"(sha256 {digest[:16]}), last 10% held out", flush=True)
         for r, b in enumerate(per_rank):
             print(f"  rank {r} (dp {r // mesh.tp}, tp {r % mesh.tp}): parameters {b / 2**10:,.1f} KiB",
                   flush=True)
@@ -335,7 +346,7 @@ def train_loop(args, config, mesh, model, optimizer, first, reference, counter):
     try:
         for step in range(first, args.steps):
             x, y = local_batch(step, args.batch_size, config.seq_len, config.vocab_size, args.seed,
-                               mesh.dp_rank, mesh.dp)
+                               mesh.dp_rank, mesh.dp, args.data)
             t0 = time.perf_counter()
             with counter.counting():
                 loss = train_step(model, optimizer, x.to(mesh.device), y.to(mesh.device),
@@ -355,6 +366,12 @@ def train_loop(args, config, mesh, model, optimizer, first, reference, counter):
                 metrics.flush()
             bar.set_postfix(loss=f"{loss.item():.4f}")
             bar.update(1)
+            if args.eval_every and (step + 1) % args.eval_every == 0:
+                val = validation_loss(model, args, config, mesh.device)  # the same on every rank
+                if is_main:
+                    bar.write(f"step {step:4d}  validation loss {val:.4f} ({args.data})")
+                if metrics:
+                    metrics.write(json.dumps({"step": step, "val_loss": val}) + "\n")
             if args.save and args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.steps:
                 save(args, config, mesh, model, optimizer, step + 1)
     finally:
@@ -362,6 +379,18 @@ def train_loop(args, config, mesh, model, optimizer, first, reference, counter):
         if metrics:
             metrics.close()
     return losses, ref_losses, bad
+
+
+def validation_loss(model, args, config, device):
+    """The loss on a fixed held-out batch (every rank evaluates the whole batch; no DP split).
+
+    text: the validation split; markov: a batch no training step draws (step 2**40)."""
+    if args.data == "text":
+        x, y = global_batch(0, args.batch_size, config.seq_len, config.vocab_size, args.seed, "text", "val")
+    else:
+        x, y = global_batch(2 ** 40, args.batch_size, config.seq_len, config.vocab_size, args.seed)
+    with torch.no_grad():
+        return model(x.to(device), y.to(device))[1].item()
 
 
 def report(args, mesh, group, counter, first, losses, ref_losses, bad, elapsed):
