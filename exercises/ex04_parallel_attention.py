@@ -14,16 +14,31 @@ y = x @ w + b (torch stores the transpose):
 The columns of q.weight (and rows of o.weight) are grouped by head: head j owns columns
 j*hs:(j+1)*hs. Query head j attends with key/value head j // (nh // nkv).
 
-You may use exercise 3's pieces from the library, e.g.
+Start with causal_attention: the scores, the causal mask and the softmax, for any number
+of heads. Then the parallel layer: you may use exercise 3's pieces from the library, e.g.
     from tp_from_scratch.layers.linear import row_parallel_linear_forward, ...
 and the single-device helpers of tp_from_scratch.layers.reference: qkv_attention_forward(x,
 params, n_heads, n_kv_heads) / qkv_attention_backward(do, cache) run the q, k, v projections
-and causal attention for ANY number of heads (e.g. this rank's), without the output projection.
-The graders count your all-reduces: one forward and one backward, like the MLP.
+and causal attention for ANY number of heads (e.g. this rank's), without the output projection
+(split_heads / merge_heads and linear_forward are there too, if you want your forward to call
+your causal_attention and write the backward yourself).
+The graders count your all-reduces: one forward and one backward, like the MLP (at t = 1 you
+may skip them, as Megatron-LM does; collectives are counted only for t > 1). Never modify
+an array you are given; return new arrays (shard_attention_params returns copies).
 """
 import numpy as np  # noqa: F401
 
 from tp_from_scratch.collectives import all_reduce  # noqa: F401
+
+
+def causal_attention(q, k, v):
+    """softmax(q k^T / sqrt(hs) + causal mask) v for every query head, with grouped-query attention.
+
+    q (B, nh, T, hs); k, v (B, nkv, T, hs), nkv divides nh; query head j reads KV head
+    j // (nh // nkv). Position i attends to positions 0..i only. Return a new (B, nh, T, hs)
+    array. The graders use scores in the thousands: exp must never overflow.
+    """
+    raise NotImplementedError("Exercise 4 (causal_attention): see lessons/04_parallel_attention.ipynb")
 
 
 def shard_attention_params(params, n_heads, n_kv_heads, tp, rank):
@@ -35,7 +50,8 @@ def shard_attention_params(params, n_heads, n_kv_heads, tp, rank):
     every rank gets (a copy of) the one KV head its query heads attend with.
     Raise a ValueError naming the quantity when the heads do not split that way: tp must
     divide nh, and either tp divides nkv or nkv divides tp, e.g.
-    "number of heads 6 is not divisible by tp=4", "number of KV heads 3 is not divisible by tp=2".
+    "number of heads 6 is not divisible by tp=4", "number of KV heads 3 is not divisible by tp=2",
+    "number of KV heads 2 does not divide tp=3". The arrays returned are copies.
     """
     raise NotImplementedError("Exercise 4 (shard_attention_params): see lessons/04_parallel_attention.ipynb")
 

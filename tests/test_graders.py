@@ -26,11 +26,12 @@ EXPECTED_TESTS = {
     "ex01": 42,
     "ex02": 55,
     "ex03": 36,
-    "ex04": 32,
+    "ex04": 38,
     "ex05": 36,
     "ex06": 23,
     "ex07": 45,
     "ex08": 27,
+    "ex09": 37,
 }
 
 WRONG_CASES = sorted(

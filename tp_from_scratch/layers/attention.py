@@ -34,7 +34,7 @@ import numpy as np
 from tp_from_scratch.layers.linear import (
     check_rank, replicated_value, row_parallel_linear_backward, row_parallel_linear_forward)
 from tp_from_scratch.layers.mappings import f_backward, f_forward
-from tp_from_scratch.layers.reference import qkv_attention_backward, qkv_attention_forward
+from tp_from_scratch.layers.reference import causal_attention_forward, qkv_attention_backward, qkv_attention_forward
 from tp_from_scratch.sharding import check_divisible
 
 
@@ -93,6 +93,15 @@ def parallel_attention_backward(comm, dy, cache):
     dx_partial, grads = qkv_attention_backward(do_local, c_attn)        # (B, T, H), Partial
     grads.update({"o.weight": dwo, "o.bias": dbo})
     return f_backward(comm, dx_partial), grads
+
+
+def causal_attention(q, k, v):
+    """softmax(q k^T / sqrt(hs) + causal mask) v for every head, GQA included (Exercise 4's first step).
+
+    q (B, nh, T, hs); k, v (B, nkv, T, hs). Returns a new (B, nh, T, hs) array. Each rank runs
+    it on its own heads only: heads never exchange data, so it needs no communication.
+    """
+    return causal_attention_forward(q, k, v)[0]
 
 
 def shard_attention_params(params, n_heads, n_kv_heads, tp, rank):

@@ -1,5 +1,6 @@
 """Known-wrong: the attention backward returns this rank's partial dx (through its own heads
 only) without the all-reduce that f performs in backward."""
+from tp_from_scratch.layers.attention import causal_attention  # noqa: F401
 from tp_from_scratch.collectives import all_reduce
 from tp_from_scratch.layers.attention import shard_attention_params  # noqa: F401
 from tp_from_scratch.layers.reference import linear_backward, linear_forward

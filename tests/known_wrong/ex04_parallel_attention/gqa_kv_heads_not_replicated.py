@@ -2,6 +2,7 @@
 pieces, so each rank gets a fraction of a KV head instead of a full copy of its KV head."""
 import numpy as np
 
+from tp_from_scratch.layers.attention import causal_attention  # noqa: F401
 from tp_from_scratch.layers.attention import parallel_attention_backward, parallel_attention_forward  # noqa: F401
 from tp_from_scratch.layers.attention import shard_attention_params as _correct_shard
 

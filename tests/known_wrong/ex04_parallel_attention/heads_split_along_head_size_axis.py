@@ -1,6 +1,7 @@
 """Known-wrong: the projections are split along the head-size axis instead of the head axis:
 every rank gets a 1/t slice of EVERY head. The local shapes are the right ones, so nothing
 crashes, but each rank's "heads" are fragments and the attention scores come out wrong."""
+from tp_from_scratch.layers.attention import causal_attention  # noqa: F401
 from tp_from_scratch.layers.attention import parallel_attention_backward, parallel_attention_forward  # noqa: F401
 
 

@@ -1,5 +1,6 @@
 """Known-wrong: the backward averages the KV gradients over all ranks with an extra
 all-reduce (as in data parallelism), which is neither needed nor right in tensor parallelism."""
+from tp_from_scratch.layers.attention import causal_attention  # noqa: F401
 from tp_from_scratch.collectives import all_reduce
 from tp_from_scratch.layers.attention import shard_attention_params  # noqa: F401
 from tp_from_scratch.layers.reference import linear_backward, linear_forward

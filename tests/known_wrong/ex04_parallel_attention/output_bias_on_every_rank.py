@@ -1,5 +1,6 @@
 """Known-wrong: the output projection adds bo on every rank before the all-reduce, so y
 carries t copies of the bias."""
+from tp_from_scratch.layers.attention import causal_attention  # noqa: F401
 from tp_from_scratch.collectives import all_reduce
 from tp_from_scratch.layers.attention import shard_attention_params  # noqa: F401
 from tp_from_scratch.layers.reference import linear_backward, linear_forward
