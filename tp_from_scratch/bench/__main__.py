@@ -10,6 +10,7 @@ BENCHMARKS = {
     "collectives": "from-scratch ring collectives against MPI / torch.distributed (mpiexec or torchrun)",
     "p2p": "one ring step: the communicator's send/recv against the backend's bare calls",
     "algorithms": "all-reduce by size: ring, recursive doubling, Rabenseifner, segmented ring vs native",
+    "overlap": "exposed all-reduce time and step time of a column-parallel layer, with and without overlap",
     "train": "tensor-parallel GPT training throughput (torchrun)",
     "scaling": "strong scaling: tp=1 (1 and 2 threads) against tp=2, and the planner's prediction (torchrun)",
 }

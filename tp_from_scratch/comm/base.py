@@ -24,6 +24,7 @@ from .meter import Meter
 
 DEFAULT_TIMEOUT = 30.0
 TAG_DATA, TAG_FINGERPRINT = 0, 1  # separate channels: a fingerprint never meets a payload
+TAG_NONBLOCKING = 2  # isend/irecv: a collective in flight never takes a blocking one's messages
 
 
 def timeout_from_env(default=DEFAULT_TIMEOUT):
@@ -102,6 +103,32 @@ def mismatch_error(call_index, fp, rank, other_fp, other_rank):
         f"{fp.difference(rank, other_fp, other_rank)}")
 
 
+class Request:
+    """A receive in progress (``comm.irecv``): test() without waiting, wait() until it arrives."""
+
+    def __init__(self, comm, out, test, wait):
+        self.comm, self.out = comm, out
+        self._test, self._wait = test, wait
+        self.done = False
+
+    def test(self):
+        """True once the message is in ``out`` (never waits)."""
+        if not self.done and self._test():
+            self._arrived()
+        return self.done
+
+    def wait(self):
+        """Wait until the message is in ``out`` and return ``out``."""
+        if not self.done:
+            self._wait()
+            self._arrived()
+        return self.out
+
+    def _arrived(self):
+        self.done = True
+        self.comm.meter.record_recv(self.out.nbytes)
+
+
 class Comm:
     """A group of ``world_size`` ranks that exchange numpy arrays point to point.
 
@@ -117,6 +144,7 @@ class Comm:
         self.world_size = world_size
         self.meter = Meter()
         self._collective_calls = 0  # outermost collectives entered: the k-th must agree across ranks
+        self.nonblocking_in_flight = None  # the non-blocking collective started and not finished
 
     # ---- point to point --------------------------------------------------------------
     def _check_peer(self, peer, what):
@@ -159,6 +187,36 @@ class Comm:
         array = self._recv(int(src), out, bool(header))
         self.meter.record_recv(array.nbytes)
         return array
+
+    def isend(self, array, dst):
+        """Send a copy of ``array`` to ``dst`` on the non-blocking channel, without a header.
+
+        Like send, it returns at once; the receiver takes it with ``irecv(src, out)``. The
+        non-blocking channel is separate from send/recv's, so blocking messages exchanged
+        while a non-blocking collective is in flight never get mixed up with its own.
+        """
+        self._check_peer(dst, "isend to")
+        array = np.asarray(array, order="C")
+        self._raw_send(array, int(dst), TAG_NONBLOCKING, False)
+        self.meter.record_send(array.nbytes)
+
+    def irecv(self, src, out):
+        """Start receiving the next isend from ``src`` into ``out``; returns a Request at once.
+
+        ``request.test()`` says whether the message is in ``out`` yet, without waiting;
+        ``request.wait()`` waits (at most TP_TIMEOUT seconds) and returns ``out``. The meter
+        counts the message when it has arrived.
+        """
+        self._check_peer(src, "irecv from")
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"rank {self.rank}: irecv from rank {src} needs out=, a numpy array "
+                            f"of the message's shape and dtype, got {type(out).__name__}")
+        return Request(self, out, *self._raw_irecv(int(src), TAG_NONBLOCKING, out))
+
+    def _raw_irecv(self, src, tag, out):
+        """(test, wait) for a headerless message from ``src`` into ``out``: test() -> bool
+        without waiting, wait() blocks; both are called until the first says it arrived."""
+        raise NotImplementedError
 
     def barrier(self):
         """Wait until every rank has reached the barrier."""

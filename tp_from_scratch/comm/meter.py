@@ -54,6 +54,20 @@ class Meter:
         finally:
             self._stack.pop()
 
+    @contextmanager
+    def resumed(self, name):
+        """Book the traffic inside this block under ``name`` without counting a new call.
+
+        For a non-blocking collective: it is called (and counted) once, then makes progress
+        in several slices (start, test, wait), each booked under its name.
+        """
+        self.by_collective.setdefault(name, Traffic())
+        self._stack.append(name)
+        try:
+            yield
+        finally:
+            self._stack.pop()
+
     # record_send and record_recv run once per message: plain increments, no shared helper,
     # because under 4 ranks on 2 cores each microsecond here slows the whole ring
     def record_send(self, nbytes):

@@ -70,7 +70,8 @@ class MPIComm(Comm):
         # overwrite its array at once. Inside a collective the buffers are the collective's
         # own, left untouched until _collective_done waits for the sends: no copy needed.
         inside = self.meter.current is not None and tag == TAG_DATA
-        data = np.ascontiguousarray(array) if inside else np.array(array, copy=True, order="C")
+        # np.asarray, not np.ascontiguousarray: that one turns a 0-d array into shape (1,)
+        data = np.asarray(array, order="C") if inside else np.array(array, copy=True, order="C")
         requests = [self.mpi.isend((data.shape, data.dtype.str), dst, 2 * tag)] if header else []
         if data.nbytes:
             requests.append(self.mpi.Isend([data.reshape(-1).view(np.uint8), MPI.BYTE], dst, 2 * tag + 1))
@@ -106,6 +107,35 @@ class MPIComm(Comm):
             np.copyto(out, data)
             return out
         return data
+
+    def _raw_irecv(self, src, tag, out):
+        # the receive is posted now, so MPI can match the message whenever it is in an MPI
+        # call (MPICH moves data only inside MPI calls: no background progress by default)
+        data = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
+        if not data.nbytes:  # an empty payload is never sent (see _raw_send)
+            return (lambda: True), (lambda: None)
+        status = MPI.Status()
+        request = self.mpi.Irecv([data.reshape(-1).view(np.uint8), MPI.BYTE], src, 2 * tag + 1)
+
+        def finish():
+            if status.Get_count(MPI.BYTE) != data.nbytes:
+                raise ValueError(f"rank {self.rank}: irecv from rank {src} into {data.nbytes} bytes "
+                                 f"got a message of {status.Get_count(MPI.BYTE)} bytes")
+            if data is not out:
+                np.copyto(out, data)
+
+        def test():
+            if not request.Test(status):
+                return False
+            finish()
+            return True
+
+        def wait():
+            _wait_until(lambda: request.Test(status), time.monotonic() + self.timeout,
+                        lambda: self._timeout_message(f"a message from rank {src}", src))
+            finish()
+
+        return test, wait
 
     def barrier(self):
         """Wait until every rank reaches the barrier (at most TP_TIMEOUT seconds)."""

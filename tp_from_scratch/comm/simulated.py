@@ -167,6 +167,23 @@ class SimulatedComm(Comm):
         np.copyto(out, message)
         return out
 
+    def _raw_irecv(self, src, tag, out):
+        # Cooperative progress: nothing moves in the background. A send already lands in the
+        # mailbox; test() looks there, wait() is a plain recv (with the deadlock diagnosis).
+        # A progress thread would make a rank two threads, and the diagnosis above assumes
+        # that each rank is one thread, either running or waiting in one place.
+        w = self._world
+
+        def test():
+            with w.cond:
+                self._stop_if_failed()
+                if not w.mailbox.get((src, self.rank, tag)):
+                    return False
+            self._raw_recv(src, tag, out, header=False)  # there now: returns at once
+            return True
+
+        return test, lambda: self._raw_recv(src, tag, out, header=False)
+
     def barrier(self):
         """Wait until every rank has reached the barrier (deadlock-checked like recv)."""
         w = self._world

@@ -110,6 +110,31 @@ class TorchComm(Comm):
             return out
         return data.cpu().numpy()
 
+    def _raw_irecv(self, src, tag, out):
+        # posted now: gloo's own threads move the bytes while this rank computes
+        direct = out.flags.c_contiguous and self.device.type == "cpu"
+        data = torch.from_numpy(out if direct else np.empty(out.shape, out.dtype)).to(self.device)
+        if not data.numel():  # an empty payload is never sent (see _raw_send)
+            return (lambda: True), (lambda: None)
+        work = dist.irecv(data, self._peer(src), self.group, tag=2 * tag + 1)
+
+        def finish():
+            if not direct:
+                np.copyto(out, data.cpu().numpy())
+
+        def test():
+            if not work.is_completed():
+                return False
+            self._wait(work, f"a message from rank {src}", src)  # raises if it failed
+            finish()
+            return True
+
+        def wait():
+            self._wait(work, f"a message from rank {src}", src)
+            finish()
+
+        return test, wait
+
     def barrier(self):
         """Wait until every rank reaches the barrier (at most TP_TIMEOUT seconds)."""
         if dist.get_backend(self.group) == "gloo":

@@ -1,0 +1,136 @@
+"""Exposed communication and step time of a column-parallel layer, with and without overlap.
+
+    torchrun --nproc-per-node 2 -m tp_from_scratch.bench overlap
+    mpiexec -n 2 python -m tp_from_scratch.bench overlap          (from-scratch only)
+    ... overlap --tokens 1024 --hidden 2048 --out 256 --iters 20 --json runs/overlap.json
+
+One AsyncColumnParallelLinear (X (tokens, hidden) -> (tokens, out/t) per rank) runs forward
+and backward, alternating, call by call:
+    blocking  overlap=False: all-reduce dX, then the dW matmul (Megatron without overlap)
+    overlap   overlap=True:  start the dX all-reduce, the dW matmul, then wait
+for each group kind: the torch process group (native dist.all_reduce, async_op=True;
+torchrun only) and the communicator (from-scratch ring, all_reduce_async). Columns (medians
+over iterations; each iteration's value is that of the slowest rank):
+    step      forward + backward, ms
+    dW        the dW and db matmul, ms
+    exposed   time backward spends in the all-reduce that is not hidden: the whole blocking
+              all-reduce, or the final wait (plus the start) with overlap, ms
+    hidden    1 - exposed(overlap) / exposed(blocking), on the overlap row
+The JSON also keeps rank 0's last backward as a timeline (what, start ms, stop ms).
+Outputs and gradients are checked bit for bit between the two before timing. This is a
+benchmark, not a test: nothing here asserts a speed.
+"""
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from tp_from_scratch import collectives
+from tp_from_scratch.bench.common import write_report
+from tp_from_scratch.comm import spmd_main
+from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.overlap.linear import AsyncColumnParallelLinear, Timeline
+from tp_from_scratch.testing import random_array, rank_rng
+
+
+def groups(comm):
+    """[(label, group)]: the native process group under torchrun, and the communicator."""
+    out = []
+    if type(comm).__name__ == "TorchComm":
+        import torch.distributed as dist
+        out.append(("native (gloo)", dist.group.WORLD))
+    out.append((f"scratch ({type(comm).__name__})", comm))
+    return out
+
+
+def make_step(group, rank, args, overlap):
+    """A function running one forward + backward; returns (timeline, layer, x) for checking."""
+    timeline = Timeline()
+    torch.manual_seed(0)  # the same full weight on every rank (one process per rank here)
+    layer = AsyncColumnParallelLinear(args.hidden, args.out, group=group, overlap=overlap, timeline=timeline)
+    x = torch.tensor(random_array(rank_rng(1), (args.tokens, args.hidden), np.float32), requires_grad=True)
+    dy = torch.tensor(random_array(rank_rng(2, rank), (args.tokens, layer.weight.shape[0]),
+                                   np.float32))
+
+    def step():
+        timeline.clear()
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        layer(x).backward(dy)
+    return step, timeline, layer, x
+
+
+def exposed(timeline):
+    """Seconds of backward not hidden: the blocking all-reduce, or start + final wait."""
+    return (timeline.total("all-reduce (blocking)") + timeline.total("start all-reduce")
+            + timeline.total("wait all-reduce"))
+
+
+def measure(comm, label, group, args):
+    variants = {name: make_step(group, comm.rank, args, overlap) for name, overlap in (("blocking", False), ("overlap", True))}
+    for name, (step, _, layer, x) in variants.items():  # identical arithmetic: identical bits
+        step()
+    (_, _, a, xa), (_, _, b, xb) = variants["blocking"], variants["overlap"]
+    for what, got, ref in (("grad of x", xb.grad, xa.grad), ("grad of weight", b.weight.grad, a.weight.grad)):
+        assert_matches_reference(got, ref, name=f"{label}: overlap vs blocking {what}", rank=comm.rank, exact=True)
+    for _ in range(args.warmup):
+        for step, *_ in variants.values():
+            step()
+    samples = np.zeros((args.iters, 2, 3))  # (iteration, variant, [step, dW, exposed])
+    for i in range(args.iters):
+        for j, (step, timeline, _, _) in enumerate(variants.values()):
+            comm.barrier()
+            start = time.perf_counter()
+            step()
+            samples[i, j] = time.perf_counter() - start, timeline.total("dW, db matmul"), exposed(timeline)
+    slowest = np.median(collectives.all_reduce(comm, samples, op="max"), axis=0) * 1e3  # (variant, metric) ms
+    rows = []
+    for j, (name, (_, timeline, _, _)) in enumerate(variants.items()):
+        first = timeline.events[0][1]  # the last iteration's backward, in ms from its start
+        events = [(what, (start - first) * 1e3, (stop - first) * 1e3) for what, start, stop in timeline.events]
+        rows.append({"group": label, "variant": name, "step_ms": slowest[j, 0], "dw_ms": slowest[j, 1],
+                     "exposed_ms": slowest[j, 2], "backward_timeline_ms": events})
+    rows[1]["hidden"] = 1 - rows[1]["exposed_ms"] / rows[0]["exposed_ms"]
+    return rows
+
+
+def run(comm, args):
+    say = print if comm.rank == 0 else (lambda *a, **k: None)
+    mib = args.tokens * args.hidden * 4 / 2 ** 20
+    say(f"# overlap: {comm.world_size} ranks, X ({args.tokens}, {args.hidden}) float32, out {args.out} "
+        f"({args.out // comm.world_size} per rank); dX all-reduce of {mib:.1f} MiB; "
+        f"warmup {args.warmup}, iters {args.iters}")
+    say(f"{'group':>22} {'variant':>9} {'step':>8} {'dW':>8} {'exposed':>8} {'hidden':>7}")
+    say(f"{'':>22} {'':>9} {'(ms)':>8} {'(ms)':>8} {'(ms)':>8} {'':>7}")
+    rows = []
+    for label, group in groups(comm):
+        for row in measure(comm, label, group, args):
+            rows.append(row)
+            hidden = f"{row['hidden']:>7.0%}" if "hidden" in row else f"{'':>7}"
+            say(f"{row['group']:>22} {row['variant']:>9} {row['step_ms']:>8.2f} {row['dw_ms']:>8.2f} "
+                f"{row['exposed_ms']:>8.2f} {hidden}", flush=True)
+    write_report(comm, args, type(comm).__name__, rows, say)
+    return rows
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m tp_from_scratch.bench overlap", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=1024, help="B*T rows of X")
+    parser.add_argument("--hidden", type=int, default=2048, help="input features (the all-reduced dX's width)")
+    parser.add_argument("--out", type=int, default=256, help="output features over all ranks")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--json", help="also write every row to this JSON file (rank 0)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    torch.set_num_threads(1)  # one core per rank: the BLAS must not take the other rank's core
+    args = parse_args(argv)
+    spmd_main(lambda comm: run(comm, args))
+
+
+if __name__ == "__main__":
+    main()
