@@ -32,6 +32,7 @@ EXERCISES = {
     "ex07": ("ex07_sequence_parallel", ["tp_from_scratch.sequence_parallel.mappings",
                                         "tp_from_scratch.sequence_parallel.layernorm"]),
     "ex08": ("ex08_partial_sync", ["tp_from_scratch.partial_sync.autograd"]),
+    "ex09": ("ex09_recursive_halving_doubling", ["tp_from_scratch.overlap.algorithms"]),
 }
 
 
