@@ -4,13 +4,16 @@ Every test runs t simulated ranks (run_spmd: threads in one process, the from-sc
 collectives underneath) and compares each rank's output and every gradient with single-device
 torch (the identity, a sum, torch.nn.Linear) through the course's one comparison helper.
 Each test also reads the rank's meter: which collectives run, forward and backward, is part
-of the specification (f all-reduces in backward only, g in forward only).
+of the specification (f all-reduces in backward only, g in forward only; at t = 1 skipping
+the collective passes too, as in Megatron-LM). Inputs and the incoming gradients must be
+unchanged afterwards. A layer built with from_linear must own its parameters: after an
+optimizer step on the parallel layer, the single-device nn.Linear it came from is unchanged.
 """
 import pytest
 import torch
 
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.tools.grading import collective_calls, run_graded
+from tp_from_scratch.tools.grading import collective_calls, expected_calls, run_graded
 from tp_from_scratch.testing import random_array, rank_rng
 
 WORLD_SIZES = [1, 2, 3, 4]
@@ -30,8 +33,16 @@ def integers(seed, rank, shape):
     return tensor(random_array(rank_rng(seed, rank), shape, integer=True))
 
 
-def check_calls(got, expected, what, rank):
-    assert got == expected, f"rank {rank}: {what} made the collective calls {got}, expected {expected}"
+def check_calls(got, expected, what, rank, t):
+    assert got in expected_calls(t, expected), (
+        f"rank {rank}: {what} made the collective calls {got}, expected {expected}")
+
+
+def backward_with(y, grad):
+    """y.backward(grad), then the proof that backward left the caller's gradient alone."""
+    before = grad.clone()
+    y.backward(grad)
+    assert torch.equal(grad, before), "the incoming gradient was modified in place by backward"
 
 
 # -- the four mappings ---------------------------------------------------------------------
@@ -43,15 +54,16 @@ def test_f_copy_to_region_is_identity_forward_and_all_reduce_backward(impl, t):
         comm.meter.reset()
         y = impl.CopyToTensorParallelRegion.apply(comm, x)
         forward = calls(comm)
-        y.backward(integers(51, comm.rank, (B, T, H)))  # every rank's own gradient contribution
-        return y.detach(), x.grad, forward, calls(comm)
+        backward_with(y, integers(51, comm.rank, (B, T, H)))  # every rank's own gradient contribution
+        assert torch.equal(x.detach(), integers(50, 0, (B, T, H))), "f modified its input"
+        return y.detach().clone(), x.grad, forward, calls(comm)
 
     total = sum(integers(51, r, (B, T, H)) for r in range(t))
     for rank, (y, dx, forward, backward) in enumerate(run_graded(on_rank, t)):
         assert_matches_reference(y, integers(50, 0, (B, T, H)), name="f forward (identity)", rank=rank, exact=True)
         assert_matches_reference(dx, total, name="f backward (sum over ranks)", rank=rank, exact=True)
-        check_calls(forward, {}, "f forward", rank)
-        check_calls(backward, {"all_reduce": 1}, "f backward", rank)
+        check_calls(forward, {}, "f forward", rank, t)
+        check_calls(backward, {"all_reduce": 1}, "f backward", rank, t)
 
 
 @pytest.mark.parametrize("t", WORLD_SIZES)
@@ -61,7 +73,7 @@ def test_g_reduce_from_region_is_all_reduce_forward_and_identity_backward(impl, 
         comm.meter.reset()
         y = impl.ReduceFromTensorParallelRegion.apply(comm, x)
         forward = calls(comm)
-        y.backward(integers(53, 0, (B, T, H)))  # the gradient of a replicated output
+        backward_with(y, integers(53, 0, (B, T, H)))  # the gradient of a replicated output
         return y.detach(), x.grad, x.detach(), forward, calls(comm)
 
     total = sum(integers(52, r, (B, T, H)) for r in range(t))
@@ -70,8 +82,8 @@ def test_g_reduce_from_region_is_all_reduce_forward_and_identity_backward(impl, 
         assert_matches_reference(dx, integers(53, 0, (B, T, H)), name="g backward (identity)", rank=rank, exact=True)
         assert_matches_reference(x_after, integers(52, rank, (B, T, H)), name="g input (must not change)",
                                  rank=rank, exact=True)
-        check_calls(forward, {"all_reduce": 1}, "g forward", rank)
-        check_calls(backward, {}, "g backward", rank)
+        check_calls(forward, {"all_reduce": 1}, "g forward", rank, t)
+        check_calls(backward, {}, "g backward", rank, t)
 
 
 @pytest.mark.parametrize("t", WORLD_SIZES)
@@ -83,8 +95,9 @@ def test_scatter_keeps_own_chunk_forward_and_all_gathers_backward(impl, t):
         comm.meter.reset()
         y = impl.ScatterToTensorParallelRegion.apply(comm, x)
         forward = calls(comm)
-        y.backward(integers(55, comm.rank, (B, T, n)))  # the gradient of this rank's chunk
-        return y.detach(), x.grad, forward, calls(comm)
+        backward_with(y, integers(55, comm.rank, (B, T, n)))  # the gradient of this rank's chunk
+        assert torch.equal(x.detach(), integers(54, 0, (B, T, H))), "scatter modified its input"
+        return y.detach().clone(), x.grad, forward, calls(comm)
 
     x = integers(54, 0, (B, T, H))
     gathered = torch.cat([integers(55, r, (B, T, n)) for r in range(t)], dim=-1)
@@ -92,8 +105,8 @@ def test_scatter_keeps_own_chunk_forward_and_all_gathers_backward(impl, t):
         assert_matches_reference(y, x[..., rank * n:(rank + 1) * n], name="scatter forward (own chunk)",
                                  rank=rank, exact=True)
         assert_matches_reference(dx, gathered, name="scatter backward (all-gather)", rank=rank, exact=True)
-        check_calls(forward, {}, "scatter forward", rank)
-        check_calls(backward, {"all_gather": 1}, "scatter backward", rank)
+        check_calls(forward, {}, "scatter forward", rank, t)
+        check_calls(backward, {"all_gather": 1}, "scatter backward", rank, t)
 
 
 @pytest.mark.parametrize("t", WORLD_SIZES)
@@ -105,7 +118,8 @@ def test_gather_all_gathers_forward_and_keeps_own_chunk_backward(impl, t):
         comm.meter.reset()
         y = impl.GatherFromTensorParallelRegion.apply(comm, x)
         forward = calls(comm)
-        y.backward(integers(57, 0, (B, T, H)))  # replicated gradient of the full output
+        backward_with(y, integers(57, 0, (B, T, H)))  # replicated gradient of the full output
+        assert torch.equal(x.detach(), integers(56, comm.rank, (B, T, n))), "gather modified its input"
         return y.detach(), x.grad, forward, calls(comm)
 
     gathered = torch.cat([integers(56, r, (B, T, n)) for r in range(t)], dim=-1)
@@ -114,8 +128,8 @@ def test_gather_all_gathers_forward_and_keeps_own_chunk_backward(impl, t):
         assert_matches_reference(y, gathered, name="gather forward (all-gather)", rank=rank, exact=True)
         assert_matches_reference(dx, dy[..., rank * n:(rank + 1) * n], name="gather backward (own chunk)",
                                  rank=rank, exact=True)
-        check_calls(forward, {"all_gather": 1}, "gather forward", rank)
-        check_calls(backward, {}, "gather backward", rank)
+        check_calls(forward, {"all_gather": 1}, "gather forward", rank, t)
+        check_calls(backward, {}, "gather backward", rank, t)
 
 
 # -- the parallel linear layers against torch.nn.Linear ------------------------------------
@@ -137,6 +151,7 @@ def run_layer(comm, seed, dtype, make_layer, x_of, dy_of):
     """
     reference = single_device_linear(seed, H, F, dtype) if make_layer[0] == "column" else \
         single_device_linear(seed, F, H, dtype)
+    source = {name: p.detach().clone() for name, p in reference.named_parameters()}
     layer = make_layer[1](reference, comm)
     rng = rank_rng(seed + 1, 0)
     x_full = random_array(rng, (B, T, reference.in_features))
@@ -147,20 +162,35 @@ def run_layer(comm, seed, dtype, make_layer, x_of, dy_of):
     comm.meter.reset()
     y = layer(x)
     forward = calls(comm)
-    (y * dy_of(dy_full, comm.rank)).sum().backward()
+    dy = dy_of(dy_full, comm.rank).detach().clone()
+    backward_with(y, dy)
     backward = calls(comm)
     grads = (x.grad, layer.weight.grad, layer.bias.grad)
-    for module in (reference, layer):
-        torch.optim.SGD(module.parameters(), lr=0.1).step()
+    # one SGD step on the parallel layer only: the single-device layer it was built from
+    # must not move (a from_linear that shares storage with it would drag it along)
+    torch.optim.SGD(layer.parameters(), lr=0.1).step()
+    for name, p in reference.named_parameters():
+        assert torch.equal(p.detach(), source[name]), (
+            f"rank {comm.rank}: an optimizer step on the parallel layer changed the source nn.Linear's "
+            f"{name}: from_linear must copy the shard (e.g. .clone()), not keep a view of it")
+    with torch.no_grad():
+        w_ref, b_ref = (source["weight"] - 0.1 * reference.weight.grad, source["bias"] - 0.1 * reference.bias.grad)
     return dict(y=y.detach(), y_ref=y_ref.detach(), dx=grads[0], dx_ref=x_ref.grad, dw=grads[1],
                 dw_ref=reference.weight.grad, db=grads[2], db_ref=reference.bias.grad,
-                w=layer.weight.detach(), w_ref=reference.weight.detach(), b=layer.bias.detach(),
-                b_ref=reference.bias.detach(), forward=forward, backward=backward)
+                w=layer.weight.detach(), w_ref=w_ref, b=layer.bias.detach(),
+                b_ref=b_ref, bias_full=source["bias"], forward=forward, backward=backward)
 
 
-def compare(r, rank, y_ref, dx_ref, rows, cols, bias_block, what):
+def compare(r, rank, y_ref, dx_ref, rows, cols, bias_block, what, t=1):
     """This rank's block of every single-device quantity, after one optimizer step too."""
-    assert_matches_reference(r["y"], y_ref, name=f"{what} Y", rank=rank)
+    try:
+        assert_matches_reference(r["y"], y_ref, name=f"{what} Y", rank=rank)
+    except AssertionError as error:
+        extra = r["y"].double() - y_ref.double() - (t - 1) * r["bias_full"].double()
+        if t > 1 and what == "row-parallel" and extra.abs().max() < 1e-4 * max(1.0, y_ref.abs().max().item()):
+            raise AssertionError(f"{error}\nHint: Y - Y_ref = (t-1)*b: the bias was added on every rank "
+                                 "before the all-reduce. Add it once, after the reduction") from None
+        raise
     assert_matches_reference(r["dx"], dx_ref, name=f"{what} dX", rank=rank)
     assert_matches_reference(r["dw"], r["dw_ref"][rows, cols], name=f"{what} dW (local shard)", rank=rank)
     assert_matches_reference(r["db"], r["db_ref"][bias_block], name=f"{what} db", rank=rank)
@@ -180,8 +210,8 @@ def test_column_parallel_linear_equals_nn_linear(impl, t, gather_output):
             block = slice(rank * n, (rank + 1) * n)
             y_ref = r["y_ref"] if gather_output else r["y_ref"][..., block]
             compare(r, rank, y_ref, r["dx_ref"], block, slice(None), block, "column-parallel")
-            check_calls(r["forward"], {"all_gather": 1} if gather_output else {}, "column forward", rank)
-            check_calls(r["backward"], {"all_reduce": 1}, "column backward (f)", rank)
+            check_calls(r["forward"], {"all_gather": 1} if gather_output else {}, "column forward", rank, t)
+            check_calls(r["backward"], {"all_reduce": 1}, "column backward (f)", rank, t)
 
 
 @pytest.mark.parametrize("input_is_parallel", [True, False])
@@ -196,9 +226,9 @@ def test_row_parallel_linear_equals_nn_linear(impl, t, input_is_parallel):
             block = slice(rank * n, (rank + 1) * n)
             dx_ref = r["dx_ref"][..., block] if input_is_parallel else r["dx_ref"]
             # the bias is replicated and added once: its gradient is the full db on every rank
-            compare(r, rank, r["y_ref"], dx_ref, slice(None), block, slice(None), "row-parallel")
-            check_calls(r["forward"], {"all_reduce": 1}, "row forward (g)", rank)
-            check_calls(r["backward"], {} if input_is_parallel else {"all_gather": 1}, "row backward", rank)
+            compare(r, rank, r["y_ref"], dx_ref, slice(None), block, slice(None), "row-parallel", t)
+            check_calls(r["forward"], {"all_reduce": 1}, "row forward (g)", rank, t)
+            check_calls(r["backward"], {} if input_is_parallel else {"all_gather": 1}, "row backward", rank, t)
 
 
 @pytest.mark.parametrize("t", WORLD_SIZES)
@@ -220,5 +250,5 @@ def test_column_then_row_is_the_megatron_mlp_with_one_all_reduce_each_way(impl, 
     for rank, (y, y_ref, dx, dx_ref, forward, backward) in enumerate(run_graded(on_rank, t)):
         assert_matches_reference(y, y_ref, name="MLP Y", rank=rank)
         assert_matches_reference(dx, dx_ref, name="MLP dX", rank=rank)
-        check_calls(forward, {"all_reduce": 1}, "MLP forward", rank)
-        check_calls(backward, {"all_reduce": 1}, "MLP backward", rank)
+        check_calls(forward, {"all_reduce": 1}, "MLP forward", rank, t)
+        check_calls(backward, {"all_reduce": 1}, "MLP backward", rank, t)
