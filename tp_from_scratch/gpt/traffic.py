@@ -18,7 +18,8 @@ from collections import defaultdict
 import torch.distributed as dist
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-               "reduce_scatter_tensor", "broadcast", "all_to_all", "all_to_all_single")
+               "reduce_scatter_tensor", "reduce_scatter_single", "broadcast", "all_to_all",
+               "all_to_all_single")
 
 
 class CollectiveCounter:

@@ -39,7 +39,7 @@ SEQUENCE_DIM = 1  # activations are (B, T, H)
 def reduce_scatter(group, x, dim=SEQUENCE_DIM):
     """The sum of ``x`` over the ranks, then this rank's array_split chunk of ``dim``; a new tensor.
 
-    On a Comm: the ring reduce-scatter of Lesson 2. On a ProcessGroup: reduce_scatter_tensor
+    On a Comm: the ring reduce-scatter of Lesson 2. On a ProcessGroup: reduce_scatter_single
     when t divides the length (gloo emulates it with an all-reduce, so its bytes are not the
     ring's; measure ours on a Comm), otherwise an all-reduce and this rank's chunk.
     """
@@ -52,7 +52,8 @@ def reduce_scatter(group, x, dim=SEQUENCE_DIM):
         return split(group, all_reduce(group, x), dim)
     full = x.detach().movedim(dim, 0).contiguous()
     out = torch.empty((full.shape[0] // t, *full.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.reduce_scatter_tensor(out, full, group=group)
+    # reduce_scatter_single is the newer name of reduce_scatter_tensor (as in comm/native.py)
+    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, full, group=group)
     return out.movedim(0, dim).contiguous()
 
 
