@@ -1,5 +1,7 @@
 """Activation memory, measured: the bytes each transformer block saves for backward.
 
+    python -m tp_from_scratch.sequence_parallel.memory    # the table, measured vs formula, t = 1..8
+
 ``saved_bytes_per_block(model, idx, targets)`` runs one forward under
 ``torch.autograd.graph.saved_tensors_hooks``: every tensor autograd keeps for backward passes
 through the pack hook, which books the bytes of its storage once (q, k and v reading the same
@@ -148,3 +150,23 @@ def measure_block_memory(config, batch, seq, ts=(1, 2, 4), dtype=torch.float32, 
                                                             recompute_attention=recompute).values())}
                      for r, m in enumerate(per_rank)]
     return rows
+
+
+def main(batch=4, seq=32, ts=(1, 2, 4, 8)):
+    """Print measured and predicted bytes per block for the trainer's default GPT (float32)."""
+    from tp_from_scratch.gpt.model import GPTConfig
+
+    rows = measure_block_memory(GPTConfig(), batch, seq, ts)
+    print(f"bytes saved for backward per block, GPTConfig() defaults, B={batch}, T={seq}, float32 (rank 0)")
+    print(f"{'model':<16} {'t':>2} {'measured':>10} {'formula':>10} {'ratio':>6} {'of t=1':>7}")
+    first = {}
+    for r in rows:
+        assert all(m == r["formula"] for m in r["measured"]), r  # every block, every rank
+        if r["rank"] == 0:
+            first.setdefault(r["model"], r["measured"][0])
+            print(f"{r['model']:<16} {r['t']:>2} {r['measured'][0]:>10,} {r['formula']:>10,} "
+                  f"{r['measured'][0] / r['formula']:>6.3f} {r['measured'][0] / first[r['model']]:>7.1%}")
+
+
+if __name__ == "__main__":
+    main()
