@@ -105,8 +105,11 @@ def single_device(config, full):
     return model.eval()
 
 
-def parse_prompt(text, config, seed):
-    if text:
+def parse_prompt(text, config, seed, as_text=None):
+    if as_text is not None:  # a byte-level model (--data text): the prompt's UTF-8 bytes
+        from tp_from_scratch.gpt.text import encode
+        ids = encode(as_text)
+    elif text:
         ids = [int(t) for t in text.split(",")]
     else:
         ids = torch.randint(config.vocab_size, (8,), generator=torch.Generator().manual_seed(seed)).tolist()
@@ -119,13 +122,16 @@ def parse_prompt(text, config, seed):
 def run_generate(args, group, rank, tp):
     config, full = load_model(args)
     config.validate(tp)
-    prompt = parse_prompt(args.prompt, config, args.seed)
+    prompt = parse_prompt(args.prompt, config, args.seed, args.text)
     model = (gpt_to_tp(group, full, config) if tp > 1 else single_device(config, full)).eval()
     kw = dict(sample=args.sample, seed=args.seed, temperature=args.temperature, top_k=args.top_k)
     ids = generate(model, prompt, args.new_tokens, **kw)
     if rank == 0:
         print(f"{config.arch}, tp={tp}, {args.dtype}, {'sampled' if args.sample else 'greedy'}: "
               f"{','.join(map(str, ids[0].tolist()))}", flush=True)
+        if args.text is not None:
+            from tp_from_scratch.gpt.text import decode
+            print(decode(ids[0].tolist()), flush=True)
     if args.compare_single and rank == 0:
         ref = generate(single_device(config, full), prompt, args.new_tokens, **kw)
         same = torch.equal(ids, ref)
@@ -173,6 +179,7 @@ def build_parser():
     src.add_argument("--load", help="our checkpoint root or single-device .pt (convert.py import writes both)")
     src.add_argument("--hf", help="a Hugging Face save_pretrained directory (GPT-2 or Llama)")
     p.add_argument("--prompt", help="comma-separated token ids (default: 8 random ids from --seed)")
+    p.add_argument("--text", help="a text prompt, as UTF-8 bytes (a model trained with --data text)")
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--sample", action="store_true", help="seeded sampling instead of greedy")
     p.add_argument("--temperature", type=float, default=1.0)

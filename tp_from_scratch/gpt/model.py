@@ -83,6 +83,7 @@ class GPTConfig:
     mlp: str = None             # "gelu" (fc, proj) or "swiglu" (gate, up, down)
     bias: bool = None           # biases on the linear layers
     key_bias: bool = None       # a bias on k as well (GPT-2 has one; softmax ignores it, see Attention)
+    causal: bool = True         # False: every position attends to every other (the ViT, gpt/vit.py)
 
     def __post_init__(self):
         if self.ffn == 0:
@@ -188,7 +189,7 @@ class _LayerCache:
         return c.k[i], c.v[i]                          # (B, nkv, T_seen, hs)
 
 
-def causal_self_attention(q, k, v, head_size, rope=None, cache=None):
+def causal_self_attention(q, k, v, head_size, rope=None, cache=None, causal=True):
     """softmax(q k^T / sqrt(hs) + causal mask) v for the heads this rank holds.
 
     q (B, T, nq*hs), k and v (B, T, nkv*hs) -> (B, T, nq*hs). The head counts are read off
@@ -196,7 +197,7 @@ def causal_self_attention(q, k, v, head_size, rope=None, cache=None):
     the q heads of a shard use exactly the kv heads of the same shard (Sharded by heads; one
     replicated KV head when nkv < t). ``rope``: (cos, sin) of the T new positions, applied
     to q and k per head. ``cache``: a layer of a KVCache; the T new tokens come after the
-    ones it holds and attend to them too.
+    ones it holds and attend to them too. ``causal=False``: no mask (bidirectional).
     """
     B, T, _ = q.shape
     q = q.view(B, T, -1, head_size).transpose(1, 2)   # (B, nq, T, hs)
@@ -212,9 +213,11 @@ def causal_self_attention(q, k, v, head_size, rope=None, cache=None):
     k = k.repeat_interleave(group, dim=1)              # (B, nq, Tk, hs)
     v = v.repeat_interleave(group, dim=1)              # (B, nq, Tk, hs)
     att = (q @ k.transpose(-2, -1)) * head_size ** -0.5  # (B, nq, T, Tk)
-    # new token i sits at position Tk - T + i and sees keys 0 .. Tk - T + i
-    mask = torch.ones(T, Tk, dtype=torch.bool, device=q.device).tril(diagonal=Tk - T)
-    att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    if causal:
+        # new token i sits at position Tk - T + i and sees keys 0 .. Tk - T + i
+        mask = torch.ones(T, Tk, dtype=torch.bool, device=q.device).tril(diagonal=Tk - T)
+        att = att.masked_fill(~mask, float("-inf"))
+    att = att.softmax(dim=-1)
     y = att @ v                                        # (B, nq, T, hs)
     return y.transpose(1, 2).reshape(B, T, -1)         # (B, T, nq*hs)
 
@@ -239,6 +242,7 @@ class Attention(nn.Module):
         self.head_size = hs
         self.rope = config.position == "rope"
         self.rope_theta = config.rope_theta
+        self.causal = config.causal
         # q, k and v read one input: in TP a single f (copy_in) serves all three, so backward
         # all-reduces their summed input gradient once per block instead of three times
         self.copy_in = copy_in or (lambda x: x)
@@ -259,7 +263,7 @@ class Attention(nn.Module):
             start = 0 if cache is None else cache.start()
             positions = torch.arange(start, start + x.shape[1], device=x.device)
             rope = rope_tables(positions, self.head_size, self.rope_theta, x.dtype)
-        y = causal_self_attention(self.q(x), self.k(x), self.v(x), self.head_size, rope, cache)
+        y = causal_self_attention(self.q(x), self.k(x), self.v(x), self.head_size, rope, cache, self.causal)
         return self.o(y)                                # (B, T, H)
 
 
@@ -381,6 +385,29 @@ def kv_replicas(config, tp):
     return max(1, tp // config.n_kv_heads)
 
 
+def tp_layer_factories(config, group, dtype=torch.float32, device=None):
+    """(column, row, copy_in): the tensor-parallel layers a Block is built from, on ``group``.
+
+    Parameters are created empty (init=False), to be filled from full weights (load_state_dict
+    of a shard_state_dict).
+    """
+    kw = dict(dtype=dtype, device=device, init=False)
+    replicas = kv_replicas(config, tp_world_size(group))
+
+    def column(n_in, n_out, bias=True, input_is_copied=False, kv=False):
+        # W[out_t, in]: output Sharded; k and v replicate a KV head when nkv < t
+        return ColumnParallelLinear(n_in, n_out, bias, group=group, input_is_copied=input_is_copied,
+                                    replicas=replicas if kv else 1, **kw)
+
+    def row(n_in, n_out, bias=True):  # W[out, in_t]: input Sharded, output Partial -> all-reduced
+        return RowParallelLinear(n_in, n_out, bias=bias, input_is_parallel=True, group=group, **kw)
+
+    def copy_in(x):  # f, shared by the q, k and v column layers of a block
+        return copy_to_tp_region(group, x)
+
+    return column, row, copy_in
+
+
 class TensorParallelGPT(nn.Module):
     """The GPT with its heads, ffn and vocabulary split over the ranks of ``group``.
 
@@ -396,19 +423,7 @@ class TensorParallelGPT(nn.Module):
         config.validate(tp)
         self.config, self.group = config, group
         kw = dict(dtype=dtype, device=device, init=False)
-        replicas = kv_replicas(config, tp)
-
-        def column(n_in, n_out, bias=True, input_is_copied=False, kv=False):
-            # W[out_t, in]: output Sharded; k and v replicate a KV head when nkv < t
-            return ColumnParallelLinear(n_in, n_out, bias, group=group, input_is_copied=input_is_copied,
-                                        replicas=replicas if kv else 1, **kw)
-
-        def row(n_in, n_out, bias=True):  # W[out, in_t]: input Sharded, output Partial -> all-reduced
-            return RowParallelLinear(n_in, n_out, bias=bias, input_is_parallel=True, group=group, **kw)
-
-        def copy_in(x):  # f, shared by the q, k and v column layers of a block
-            return copy_to_tp_region(group, x)
-
+        column, row, copy_in = tp_layer_factories(config, group, dtype, device)
         local = dict(dtype=dtype, device=device)
         self.wte = VocabParallelEmbedding(config.vocab_size, config.hidden, group=group, **kw)  # (V/t, H)
         if config.position == "learned":

@@ -1,0 +1,193 @@
+"""A tensor-parallel vision transformer: the GPT's Block on image patches, trained on digits.
+
+    python -m tp_from_scratch.gpt.vit                      # one device
+    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.vit --compare-single
+
+Nothing in the TP layers knows about language. The ViT is the same Block (same column and
+row layers, same f and g) with three changes around it:
+
+    image (B, 8, 8) --patches--> (B, P, p*p) --patch embedding--> (B, P, H)
+    prepend a class token, add learned positions    -> (B, P+1, H)   Replicated
+    blocks with causal=False (every patch sees every patch)
+    final norm, the class token's vector -> classifier (H -> 10 classes) -> cross-entropy
+
+The patch embedding, class token, positions and classifier are replicated, not split: each
+is tiny (p*p*H, H, (P+1)*H and 10*H numbers), and a column-parallel patch embedding would
+produce a Sharded(H) output that needs an all-gather before the residual stream, whose
+every block expects it Replicated: communication to save a few kilobytes. Their gradients
+are full on every rank already (the residual stream's gradient is Replicated once f's
+backward all-reduce has run), as for the GPT's position embedding.
+
+Data: scikit-learn's 8x8 handwritten digits (1,797 images, shipped inside the package, no
+download), pixel values / 16, a fixed seeded split of 360 test images.
+"""
+import argparse
+import os
+import sys
+from dataclasses import replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tp_from_scratch.gpt.model import (Block, GPTConfig, _linear, gather_state_dict, make_norm,
+                                       shard_state_dict, tp_layer_factories)
+from tp_from_scratch.nn.mappings import tp_rank, tp_world_size
+
+N_CLASSES = 10
+
+
+def vit_config(hidden=64, n_heads=4, n_layers=2, ffn=128):
+    """Block sizes of the ViT (vocab_size and seq_len are unused by it)."""
+    return GPTConfig(vocab_size=N_CLASSES, seq_len=17, n_layers=n_layers, hidden=hidden, n_heads=n_heads,
+                     n_kv_heads=n_heads, ffn=ffn, causal=False, gelu="erf")
+
+
+class ViT(nn.Module):
+    """forward(images (B, 8, 8), labels (B,) or None) -> (logits (B, 10), mean loss or None).
+
+    ``group``: None for the single-device model, else the TP group whose ranks split the
+    blocks' heads and ffn (tp_layer_factories); everything outside the blocks is replicated.
+    """
+
+    def __init__(self, config, patch=2, image=8, *, group=None, dtype=torch.float32):
+        super().__init__()
+        config.validate(1 if group is None else tp_world_size(group))
+        self.config, self.patch, self.group = config, patch, group
+        n_patches = (image // patch) ** 2
+        local = dict(dtype=dtype)
+        self.patch_embed = nn.Linear(patch * patch, config.hidden, **local)      # replicated
+        self.cls = nn.Parameter(torch.zeros(1, 1, config.hidden, **local))       # replicated
+        self.pos = nn.Parameter(torch.zeros(n_patches + 1, config.hidden, **local))
+        if group is None:
+            layers = (_linear, _linear, None)
+        else:
+            layers = tp_layer_factories(config, group, dtype)
+        self.blocks = nn.ModuleList(Block(config, *layers) for _ in range(config.n_layers))
+        for block in self.blocks:
+            block.to(**local)
+        self.ln_f = make_norm(config, **local)
+        self.head = nn.Linear(config.hidden, N_CLASSES, **local)                 # replicated
+
+    def forward(self, images, labels=None):
+        B, S, _ = images.shape
+        p = self.patch
+        patches = images.reshape(B, S // p, p, S // p, p).transpose(2, 3).reshape(B, -1, p * p)  # (B, P, p*p)
+        x = self.patch_embed(patches)                                   # (B, P, H)
+        x = torch.cat([self.cls.expand(B, 1, -1), x], dim=1) + self.pos  # (B, P+1, H)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x[:, 0]))                          # (B, 10) Replicated
+        if labels is None:
+            return logits, None
+        return logits, F.cross_entropy(logits, labels)
+
+
+def init_vit(config, seed, dtype=torch.float32):
+    """A single-device ViT with reproducible N(0, 0.02) weights, zero biases, unit norms."""
+    model = ViT(config, dtype=dtype)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif ".ln" in name or name.startswith("ln_f"):
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.02)
+    return model
+
+
+def vit_to_tp(group, model):
+    """This rank's TP ViT holding its shard of ``model``'s weights (no communication)."""
+    tp_model = ViT(model.config, model.patch, group=group, dtype=next(model.parameters()).dtype)
+    tp_model.load_state_dict(shard_state_dict(model.state_dict(), tp_world_size(group), tp_rank(group),
+                                              model.config))
+    return tp_model
+
+
+def digits(seed=0, n_test=360):
+    """(train images (N, 8, 8), train labels, test images, test labels) of sklearn's digits."""
+    from sklearn.datasets import load_digits
+    data = load_digits()
+    images = torch.tensor(data.images, dtype=torch.float64) / 16.0
+    labels = torch.tensor(data.target, dtype=torch.int64)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    test, train = order[:n_test], order[n_test:]
+    return images[train], labels[train], images[test], labels[test]
+
+
+def batch(step, batch_size, n, seed):
+    """Indices of step's minibatch: a fresh seeded permutation every epoch."""
+    per_epoch = n // batch_size
+    epoch, i = divmod(step, per_epoch)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+    return order[i * batch_size:(i + 1) * batch_size]
+
+
+def train_vit(model, steps, data, batch_size=64, lr=3e-3, seed=0, weight_decay=0.0):
+    """AdamW steps on the digits; returns the list of per-step losses (Python floats)."""
+    x_train, y_train, _, _ = data
+    dtype = next(model.parameters()).dtype
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay,
+                                  foreach=False)
+    losses = []
+    for step in range(steps):
+        idx = batch(step, batch_size, len(y_train), seed)
+        optimizer.zero_grad(set_to_none=True)
+        _, loss = model(x_train[idx].to(dtype), y_train[idx])
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+@torch.no_grad()
+def accuracy(model, images, labels):
+    logits, _ = model(images.to(next(model.parameters()).dtype))
+    return (logits.argmax(dim=-1) == labels).double().mean().item()
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m tp_from_scratch.gpt.vit", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compare-single", action="store_true", help="rank 0 also trains on one device")
+    args = p.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    group, rank = None, 0
+    if world > 1:
+        import torch.distributed as dist
+        from tp_from_scratch.comm.process_group import init_process_group
+        init_process_group("cpu")
+        group, rank = dist.group.WORLD, dist.get_rank()
+    data = digits(args.seed)
+    config = vit_config()
+    single = init_vit(config, args.seed, dtype)
+    model = single if group is None else vit_to_tp(group, init_vit(config, args.seed, dtype))
+    losses = train_vit(model, args.steps, data, seed=args.seed)
+    acc = accuracy(model, data[2], data[3])
+    status = 0
+    if rank == 0:
+        print(f"ViT tp={world}: {args.steps} steps, final loss {losses[-1]:.4f}, test accuracy {acc:.2%} "
+              f"({len(data[3])} images)", flush=True)
+        if args.compare_single and group is not None:
+            from tp_from_scratch.compare import TOLERANCE
+            ref = train_vit(single, args.steps, data, seed=args.seed)
+            worst = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(losses, ref))
+            ok = worst <= TOLERANCE[args.dtype]
+            print(f"single device: final loss {ref[-1]:.4f}, test accuracy {accuracy(single, data[2], data[3]):.2%}; "
+                  f"largest relative loss difference over {args.steps} steps {worst:.1e} "
+                  f"({'equal' if ok else 'DIFFERS'} at the {args.dtype} tolerance)", flush=True)
+            status = 0 if ok else 1
+    if group is not None:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()
