@@ -35,6 +35,6 @@ def vocab_parallel_cross_entropy(group, local_logits, target, ignore_index=-100,
     target: (N..), global ids, the same on every rank; entries equal to ignore_index do not count.
     vocab_start: the first id of this rank's block (the graders always pass it).
     Return a scalar tensor, the same on every rank, whose gradient w.r.t. local_logits is this
-    rank's block of the single-device gradient. Do not modify local_logits.
+    rank's block of the single-device gradient. Do not modify local_logits or target.
     """
     raise NotImplementedError("Exercise 6 (vocab_parallel_cross_entropy): see lessons/05_autograd_tensor_parallel.ipynb")
