@@ -36,6 +36,8 @@ KNOWN_WRONG_TARGETS = {
     "g_without_all_reduce": ("g", "forward"),
     "row_bias_on_every_rank": ("row", "forward"),
     "scatter_backward_keeps_own_chunk": ("scatter", "grad input"),
+    "f_backward_writes_into_grad": ("f", "inputs untouched"),
+    "from_linear_shares_storage": ("row", "inputs untouched"),
 }
 
 # What the suite finds in PyTorch 2.13's DTensor TP: the embedding's weight gradient comes back
@@ -98,7 +100,8 @@ def _load(path):
 
 def test_each_known_wrong_exercise_fails_its_targeted_check_through_the_adapter_api():
     paths = sorted(KNOWN_WRONG.glob("*.py"))
-    assert {p.stem for p in paths} == set(KNOWN_WRONG_TARGETS), "give each known-wrong file its target"
+    untargeted = {p.stem for p in paths} - set(KNOWN_WRONG_TARGETS)
+    assert not untargeted and len(paths) >= 4, f"give {sorted(untargeted)} a target in KNOWN_WRONG_TARGETS"
     # the adapter itself is right: the reference passes every check it reaches
     reference = exercise_adapter(load_implementation("ex05", "reference"), "reference")
     rows = merge(run_spmd(run_suite, 2, reference, dtypes=(torch.float64,)))

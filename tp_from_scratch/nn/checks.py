@@ -61,6 +61,17 @@ def _step(module, optimizer):
     OPTIMIZERS[optimizer](list(module.parameters())).step()
 
 
+def _step_apart(judge, rank, layer, reference, optimizer):
+    """Step the parallel layer, check that its single-device source did not move with it (the
+    shard must be a copy, not a view), then step the source too."""
+    kept = [p.detach().clone() for p in reference.parameters()]
+    _step(layer, optimizer)
+    for (name, p), before in zip(reference.named_parameters(), kept):
+        judge.match(p.detach(), before, name=f"source {name} untouched by the layer's step",
+                    rank=rank, exact=True)
+    _step(reference, optimizer)
+
+
 class Strict:
     """How a check reports: raise at the first mismatch (tests, exercises, this module's torchrun run).
 
@@ -143,7 +154,7 @@ def check_column_parallel_linear(group, dtype=torch.float64, seed=0, *, in_featu
     if bias:
         judge.match(layer.bias.grad, reference.bias.grad[lo:hi], name="db", rank=rank)
     check_untouched_and_fresh(judge, rank, y_tp, X=(x_tp, _tensor(x, dtype, device)), dY=(dy_tp, dy_kept))
-    _step(reference, optimizer), _step(layer, optimizer)
+    _step_apart(judge, rank, layer, reference, optimizer)
     judge.match(layer.weight, reference.weight[lo:hi], name=f"W after {optimizer}", rank=rank)
     if bias:
         judge.match(layer.bias, reference.bias[lo:hi], name=f"b after {optimizer}", rank=rank)
@@ -186,7 +197,7 @@ def check_row_parallel_linear(group, dtype=torch.float64, seed=0, *, in_features
         judge.match(layer.bias.grad, reference.bias.grad, name="db", rank=rank)
     check_untouched_and_fresh(judge, rank, y_tp, X=(x_tp, _tensor(x_local, dtype, device)),
                               dY=(dy_tp, _tensor(dy, dtype, device)))
-    _step(reference, optimizer), _step(layer, optimizer)
+    _step_apart(judge, rank, layer, reference, optimizer)
     judge.match(layer.weight, reference.weight[:, lo:hi], name=f"W after {optimizer}", rank=rank)
     if bias:
         judge.match(layer.bias, reference.bias, name=f"b after {optimizer}", rank=rank)
@@ -250,7 +261,7 @@ def check_vocab_parallel_embedding(group, dtype=torch.float64, seed=0, *, vocab=
     judge.match(out, reference(ids), name="embedding rows", rank=rank, exact=True)
     judge.match(layer.weight.grad, reference.weight.grad[lo:hi], name="dE", rank=rank)
     check_untouched_and_fresh(judge, rank, out, ids=(ids, ids_kept), dY=(dy, dy_kept))
-    _step(reference, optimizer), _step(layer, optimizer)
+    _step_apart(judge, rank, layer, reference, optimizer)
     judge.match(layer.weight, reference.weight[lo:hi], name=f"E after {optimizer}", rank=rank)
 
 

@@ -156,45 +156,44 @@ class _Factory:
 
 @dataclass
 class Case:
-    """One run of a check function; split=True files each quantity under its own row."""
+    """One run of a check function; with check None, each quantity gets its own row."""
     component: str
-    check: str
+    check: str                  # the row's name, or None: "forward", "grad weight", ... by quantity
     run: object                 # run(group, dtype, judge, adapter)
     expected: str = None        # key of EXPECTED, when the collective count is checked
     needs: tuple = ()           # features the adapter must declare
-    split: bool = False
 
 
-def _linear_case(component, check, expected=None, needs=(), split=False, **options):
+def _linear_case(component, check, expected=None, needs=(), **options):
     def run(group, dtype, judge, adapter):
         check_fn = (checks.check_column_parallel_linear if component == "column"
                     else checks.check_row_parallel_linear)
         check_fn(group, dtype, layer_cls=_Factory(getattr(adapter, component)),
                  layout=adapter.layout, judge=judge, **options)
-    return Case(component, check, run, expected, needs, split)
+    return Case(component, check, run, expected, needs)
 
 
-def _embedding_case(check, expected=None, needs=(), split=False, **options):
+def _embedding_case(check, expected=None, needs=(), **options):
     def run(group, dtype, judge, adapter):
         checks.check_vocab_parallel_embedding(group, dtype, layer_cls=_Factory(adapter.embedding),
                                               layout=adapter.layout, judge=judge,
                                               **{"vocab": 12, **options})
-    return Case("embedding", check, run, expected, needs, split)
+    return Case("embedding", check, run, expected, needs)
 
 
-def _cross_entropy_case(check, expected=None, needs=(), split=False, **options):
+def _cross_entropy_case(check, expected=None, needs=(), **options):
     def run(group, dtype, judge, adapter):
         checks.check_vocab_parallel_cross_entropy(group, dtype, loss_fn=adapter.cross_entropy,
                                                   layout=adapter.layout, judge=judge,
                                                   **{"vocab": 12, "ignored": 0.0, **options})
-    return Case("cross-entropy", check, run, expected, needs, split)
+    return Case("cross-entropy", check, run, expected, needs)
 
 
-def _mapping_case(kind, check, expected=None, split=False, **options):
+def _mapping_case(kind, check, expected=None, **options):
     def run(group, dtype, judge, adapter):
         check_mapping(group, dtype, kind=kind, fn=getattr(adapter, kind), layout=adapter.layout,
                       judge=judge, **options)
-    return Case(kind, check, run, expected, (), split)
+    return Case(kind, check, run, expected)
 
 
 def _init_case(component):
@@ -212,7 +211,7 @@ def all_cases():
     cases = []
     for component, parallel_input in (("column", "gather_output"), ("row", "scatter_input")):
         cases += [
-            _linear_case(component, None, component, split=True),
+            _linear_case(component, None, component),
             _linear_case(component, "AdamW step", optimizer="adamw"),
             _linear_case(component, "2-D input", batch=(6,)),
             _linear_case(component, "4-D input", batch=(2, 2, 3)),
@@ -227,7 +226,7 @@ def all_cases():
                                       needs=(parallel_input,), input_is_parallel=False))
         cases.append(_init_case(component))
     cases += [
-        _embedding_case(None, "embedding", split=True),
+        _embedding_case(None, "embedding"),
         _embedding_case("AdamW step", optimizer="adamw"),
         _embedding_case("1-D ids", ids_shape=(7,)),
         _embedding_case("3-D ids", ids_shape=(2, 3, 4)),
@@ -236,11 +235,11 @@ def all_cases():
         _init_case("embedding"),
     ]
     for kind in ("f", "g", "scatter", "gather"):
-        cases += [_mapping_case(kind, None, kind, split=True),
+        cases += [_mapping_case(kind, None, kind),
                   _mapping_case(kind, "2-D input", batch=(6,)),
                   _mapping_case(kind, "4-D input", batch=(2, 2, 3))]
     cases += [
-        _cross_entropy_case(None, "cross-entropy", split=True),
+        _cross_entropy_case(None, "cross-entropy"),
         _cross_entropy_case("ignore_index", needs=("ignore_index",), ignored=0.3),
         _cross_entropy_case("large logits (x1000)", scale=1e3),
         _cross_entropy_case("uneven sizes (V=13)", needs=("uneven",), vocab=13),
