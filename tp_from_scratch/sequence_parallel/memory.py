@@ -100,7 +100,7 @@ def block_activation_bytes(config, batch, seq, itemsize, tp=1, rank=0, sequence_
         "column-layer inputs": 2 * e * B * T_in * H,
         "q, k, v, o input": 4 * e * B * T * H // t,
         "softmax output": e * B * nh * T * T // t,
-        "causal mask": T * T,
+        "causal mask": T * T if getattr(config, "causal", True) else 0,
         "GeLU input, proj input": 2 * e * B * T * F // t,
     }
 

@@ -46,17 +46,17 @@ class RecomputedAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, head_size, rope, q, k, v):
-        ctx.head_size, ctx.rope = head_size, rope  # rope: the (cos, sin) tables, not learned
+    def forward(ctx, head_size, rope, causal, q, k, v):
+        ctx.head_size, ctx.rope, ctx.causal = head_size, rope, causal  # rope: (cos, sin) tables, not learned
         ctx.save_for_backward(q, k, v)
-        return causal_self_attention(q, k, v, head_size, rope)  # autograd records nothing in here
+        return causal_self_attention(q, k, v, head_size, rope, causal=causal)  # autograd records nothing here
 
     @staticmethod
     def backward(ctx, dy):
         q, k, v = (x.detach().requires_grad_() for x in ctx.saved_tensors)
         with torch.enable_grad():  # the forward again, this time recorded, then its backward
-            y = causal_self_attention(q, k, v, ctx.head_size, ctx.rope)
-        return (None, None, *torch.autograd.grad(y, (q, k, v), dy))
+            y = causal_self_attention(q, k, v, ctx.head_size, ctx.rope, causal=ctx.causal)
+        return (None, None, None, *torch.autograd.grad(y, (q, k, v), dy))
 
 
 class SequenceParallelBlock(nn.Module):
@@ -77,10 +77,11 @@ class SequenceParallelBlock(nn.Module):
         if attn.rope:  # attention sees every position after the gather: positions 0 .. T-1
             positions = torch.arange(sum(sizes), device=x.device)
             rope = rope_tables(positions, attn.head_size, attn.rope_theta, x.dtype)
+        causal = getattr(attn, "causal", True)
         if self.recompute_attention:
-            y = RecomputedAttention.apply(attn.head_size, rope, q, k, v)        # (B, T, nh/t*hs)
+            y = RecomputedAttention.apply(attn.head_size, rope, causal, q, k, v)  # (B, T, nh/t*hs)
         else:
-            y = causal_self_attention(q, k, v, attn.head_size, rope)
+            y = causal_self_attention(q, k, v, attn.head_size, rope, causal=causal)
         x = x + row_linear_to_sequence(group, y, attn.o)                        # (B, T_r, H)
         m = sequence_parallel_layer_norm(group, x, self.ln2)
         if mlp.swiglu:  # gate and up read one gathered input
