@@ -55,10 +55,11 @@ def parse(argv):
 
 
 def config_for(hidden, args):
-    """A GPT of hidden size H with heads of size 64 (at least 4 heads; kv heads = heads / 2)."""
-    heads = max(4, hidden // 64)
+    """A GPT of hidden size H with heads of about 64 (a multiple of 4 of them) and 4 KV heads,
+    so that every size splits over t = 2 and t = 4."""
+    heads = max(4, hidden // 64 // 4 * 4)
     return GPTConfig(vocab_size=args.vocab_size, seq_len=args.seq_len, n_layers=args.layers,
-                     hidden=hidden, n_heads=heads, n_kv_heads=heads // 2)
+                     hidden=hidden, n_heads=heads, n_kv_heads=4)
 
 
 def step(model, optimizer, x, y):
