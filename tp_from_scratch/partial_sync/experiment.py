@@ -38,22 +38,23 @@ DATA_SEED = 0            # the chain and its samples: the same tokens in every r
 VALIDATION_STEP = 10**6  # held-out batches are "steps" no run trains on
 MEASUREMENTS = Path(__file__).resolve().parents[2] / "lessons" / "measurements"
 
+# controls: (tp, p) trained WITHOUT the sqrt(t) on the private channels, to see what the scaling does
 FULL = dict(tps=(2, 4), fractions=(1.0, 0.75, 0.5, 0.25, 0.0), seeds=(0, 1, 2), steps=200,
-            config=dict(), batch=8, val_batches=16, timing_steps=4)
+            config=dict(), batch=8, val_batches=16, timing_steps=4, controls=((4, 0.5), (4, 0.0)))
 QUICK = dict(tps=(2,), fractions=(1.0, 0.5, 0.0), seeds=(0,), steps=40,
              config=dict(hidden=32, n_heads=4, n_kv_heads=2, seq_len=16), batch=8, val_batches=4, timing_steps=2)
 
 
-def validation_loss(gpt, config, t, p, batches, batch_size):
+def validation_loss(gpt, config, t, p, batches, batch_size, scale_private=True):
     """Mean cross-entropy of the t-stream model on the held-out batches."""
     with torch.no_grad():
         losses = [t_stream_forward(gpt, *global_batch(VALIDATION_STEP + i, batch_size, config.seq_len,
-                                                       config.vocab_size, DATA_SEED), t, p)[1].item()
+                                                       config.vocab_size, DATA_SEED), t, p, scale_private)[1].item()
                   for i in range(batches)]
     return sum(losses) / len(losses)
 
 
-def train_streams(config, t, p, seed, steps, batch_size, lr=3e-3):
+def train_streams(config, t, p, seed, steps, batch_size, lr=3e-3, scale_private=True):
     """Train the t-stream model from init seed ``seed``; returns (trained GPT, train losses)."""
     gpt = init_gpt(config, seed)
     optimizer = torch.optim.AdamW(gpt.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0, foreach=False)
@@ -61,7 +62,7 @@ def train_streams(config, t, p, seed, steps, batch_size, lr=3e-3):
     for step in range(steps):
         x, y = global_batch(step, batch_size, config.seq_len, config.vocab_size, DATA_SEED)
         optimizer.zero_grad(set_to_none=True)
-        _, loss = t_stream_forward(gpt, x, y, t, p)
+        _, loss = t_stream_forward(gpt, x, y, t, p, scale_private)
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
@@ -113,6 +114,16 @@ def run(plan, log=print):
             log(f"tp={t} p={p:<4} k={row['synced_channels']:>3}  bytes/step {nbytes:>10,}  "
                 f"step {row['step_time_ms']:6.1f} ms  held-out loss {row['val_loss_mean']:.4f} "
                 f"± {row['val_loss_std']:.4f}  ({time.perf_counter() - t0:.0f} s)")
+    results["controls"] = []
+    for t, p in plan.get("controls", ()):
+        vals = [validation_loss(train_streams(config, t, p, seed, plan["steps"], plan["batch"], scale_private=False)[0],
+                                config, t, p, plan["val_batches"], plan["batch"], scale_private=False)
+                for seed in plan["seeds"]]
+        results["controls"].append({"tp": t, "p": p, "scale_private": False, "val_loss_mean": statistics.mean(vals),
+                                    "val_loss_std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+                                    "val_losses": vals})
+        log(f"control, no sqrt(t): tp={t} p={p:<4} held-out loss {results['controls'][-1]['val_loss_mean']:.4f} "
+            f"± {results['controls'][-1]['val_loss_std']:.4f}")
     for row in results["rows"]:
         full = next(r for r in results["rows"] if r["tp"] == row["tp"] and r["p"] == 1.0)
         row["bytes_relative"] = row["bytes_per_step"] / full["bytes_per_step"]
@@ -150,6 +161,9 @@ def table(results):
     for r in results["rows"]:
         lines.append(f"| {r['tp']} | {r['p']:g} | {r['bytes_relative']:.2f} | {r['step_time_ms']:.0f} | "
                      f"{r['val_loss_mean']:.4f} ± {r['val_loss_std']:.4f} |")
+    for c in results.get("controls", ()):
+        lines.append(f"| {c['tp']} | {c['p']:g}, no sqrt(t) (control) | | | "
+                     f"{c['val_loss_mean']:.4f} ± {c['val_loss_std']:.4f} |")
     return "\n".join(lines)
 
 

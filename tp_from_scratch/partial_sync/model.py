@@ -123,16 +123,20 @@ def _piece(name, full, t, s, config):
     return torch.tensor_split(full, t // r, dim=axis)[s // r]
 
 
-def streams_partial_reduce(partials, p):
-    """[partial_s (..., H)] -> [z_s]: z_s[:k] = sum over r, z_s[k:] = sqrt(t) partial_s[k:]."""
+def streams_partial_reduce(partials, p, scale_private=True):
+    """[partial_s (..., H)] -> [z_s]: z_s[:k] = sum over r, z_s[k:] = sqrt(t) partial_s[k:].
+
+    scale_private=False drops the sqrt(t): a control for the experiment, not the CAAT model.
+    """
     t, k = len(partials), synced_channels(partials[0].shape[-1], p)
     synced = partials[0][..., :k]
     for q in partials[1:]:
         synced = synced + q[..., :k]
-    return [torch.cat([synced, q[..., k:] * math.sqrt(t)], dim=-1) for q in partials]
+    scale = math.sqrt(t) if scale_private else 1.0
+    return [torch.cat([synced, q[..., k:] * scale], dim=-1) for q in partials]
 
 
-def _block_streams(block, xs, t, p, config):
+def _block_streams(block, xs, t, p, config, scale_private=True):
     def piece(module_name, param_name, s):
         full = block.get_submodule(module_name).get_parameter(param_name)
         return _piece(f"{module_name}.{param_name}", full, t, s, config)
@@ -148,26 +152,27 @@ def _block_streams(block, xs, t, p, config):
         v = F.linear(a, piece("attn.v", "weight", s), bias("attn.v", s))
         y = causal_self_attention(q, k, v, block.attn.head_size)
         parts.append(F.linear(y, piece("attn.o", "weight", s)))
-    hs = [x + z + block.attn.o.bias for x, z in zip(xs, streams_partial_reduce(parts, p))]
+    hs = [x + z + block.attn.o.bias for x, z in zip(xs, streams_partial_reduce(parts, p, scale_private))]
     parts = []
     for s, h in enumerate(hs):
         m = F.linear(block.ln2(h), piece("mlp.fc", "weight", s), bias("mlp.fc", s))
         m = F.gelu(m, approximate=block.mlp.approximate)
         parts.append(F.linear(m, piece("mlp.proj", "weight", s)))
-    return [h + z + block.mlp.proj.bias for h, z in zip(hs, streams_partial_reduce(parts, p))]
+    return [h + z + block.mlp.proj.bias for h, z in zip(hs, streams_partial_reduce(parts, p, scale_private))]
 
 
-def t_stream_forward(gpt, idx, targets, t, p):
+def t_stream_forward(gpt, idx, targets, t, p, scale_private=True):
     """The CAAT model of TP degree t on ONE device, with a single-device GPT's parameters.
 
     Returns (logits (B, T, V), mean cross-entropy or None): what the t ranks of CAATGPT compute
     together, stream s standing for rank s. At p = 1 every stream equals the GPT's own.
+    scale_private=False: the same without the sqrt(t) (the experiment's control only).
     """
     config = gpt.config
     x = gpt.wte(idx) + gpt.wpe(torch.arange(idx.shape[1], device=idx.device))
     xs = [x] * t
     for block in gpt.blocks:
-        xs = _block_streams(block, xs, t, p, config)
+        xs = _block_streams(block, xs, t, p, config, scale_private)
     name = "wte.weight" if config.tie_embeddings else "lm_head.weight"
     logits = torch.cat([F.linear(gpt.ln_f(x_s), _piece(name, gpt.head_weight(), t, s, config))
                         for s, x_s in enumerate(xs)], dim=-1)  # (B, T, V)
