@@ -207,8 +207,8 @@ def run(args, config, mesh):
               f"of {config.hidden} channels synced")
         print(f"TP bytes per step on rank 0: {_tp_bytes(counter, group, args) / n:,.0f} "
               f"({'ring messages sent' if args.collectives == 'scratch' else 'payloads handed to torch.distributed'});"
-              f" of which partial reduces {activation_bytes_per_step(config, args.batch_size // mesh.dp, mesh.tp, args.sync_fraction, itemsize):,} "
-              f"(p = 1: {activation_bytes_per_step(config, args.batch_size // mesh.dp, mesh.tp, 1.0, itemsize):,})")
+              f" the partial reduces' payload {activation_bytes_per_step(config, args.batch_size // mesh.dp, mesh.tp, args.sync_fraction, itemsize):,} "
+              f"(at p = 1: {activation_bytes_per_step(config, args.batch_size // mesh.dp, mesh.tp, 1.0, itemsize):,})")
         print(counter.table(n))
         if reference is not None:
             print(f"t-stream single-device comparison: {n - bad} of {n} steps equal")
