@@ -157,7 +157,7 @@ only then (Megatron-LM's `LinearWithGradAccumulationAndAsyncCommunication`).
 thread would make one rank two threads, which its deadlock diagnosis cannot follow).
 
 The arithmetic does not change, so the gradients are **bit-identical** to `ColumnParallelLinear`'s:"""),
-    new_code_cell("""from tp_from_scratch.overlap.check import check_async_layer
+    new_code_cell("""from tp_from_scratch.overlap.check_layer import check_async_layer
 run_spmd(check_async_layer, 3)  # raises if any output or gradient differs in a single bit
 print("AsyncColumnParallelLinear == ColumnParallelLinear, bit for bit, on 3 simulated ranks")"""),
     new_markdown_cell(r"""### Before and after, measured (torchrun, 2 ranks, 2 cores)

@@ -8,4 +8,5 @@
     linear.py       AsyncColumnParallelLinear: backward starts the dX all-reduce, computes
                     dW meanwhile, then waits (Megatron's overlap of the two)
     check.py        the claims above, checked on any backend (simulator, mpiexec, torchrun)
+    check_layer.py  the overlapping layer against the blocking one and nn.Linear
 """

@@ -6,26 +6,19 @@
 * every all-reduce algorithm (and the selector) equals the single-device sum, holds the same
   bits on every rank, and sends exactly what its formula says (algorithms.traffic);
 * all_reduce_async equals collectives.all_reduce bit for bit, with the same meter counts;
-* AsyncColumnParallelLinear's outputs and gradients equal ColumnParallelLinear's bit for bit
-  (and the single-device nn.Linear's within the tolerance policy), with the group being the
-  communicator (from-scratch collectives) and, under torchrun, the process group (native).
+* under torchrun also check_layer.check_async_layer: AsyncColumnParallelLinear equals
+  ColumnParallelLinear bit for bit, with the communicator and with the process group as group.
 Each rank prints one line; a failure brings the job down (spmd_main).
 """
 import sys
 
 import numpy as np
-import torch
-from torch import nn
 
 from tp_from_scratch import collectives
 from tp_from_scratch.comm import spmd_main
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.nn.linear import ColumnParallelLinear
-from tp_from_scratch.nn.mappings import tp_rank, tp_world_size
 from tp_from_scratch.overlap import algorithms as A
-from tp_from_scratch.overlap.linear import AsyncColumnParallelLinear
 from tp_from_scratch.overlap.nonblocking import all_reduce_async
-from tp_from_scratch.sharding import shard_range, shard_sizes
 from tp_from_scratch.testing import random_array, rank_rng
 
 SHAPES = [(), (7, 5), (1001,)]
@@ -89,63 +82,28 @@ def check_async(comm):
     return len(SHAPES)
 
 
-def check_async_layer(group, dtype=torch.float64, gather_output=False, seed=700):
-    """AsyncColumnParallelLinear vs ColumnParallelLinear: equal bits; vs nn.Linear: the policy.
-
-    Every rank builds the same nn.Linear (8 -> 12) and input X (3, 5, 8); rank r's upstream
-    gradient dY_r is its own (rank-distinct) block of the full dY.
-    """
-    t, rank = tp_world_size(group), tp_rank(group)
-    # not torch's RNG: simulated ranks are threads that would share (and race for) it
-    linear = nn.utils.skip_init(nn.Linear, 8, 12, dtype=dtype)
-    with torch.no_grad():
-        linear.weight.copy_(torch.tensor(random_array(rank_rng(seed + 2), (12, 8))))
-        linear.bias.copy_(torch.tensor(random_array(rank_rng(seed + 3), (12,))))
-    x0 = torch.tensor(random_array(rank_rng(seed, 0), (3, 5, 8)), dtype=dtype)
-    blocks = [torch.tensor(random_array(rank_rng(seed + 1, r), (3, 5, n)), dtype=dtype)
-              for r, n in enumerate(shard_sizes(12, t))]  # dY's column blocks, one per rank
-    full_dy = torch.cat(blocks, dim=-1)  # (3, 5, 12)
-    results = []
-    for cls in (ColumnParallelLinear, AsyncColumnParallelLinear):
-        layer = cls.from_linear(linear, group=group, gather_output=gather_output)
-        x = x0.clone().requires_grad_(True)
-        y = layer(x)
-        y.backward(full_dy if gather_output else blocks[rank])
-        results.append({"output": y.detach(), "grad of x": x.grad, "grad of weight": layer.weight.grad,
-                        "grad of bias": layer.bias.grad})
-    for name, got in results[1].items():
-        assert_matches_reference(got, results[0][name], name=f"async vs blocking layer: {name}", rank=rank, exact=True)
-    # the single-device layer: X's gradient sums every rank's block
-    x = x0.clone().requires_grad_(True)
-    full = linear(x)
-    full.backward(full_dy)
-    start, stop = shard_range(12, rank, t)
-    reference = {"output": full.detach() if gather_output else full.detach()[..., start:stop],
-                 "grad of x": x.grad, "grad of weight": linear.weight.grad[start:stop],
-                 "grad of bias": linear.bias.grad[start:stop]}
-    for name, got in results[1].items():
-        assert_matches_reference(got, reference[name], name=f"async layer vs nn.Linear: {name}", rank=rank)
-    return 8
-
-
-def run_checks(comm, group=None):
-    """Every check on ``comm`` (and the layer with ``group``, a ProcessGroup, if given)."""
+def run_checks(comm, with_torch=False):
+    """Every numpy check on ``comm``; with_torch: also the layer, with ``comm`` as its group and,
+    under torchrun, with the world process group (native collectives)."""
     n = check_algorithms(comm) + check_async(comm)
-    n += check_async_layer(comm)
-    if group is not None:
-        n += check_async_layer(group)
-        n += check_async_layer(group, dtype=torch.float32, gather_output=True)
+    if with_torch:
+        # imported only here: under mpiexec, torch's import alone costs each rank seconds
+        import torch
+        import torch.distributed as dist
+
+        from tp_from_scratch.overlap.check_layer import check_async_layer
+        n += check_async_layer(comm)
+        n += check_async_layer(dist.group.WORLD)
+        n += check_async_layer(dist.group.WORLD, dtype=torch.float32, gather_output=True)
     return n
 
 
 def main(comm):
-    group = None
-    if type(comm).__name__ == "TorchComm":
-        import torch.distributed as dist
-        group = dist.group.WORLD
-    n = run_checks(comm, group)
-    sys.stdout.write(f"rank {comm.rank}: all {n} overlap checks passed ({type(comm).__name__}"
-                     + (", and the native process group" if group is not None else "") + ")\n")
+    torchrun = type(comm).__name__ == "TorchComm"
+    n = run_checks(comm, with_torch=torchrun)
+    also = ", with the layer on it and on the native process group" if torchrun else \
+        "; the torch layer is checked under torchrun"
+    sys.stdout.write(f"rank {comm.rank}: all {n} overlap checks passed ({type(comm).__name__}{also})\n")
     sys.stdout.flush()
 
 
