@@ -127,3 +127,25 @@ def test_unsupported_checkpoints_are_refused_with_the_reason():
         convert.config_from_hf({"model_type": "llama", "rope_parameters": {"rope_type": "llama3"}})
     with pytest.raises(convert.ConversionError, match="only 'gpt2' and 'llama'"):
         convert.config_from_hf({"model_type": "bert"})
+
+
+def test_a_gpt2model_file_as_on_the_hub_imports(tmp_path):
+    # the hub's GPT-2 files were saved from GPT2Model: no "transformer." prefix, no lm_head
+    # (tied), and older ones carry the causal-mask buffers h.i.attn.bias / masked_bias
+    from safetensors.torch import save_file
+    hf = hf_models.gpt2(dtype=torch.float32)
+    sd = {k.removeprefix("transformer."): v.contiguous() for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    for i in range(hf.config.n_layer):
+        sd[f"h.{i}.attn.bias"] = torch.ones(1, 1, 16, 16).tril()
+        sd[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(hf.config.to_dict()))
+    config, full = convert.load_hf(tmp_path / "model.safetensors")
+    model = GPT(config)
+    model.load_state_dict(full)
+    x, _ = global_batch(0, 2, 16, 67, seed=2)
+    assert_matches_reference(model(x)[0], hf(input_ids=x).logits, name="logits of the hub-style file")
+    sd["h.0.attn.extra.weight"] = torch.zeros(2)
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    with pytest.raises(convert.ConversionError, match="no place in the model"):
+        convert.load_hf(tmp_path)
