@@ -63,8 +63,9 @@ def test_partial_reduce_forward_and_backward(impl, t, p):
                                  exact=True)
         assert_matches_reference(dx[..., k:], dzs[rank][..., k:] * math.sqrt(t),
                                  name="backward: private channels", rank=rank)
-        check_calls(fwd[0], calls, "forward", rank)
-        check_calls(bwd[0], calls, "backward", rank)
+        if t > 1:  # one rank has nothing to exchange: skipping the call there is fine
+            check_calls(fwd[0], calls, "forward", rank)
+            check_calls(bwd[0], calls, "backward", rank)
         assert fwd[1] == nbytes, f"rank {rank}: forward sent {fwd[1]} bytes; all-reducing {k} channels sends {nbytes}"
         assert bwd[1] == nbytes, f"rank {rank}: backward sent {bwd[1]} bytes; all-reducing {k} channels sends {nbytes}"
         assert_matches_reference(x_after, x_before, name="input x (must not change)", rank=rank, exact=True)
@@ -145,7 +146,8 @@ def test_all_reduce_replicated_grads_sums_exactly_those(impl, t):
             own = integers(83 + i, rank, (2, 3))
             expected = sum(integers(83 + i, r, (2, 3)) for r in range(t)) if name in REPLICATED else own
             assert_matches_reference(grads[name], expected, name=f"grad of {name}", rank=rank, exact=True)
-        check_calls(calls, {"all_reduce": 1}, "all_reduce_replicated_grads", rank)
+        if t > 1:
+            check_calls(calls, {"all_reduce": 1}, "all_reduce_replicated_grads", rank)
 
 
 # -- a two-block CAAT model on every rank against the t-stream single-device model -----------
