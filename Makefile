@@ -13,7 +13,7 @@ export OMP_NUM_THREADS ?= 1
 help:
 	@echo "make demo     run the main job (sets up .venv on first use)"
 	@echo "make test     run the whole suite: library tests, graders (reference), meta-tests, lessons"
-	@echo "make grade    grade YOUR exercises in exercises/ and print a summary"
+	@echo "make grade    grade YOUR exercises in exercises/ and print a summary (EX=ex03: one exercise)"
 	@echo "make lessons  re-execute every notebook in place (outputs are committed)"
 	@echo "make doctor   check Python, numpy, torch, gloo, MPI and jupyter"
 	@echo "make bench    from-scratch vs native all-reduce and one ring step, under mpiexec and torchrun (RANKS=2)"
@@ -37,8 +37,9 @@ test: $(STAMP)
 	$(PY) -m pytest tests -q
 	$(PY) -m pytest --nbmake lessons -q
 
+# make grade EX=ex03 grades one exercise; COLLECTIVES=mine runs Exercises 3-6 on your own ex02 ring
 grade: $(STAMP)
-	$(PY) -m tp_from_scratch.tools.grade
+	$(PY) -m tp_from_scratch.tools.grade $(foreach e,$(EX),--exercise $(e)) $(if $(COLLECTIVES),--collectives $(COLLECTIVES))
 
 lessons: $(STAMP)
 	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace lessons/*.ipynb

@@ -34,6 +34,17 @@ EXPECTED_TESTS = {
     "ex09": 37,
 }
 
+# known-wrong implementations whose first failure must carry a targeted hint (a substring of it)
+EXPECTED_HINTS = {
+    ("ex02", "all_reduce_chunks_rows"): "flattened elements",
+    ("ex03", "row_bias_on_every_rank"): "(t-1)*b",
+    ("ex03", "row_bias_divided_by_t"): "b/t",
+    ("ex04", "causal_attention_no_max_subtraction"): "max score",
+    ("ex05", "row_bias_on_every_rank"): "(t-1)*b",
+    ("ex06", "no_max_subtraction"): "exp overflowed",
+    ("ex06", "ignore_index_not_masked"): "ignore_index",
+}
+
 WRONG_CASES = sorted(
     (exercise, path)
     for exercise, (stem, _) in EXERCISES.items()
@@ -106,3 +117,25 @@ def wrong_results(tmp_path_factory):
 def test_known_wrong_implementation_fails(wrong_results, exercise, wrong):
     result = wrong_results[(exercise, wrong)]
     assert result.status == "failing", f"the graders passed {wrong.name}: {result.status}"
+    hint = EXPECTED_HINTS.get((exercise, wrong.stem))
+    if hint:
+        assert hint in result.first_failure_message, (
+            f"{wrong.name}: the first failure lacks the hint {hint!r}: {result.first_failure_message}")
+
+
+def test_every_expected_hint_names_a_known_wrong_implementation():
+    cases = {(exercise, path.stem) for exercise, path in WRONG_CASES}
+    assert set(EXPECTED_HINTS) <= cases, set(EXPECTED_HINTS) - cases
+
+
+@pytest.mark.timeout(300)
+def test_exercises_3_to_6_can_run_on_the_learners_own_ring(tmp_path):
+    # TP_COLLECTIVES=mine: the library's Exercise 3 on a wrong Exercise 2 (every sum doubled)
+    # must fail, which proves the graders really ran on the submitted ring
+    shutil.copy(KNOWN_WRONG / EXERCISES["ex02"][0] / "sums_twice.py", tmp_path / f"{EXERCISES['ex02'][0]}.py")
+    (tmp_path / f"{EXERCISES['ex03'][0]}.py").write_text(
+        "from tp_from_scratch.layers.linear import *  # noqa: F401,F403\n"
+        "from tp_from_scratch.layers.mappings import *  # noqa: F401,F403\n"
+        "from tp_from_scratch.layers.mlp import parallel_mlp_backward, parallel_mlp_forward  # noqa: F401\n")
+    result = run_graders(str(tmp_path), ["ex03"], stop_at_first_failure=True, collectives="mine")["ex03"]
+    assert result.status == "failing", f"ex03 on a ring that sums twice: {result.status}"

@@ -89,19 +89,38 @@ def load_implementation(exercise_id, impl=None):
 
 
 def run_graded(fn, world_size, *args, timeout=20.0):
-    """run_spmd for graders: short timeout, and a stub's NotImplementedError stays one.
+    """run_spmd for graders: short timeout, and the failing rank's own error, learner's line first.
 
-    A learner's unfinished stub then reads "not yet" in the grade summary, while any other
-    failure (a deadlock, a wrong shape on rank 2) surfaces as the simulator's SPMDError.
+    A stub's NotImplementedError stays one, so an unfinished exercise reads "not yet" in the
+    grade summary. Any other exception raised on a rank (a wrong value, a wrong shape on
+    rank 2) is re-raised as itself, its traceback stripped of the simulator's frames and a
+    note saying which rank raised it, so pytest shows the grader's and the learner's lines
+    only. A deadlock, a timeout or mismatched collectives stay the simulator's SPMDError,
+    whose message says where each rank stopped.
     """
+    __tracebackhide__ = True  # pytest: start the traceback at the caller's line
     from tp_from_scratch.comm import SPMDError, run_spmd  # the comm package is lesson 2's
+    from tp_from_scratch.comm.errors import CommError
 
     try:
         return run_spmd(fn, world_size, *args, timeout=timeout)
     except SPMDError as error:
-        if isinstance(error.error, NotImplementedError):
-            raise NotImplementedError(str(error)) from error
-        raise
+        rank_error = error.error
+        if isinstance(rank_error, NotImplementedError):
+            raise NotImplementedError(str(error)) from None
+        if rank_error is None or isinstance(rank_error, CommError):
+            raise error.with_traceback(None) from None
+        if hasattr(rank_error, "add_note"):  # Python 3.11+
+            rank_error.add_note(f"(raised on rank {error.rank} of {world_size}; the other ranks were stopped)")
+        raise rank_error.with_traceback(_without_simulator_frames(rank_error.__traceback__)) from None
+
+
+def _without_simulator_frames(tb):
+    """The traceback from the first frame that is not the simulator's own (tp_from_scratch/comm/)."""
+    comm_dir = str(Path(__file__).resolve().parents[1] / "comm")
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(comm_dir):
+        tb = tb.tb_next
+    return tb
 
 
 def _storage_key(x):
@@ -119,6 +138,7 @@ def assert_not_aliased(result, inputs, name, rank=None):
     """
     import numpy as np
 
+    __tracebackhide__ = True
     where = name if rank is None else f"{name} on rank {rank}"
     results = result if isinstance(result, (list, tuple)) else [result]
     for got in results:
