@@ -167,7 +167,7 @@ def run(args):
             f"{best['tp1-2threads'] * 1e3:>9.1f} {best[tp] * 1e3:>9.1f} {speedup:>7.2f}x "
             f"{speedup / usable:>6.0%} {row['speedup_vs_2threads']:>7.2f}x   {'':>19}{ratios}", flush=True)
     if rank == 0 and args.json:
-        report = {"command": "torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench scaling "
+        report = {"command": f"torchrun --standalone --nproc-per-node {world} -m tp_from_scratch.bench scaling "
                              + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
                                         if k not in ("json",) and v is not None),
                   "profile": profile, "rows": rows}

@@ -1,0 +1,260 @@
+"""Generate lessons/09_when_tp_pays.ipynb (without outputs; `make lessons` executes it).
+
+    .venv/bin/python lessons/src/09_when_tp_pays.py
+    .venv/bin/jupyter nbconvert --to notebook --execute --inplace lessons/09_when_tp_pays.ipynb
+
+The measured numbers come from lessons/measurements/scaling.json, written by
+    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench scaling --json lessons/measurements/scaling.json
+"""
+from pathlib import Path
+
+from nbformat.v4 import new_code_cell, new_markdown_cell
+from lesson_notebook import write_notebook
+
+HERE = Path(__file__).resolve().parent
+
+cells = [
+    new_markdown_cell(r"""# Lesson 9: when does tensor parallelism pay?
+
+Lessons 1 to 6 proved that TP computes the right numbers. This lesson asks whether it makes
+training **faster**, and when it stops paying. On this course's quiet 2-core machine, tp=2 on
+two processes was 1.55x (H=512) to 1.73x (H=1024) faster than one process with one thread, but
+only 0.85x to 0.92x of one process using both cores through two BLAS threads (measured when
+this lesson was planned). Megatron-LM (Shoeybi et al. 2019) kept 77 % of linear weak scaling at
+8-way TP on NVLink-connected GPUs. Both come out of one small cost model,
+`tp_from_scratch/gpt/plan.py`, which you can run on the command line with the trainer's own
+flags:
+
+    python -m tp_from_scratch.gpt.plan --arch gpt2 --hidden 3072 --heads 32 --layers 72 \
+        --vocab-size 51200 --seq-len 1024 --tp 8 --profile h100-nvlink --dtype bfloat16
+
+What you will see:
+1. parameters, **exactly**: Megatron-LM's Table 1 and our own model;
+2. **compute against communication** in one layer as t grows;
+3. the planner's tables for GPT-2 small, Megatron's 8.3B and a Llama-3-70B-like model, on one
+   8-GPU NVLink node and across nodes; **why TP stays inside a node**;
+4. the planner's bytes against the meter's, and our **measured** strong scaling;
+5. what to do on a CPU laptop.
+
+Legend: B batch (sequences per DP rank), T sequence, H hidden, F ffn, V vocab, L layers,
+nh heads, t the TP degree; C FLOP/s of one device, W bytes/s of its link, alpha the latency
+of one message."""),
+    new_code_cell("""import sys, json
+from pathlib import Path
+if not (Path.cwd() / "tp_from_scratch").is_dir():  # run from lessons/: make the package importable
+    sys.path.insert(0, str(Path.cwd().parent))
+REPO = Path.cwd() if (Path.cwd() / "tp_from_scratch").is_dir() else Path.cwd().parent
+
+import matplotlib.pyplot as plt
+
+from tp_from_scratch.gpt import plan, train
+from tp_from_scratch.gpt.model import GPTConfig
+from tp_from_scratch.comm import run_spmd
+from tp_from_scratch.plots import step_time_bars
+
+
+def gpt2(hidden, heads, layers, vocab=51200, seq=1024):
+    return GPTConfig(vocab_size=vocab, seq_len=seq, n_layers=layers, hidden=hidden,
+                     n_heads=heads, n_kv_heads=heads)
+
+GPT2_SMALL = gpt2(768, 12, 12, vocab=50257)
+MEGATRON = {"1.2B": gpt2(1536, 16, 40), "2.5B": gpt2(1920, 20, 54),
+            "4.2B": gpt2(2304, 24, 64), "8.3B": gpt2(3072, 32, 72)}
+LLAMA_70B = GPTConfig(vocab_size=128256, seq_len=8192, n_layers=80, hidden=8192, n_heads=64,
+                      n_kv_heads=8, ffn=28672, tie_embeddings=False)"""),
+    new_markdown_cell(r"""## 1. Counting parameters exactly
+
+A GPT-2 block holds q, k, v and o (4H² weights, 4H biases), the MLP (8H² weights, 5H biases) and
+two LayerNorms (4H): **12H² + 13H** per layer. Add the token and position embeddings and the
+final LayerNorm; the LM head reuses the token embedding. Megatron-LM (Shoeybi et al. 2019)
+Table 1 rounds these to one decimal of a billion. `plan.parameters` lists every tensor with
+the axis TP splits, so the same list gives each rank's share. The test suite checks the
+counts against Table 1 and against `sum(p.numel())` of our `GPT` and of each TP rank's shard."""),
+    new_code_cell("""print(f"{'model':<22} {'exact':>16} {'rounded':>8}")
+for name, config in MEGATRON.items():
+    n = plan.parameter_count(config, "gpt2")
+    print(f"{'Megatron ' + name:<22} {n:>16,} {plan.rounded(n):>8}")
+for name, config, arch in [("GPT-2 small", GPT2_SMALL, "gpt2"), ("Llama-3-70B-like", LLAMA_70B, "llama"),
+                           ("ours (train defaults)", GPTConfig(), "gpt")]:
+    n = plan.parameter_count(config, arch)
+    print(f"{name:<22} {n:>16,} {plan.rounded(n):>8}")"""),
+    new_markdown_cell(r"""## 2. Compute against communication, one layer, as t grows
+
+Per layer and step, a TP rank multiplies B·T tokens by 1/t of the layer's weights: with F = 4H,
+forward + backward (3x forward) is
+
+$$\text{compute} = \frac{3 \cdot 2 \cdot BT \cdot 12H^2}{t\,C} \quad(\text{plus attention's } 12\,B T^2 H / t).$$
+
+It also makes 4 all-reduces of a (B, T, H) activation (g after attention and after the MLP
+forward, f before each in backward). A ring all-reduce sends 2(t-1)/t of the array per rank:
+
+$$\text{communication} = 4\left(2(t-1)\alpha + \frac{2(t-1)}{t}\,\frac{BTH \cdot \text{bytes}}{W}\right).$$
+
+Compute shrinks like 1/t; communication **grows** towards a constant. Their ratio is about
+(t-1)·bytes·C / (9·H·W): it depends on the model only through H, and on the hardware
+through C/W, the FLOPs a device does in the time its link moves one byte. For an H100
+(989 TFLOP/s bf16, vendor spec) on NVLink 4 (450 GB/s per direction) C/W is about 2200; on
+InfiniBand NDR (50 GB/s) about 20,000, nine times worse. The plot is `plan.predict_step` for
+GPT-2 small and Megatron's 8.3B model in bfloat16, B = 8 sequences."""),
+    new_code_cell("""fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
+for ax, (title, config, profile) in zip(axes, [
+        ("GPT-2 small, NVLink", GPT2_SMALL, "h100-nvlink"),
+        ("Megatron 8.3B, NVLink", MEGATRON["8.3B"], "h100-nvlink"),
+        ("Megatron 8.3B, InfiniBand", MEGATRON["8.3B"], "h100-infiniband")]):
+    prof = plan.load_profile(profile)
+    degrees = [t for t in (1, 2, 4, 8, 16) if t in plan.valid_tp_degrees(config, "gpt2")]
+    p = [plan.predict_step(config, prof, t, 8, itemsize=2, arch="gpt2") for t in degrees]
+    step_time_bars(ax, [f"t={t}" for t in degrees], [x["compute_s"] for x in p],
+                   [x["communication_s"] for x in p], title=title)
+    cross = plan.crossover_tp(config, prof, 8, itemsize=2, arch="gpt2")
+    print(f"{title:<28} communication overtakes compute at t = {cross}")
+fig.tight_layout()"""),
+    new_markdown_cell(r"""### The JAX scaling book's rule of thumb
+
+The scaling book ("How to Scale Your Model", Part 5, Training) models a TP'd MLP block and
+finds it communication-bound once the TP degree exceeds about **F / (C/W)** (per mesh axis
+used). Our planner counts more precisely (attention, the all-reduces' latency, the embedding
+and loss collectives, no overlap), so the two need not agree exactly; they should agree on
+the order of magnitude."""),
+    new_code_cell("""print(f"{'model, link':<30} {'C/W':>7} {'F/(C/W)':>8} {'planner crossover t':>20}")
+for name, config in [("8.3B", MEGATRON["8.3B"]), ("GPT-2 small", GPT2_SMALL)]:
+    for link in ("h100-nvlink", "h100-infiniband"):
+        prof = plan.load_profile(link)
+        intensity = prof["matmul_flops"]["1"] * prof["all_reduce"]["native"]["beta_s_per_byte"]
+        cross = plan.crossover_tp(config, prof, 8, itemsize=2, arch="gpt2")
+        print(f"{name + ', ' + link:<30} {intensity:>7.0f} {config.ffn / intensity:>8.1f} {str(cross):>20}")"""),
+    new_markdown_cell(r"""## 3. The planner's tables
+
+Everything the planner prints for one configuration: the exact count, memory per rank by t
+(weights, gradients, AdamW state, and activations from Korthikanti et al. 2022's formulas,
+with and without sequence parallelism and selective recomputation: those columns are the
+paper's formula, not a count of our model), the collectives of one step with their bytes,
+and the predicted step time by t. Here Megatron's 8.3B model in mixed precision on one
+8-GPU NVLink node."""),
+    new_code_cell("""args = plan.build_parser().parse_args(
+    "--arch gpt2 --hidden 3072 --heads 32 --layers 72 --vocab-size 51200 --seq-len 1024 "
+    "--tp 8 --profile h100-nvlink --dtype bfloat16 --precision mixed --batch-size 8".split())
+plan.report(args, plan.config_from_args(args), plan.load_profile(args.profile))"""),
+    new_markdown_cell(r"""In mixed precision (bf16 weights and gradients; fp32 master weights, m and v under "AdamW":
+16 bytes per parameter) the 8.3B model needs about 124 GiB at t = 1 before a single
+activation, and about 15.6 GiB per GPU at t = 8. That, more than speed, is why Megatron used
+TP: the model did not fit. The step-time table shows the price: 8 GPUs, about 3.3x faster.
+
+### A Llama-3-70B-like model: inside one node, and across two
+
+Llama 3 70B (80 layers, H = 8192, 64 query and 8 key/value heads, F = 28672, V = 128256) with
+one 8192-token sequence per rank. With t = 8 the TP group is one node on NVLink. With t = 16 it
+spans two nodes, and every ring all-reduce is as slow as its slowest hop: InfiniBand."""),
+    new_code_cell("""prof_node, prof_ib = plan.load_profile("h100-nvlink"), plan.load_profile("h100-infiniband")
+print(f"{'t':>3} {'link':<16} {'params/rank':>14} {'compute ms':>11} {'comm ms':>9} {'step ms':>9}")
+for t, prof in [(1, prof_node), (2, prof_node), (4, prof_node), (8, prof_node), (16, prof_ib)]:
+    p = plan.predict_step(LLAMA_70B, prof, t, 1, itemsize=2, arch="llama")
+    n = plan.parameter_count(LLAMA_70B, "llama", t)
+    print(f"{t:>3} {prof['name']:<16} {n:>14,} {p['compute_s']*1e3:>11.1f} "
+          f"{p['communication_s']*1e3:>9.1f} {p['step_s']*1e3:>9.1f}")"""),
+    new_markdown_cell(r"""**Why TP stays inside a node.** TP's communication is on the critical path: every layer
+waits for its all-reduce before the next matmul can start, four times per step and layer,
+and its volume does not shrink as t grows. Data parallelism's single gradient all-reduce
+per step can overlap with the backward pass, and pipeline parallelism sends one activation
+per stage boundary. So the fastest link (NVLink, about 450 GB/s per direction, against
+50 GB/s for one InfiniBand NDR port) goes to TP, and t stops at the number of GPUs in a
+node (8). Across nodes: data and pipeline parallelism. (These are vendor-spec peak numbers
+and an assumed latency; real sustained FLOP/s are lower, which makes communication look
+relatively *cheaper*.)"""),
+    new_markdown_cell(r"""## 4. This machine: the planner's bytes, and measured strong scaling
+
+First, the bytes. The planner lists every all-reduce our trainer makes (13 per step for the
+default 2-layer model) and the bytes the from-scratch ring sends for each. Training two steps
+on 3 simulated ranks (an uneven vocabulary split, so the ranks send different amounts), the
+meter of every rank agrees to the byte:"""),
+    new_code_cell("""argv = ["--tp", "3", "--steps", "2", "--hidden", "48", "--heads", "6", "--kv-heads", "3"]
+args = train.build_parser().parse_args(argv)
+config = train.config_from_args(args)
+
+def one_rank(comm):
+    train.train_on_comm(comm, argv)
+    return comm.meter.snapshot()
+
+for r, meter in enumerate(run_spmd(one_rank, 3)):
+    predicted = 2 * sum(row["ring_bytes"] for row in plan.traffic(config, 3, args.batch_size, tp_rank=r))
+    print(f"rank {r}: meter {meter['bytes_sent']:,} bytes sent, planner {predicted:,}")
+    assert meter["bytes_sent"] == predicted
+for row in plan.traffic(config, 3, args.batch_size):
+    print(f"  {row['where']:<46} x{row['calls']:<2} {row['ring_bytes']:>8,} bytes")"""),
+    new_markdown_cell(r"""Now time. `plan --calibrate` measured this machine: matmul FLOP/s of one process with one
+and with two BLAS threads, and the latency alpha and bandwidth beta of gloo's all-reduce
+between two processes. `bench scaling` then timed a real training step (forward, backward,
+AdamW) in three ways over several model sizes, alternating the three round by round:
+tp = 1 with one thread, tp = 1 with two threads, and tp = 2 on two processes with one thread
+each. Times are the best step of each (the one least disturbed by other programs on this
+shared machine; the medians are in the file too). The file below is the committed
+measurement, with the command that produced it."""),
+    new_code_cell("""def show(measured):
+    tp = [k for k in measured["rows"][0]["min_s"] if not k.startswith("tp1-")][0]
+    print(measured["command"])
+    prof = measured["profile"]
+    print(f"profile: {prof['source']}; matmul GFLOP/s 1 thread {prof['matmul_flops']['1'] / 1e9:.0f}, "
+          f"2 threads {prof['matmul_flops']['2'] / 1e9:.0f}; load average during the rows "
+          f"{min(r['load_average'][0] for r in measured['rows']):.1f} to {max(r['load_average'][0] for r in measured['rows']):.1f}")
+    print(f"{'H':>5} {'params':>10} {'tp1 1thr':>9} {'tp1 2thr':>9} {tp:>8} {'speedup':>8} {'eff.':>5} "
+          f"{'vs 2thr':>8} | predicted/measured {'tp1 1thr':>8} {'tp1 2thr':>8} {tp:>6}")
+    for row in measured["rows"]:
+        m, r = row["min_s"], row["predicted_over_measured"]
+        print(f"{row['hidden']:>5} {row['parameters']:>10,} {m['tp1-1thread']*1e3:>9.1f} {m['tp1-2threads']*1e3:>9.1f} "
+              f"{m[tp]*1e3:>8.1f} {row['speedup_vs_1thread']:>7.2f}x {row['efficiency']:>5.0%} "
+              f"{row['speedup_vs_2threads']:>7.2f}x | {'':>18} {r['tp1-1thread']:>8.2f} {r['tp1-2threads']:>8.2f} {r[tp]:>6.2f}")
+
+measured = json.loads((REPO / "lessons/measurements/scaling.json").read_text())
+show(measured)
+tp4 = REPO / "lessons/measurements/scaling_tp4.json"   # 4 ranks on 2 cores: oversubscribed
+if tp4.exists():
+    print()
+    show(json.loads(tp4.read_text()))"""),
+    new_code_cell("""rows = measured["rows"]
+fig, (a, b) = plt.subplots(1, 2, figsize=(12, 3.6))
+hs = [r["hidden"] for r in rows]
+a.plot(hs, [r["speedup_vs_1thread"] for r in rows], "o-", label="tp=2 vs tp=1, 1 thread")
+a.plot(hs, [r["speedup_vs_2threads"] for r in rows], "s-", label="tp=2 vs tp=1, 2 threads")
+a.axhline(2.0, color="grey", ls=":", label="ideal on 2 cores")
+a.axhline(1.0, color="red", ls=":", label="no gain")
+a.set(xlabel="hidden size H", ylabel="speedup", title="strong scaling, measured")
+a.legend(fontsize=8)
+big = rows[-1]
+prof = measured["profile"]
+config = GPTConfig(**{k: v for k, v in big["config"].items() if k in GPTConfig.__dataclass_fields__})
+preds = [plan.predict_step(config, prof, 1, big["batch_size"], threads=1),
+         plan.predict_step(config, prof, 1, big["batch_size"], threads=2),
+         plan.predict_step(config, prof, 2, big["batch_size"], threads=1)]
+step_time_bars(b, ["tp1 1thr", "tp1 2thr", "tp2"], [p["compute_s"] for p in preds],
+               [p["communication_s"] for p in preds],
+               measured_s=[big["min_s"][k] for k in ("tp1-1thread", "tp1-2threads", "tp2")],
+               title=f"H={big['hidden']}: predicted (bars) and measured (dash)")
+fig.tight_layout()"""),
+    new_markdown_cell(r"""How to read it: where predicted/measured is near 1 the model (matmul FLOPs at the calibrated
+rate, plus alpha-beta all-reduces) explains the step. Where it is well below 1, time goes
+somewhere the model does not count: element-wise work (LayerNorm, GeLU, softmax, AdamW,
+the masking and copies of the vocab-parallel layers), Python overhead per layer and per
+collective, and above all **the other programs sharing these two cores**: the committed file
+was measured while other jobs kept the 1-minute load average between 8 and 13 on 2 cores (it is
+recorded per row). Under
+such load the calibration itself reads a third of the quiet matmul rate, and one process
+with two BLAS threads collapses (its threads wait for each other at every parallel region
+while the scheduler hands their cores to other programs), which is why tp1 2thr is the
+slowest column here, the opposite of the quiet machine. Ratios outside ±25 % are reported as
+measured, not tuned away; rerun the two commands on a quiet machine to see your own.
+
+## 5. On a CPU laptop
+
+* TP is not a speed-up tool on a few CPU cores. On a quiet laptop one process with as many
+  BLAS threads as cores does the same matmuls with no all-reduces, and threads share one
+  memory, so it usually wins. On a busy one, separate single-threaded processes degrade more
+  gracefully than a multi-threaded one (the table above): measure, with `bench scaling`.
+* TP on a laptop is for **learning and checking**: the simulated ranks of `run_spmd` and
+  2-process torchrun runs prove the sharding correct, bit for bit, before you rent GPUs.
+* If a model is too slow: a smaller model, shorter sequences, or more steps of a smaller
+  batch (gradient accumulation) all help more than TP.
+* When you do move to GPUs: run `plan` first with your model's flags and the node's link,
+  keep t within one node, and look at the crossover t it prints."""),
+]
+
+write_notebook(cells, HERE.parent / "09_when_tp_pays.ipynb")
