@@ -5,6 +5,8 @@
     memory_bars(ax, parts, labels, capacity=..., unit=...)  stacked bars of bytes per device
     plot_loss_comparison(path, steps, losses, ...)          TP vs single-device loss, to a PNG
     step_time_bars(ax, labels, compute_s, communication_s)  a step's compute and communication, stacked
+    draw_layouts(steps, t, title)                           where each tensor of a layer lives, rank by rank
+    tagged_blocks / decode / draw_before_after / draw_ring_steps   Lesson 2's collective pictures
 
 Device i is always drawn in ``device_color(i)``, in every lesson, so a learner can follow a
 shard from picture to picture. Shards are contiguous blocks as cut by
@@ -13,6 +15,7 @@ tp_from_scratch.sharding (uneven sizes split like numpy.array_split).
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 from matplotlib.patches import Rectangle
 
 from tp_from_scratch.sharding import shard_sizes
@@ -205,3 +208,134 @@ def step_time_bars(ax, labels, compute_s, communication_s, *, measured_s=None, t
         ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     return bars
+
+
+# ---------------------------------------------------------------------------------------
+# Lessons 3-4: where each tensor of a layer lives
+# ---------------------------------------------------------------------------------------
+
+def draw_layouts(steps, t, title=None):
+    """Where each tensor lives: one column per step, one row per rank (device colours of tp_from_scratch.plots).
+
+    steps: list of (label, layout, arrow, (rows, cols)) with layout "Replicated", "Sharded"
+    (a block of columns per rank) or "Partial" (a full-size partial sum per rank, hatched);
+    arrow: the operation into the next step.
+    """
+    widths = [shape[1] for *_, shape in steps]
+    fig, axes = plt.subplots(t, len(steps), figsize=(1.7 * len(steps) + 0.12 * sum(widths), 0.9 * t + 1.3),
+                             gridspec_kw={"width_ratios": widths, "wspace": 0.9}, squeeze=False)
+    for col, (label, layout, arrow, shape) in enumerate(steps):
+        for rank in range(t):
+            ax = axes[rank][col]
+            draw_matrix(ax, shape, 1 if layout == "Sharded" else None, t, rank=rank,
+                        partial=layout == "Partial")
+            ax.set_title(label if rank == 0 else "", fontsize=9)
+            if col == 0:
+                ax.text(-0.15, 0.5, f"rank {rank}", transform=ax.transAxes, ha="right", va="center", fontsize=9)
+        axes[-1][col].text(0.5, -0.25, layout, transform=axes[-1][col].transAxes, ha="center", va="top",
+                           fontsize=10, fontweight="bold")
+    fig.canvas.draw()  # fix the axes positions, then draw the arrows between the columns
+    for col, (_, _, arrow, _) in enumerate(steps[:-1]):
+        left, right = axes[0][col].get_position(), axes[0][col + 1].get_position()
+        y = (axes[0][0].get_position().y1 + axes[-1][0].get_position().y0) / 2
+        fig.patches.append(plt.matplotlib.patches.FancyArrowPatch(
+            (left.x1 + 0.005, y), (right.x0 - 0.005, y), transform=fig.transFigure,
+            arrowstyle="->", mutation_scale=14, lw=1.5))
+        fig.text((left.x1 + right.x0) / 2, y + 0.02, arrow, ha="center", va="bottom", fontsize=8, color="crimson")
+    if title:
+        fig.suptitle(title, y=1.02)
+    plt.show()
+
+
+# ---------------------------------------------------------------------------------------
+# Lesson 2: pictures of the collectives, decoded from the real arrays.
+#
+# Every block of data carries its history in its value: rank r's block i is
+#     i * 2**p + 2**r
+# A sum of blocks i from a set S of ranks is i * |S| * 2**p + sum(2**r for r in S), so the low
+# p bits say WHICH ranks contributed and the rest says WHICH block it is. The pictures decode
+# the real arrays that the library's collectives return or send: nothing is redrawn from what
+# the algorithm "should" do.
+# ---------------------------------------------------------------------------------------
+
+LETTERS = "abcdefgh"
+
+
+def tagged_blocks(rank, p, n_blocks=None):
+    """Rank ``rank``'s blocks 0..n_blocks-1, each value encoding (block, rank); float64, exact."""
+    n_blocks = p if n_blocks is None else n_blocks
+    return np.array([i * 2 ** p + 2 ** rank for i in range(n_blocks)], dtype=np.float64)
+
+
+def decode(value, p):
+    """(block index, set of contributing ranks) of a tagged value, or sum of tagged values."""
+    v = int(value)
+    ranks = {r for r in range(p) if v >> r & 1}
+    return (v >> p) // max(len(ranks), 1), ranks
+
+
+def _block_label(value, p):
+    """'b2' = rank 1's block 2; 'Σ2' = block 2 summed over every rank; 'abd2' = a partial sum."""
+    block, ranks = decode(value, p)
+    if len(ranks) == p and p > 1:
+        return f"Σ{block}"
+    return "".join(LETTERS[r] for r in sorted(ranks)) + str(block)
+
+
+def _draw_block(ax, x, y, value, p, *, edge=None):
+    """One block: the colour of its rank, or grey getting darker as more ranks are summed in."""
+    if value is None:
+        ax.add_patch(Rectangle((x, y), 0.95, 0.9, color=EMPTY_COLOR))
+        return
+    _, ranks = decode(value, p)
+    if len(ranks) == 1:
+        color, text_color = device_color(next(iter(ranks))), "white"
+    else:
+        shade = 0.85 - 0.65 * len(ranks) / p
+        color, text_color = (shade, shade, shade), ("white" if shade < 0.5 else "black")
+    ax.add_patch(Rectangle((x, y), 0.95, 0.9, color=color, ec=edge or color, lw=3 if edge else 0))
+    ax.text(x + 0.47, y + 0.45, _block_label(value, p), ha="center", va="center", color=text_color, fontsize=9)
+
+
+def draw_holdings(ax, holdings, p, title, width=None, edges=None):
+    """One row per rank: the blocks it holds (None = holds nothing)."""
+    width = width or max([len(h) for h in holdings if h is not None] + [1])
+    for rank, held in enumerate(holdings):
+        y = p - 1 - rank
+        ax.text(-0.2, y + 0.45, f"rank {rank}", ha="right", va="center", fontsize=9, color=device_color(rank))
+        for i in range(width):
+            value = None if held is None or i >= len(held) else held[i]
+            _draw_block(ax, i, y, value, p, edge=(edges or {}).get((rank, i)))
+    ax.set_xlim(-1.3, width + 0.1)
+    ax.set_ylim(-0.2, p + 0.1)
+    ax.set_title(title, fontsize=10)
+    ax.axis("off")
+
+
+def draw_before_after(name, before, after, p, note=""):
+    """Who holds what before and after one collective, side by side."""
+    width = max(len(h) for h in before + after if h is not None)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(2.2 + 1.1 * width, 0.5 * p + 0.9))
+    draw_holdings(left, before, p, "before", width)
+    draw_holdings(right, after, p, "after", width)
+    fig.suptitle(f"{name}{'   ' + note if note else ''}", fontsize=11)
+    fig.tight_layout()
+    plt.show()
+
+
+def draw_ring_steps(states, sends, titles, p):
+    """The ring all-reduce, one panel per step: what each rank holds, and (red) what it sends next.
+
+    states[k]: per rank, its blocks before step k; sends[k]: the (rank, block) pairs sent in step k.
+    """
+    steps = len(states)
+    cols = (steps + 1) // 2
+    fig, axes = plt.subplots(2, cols, figsize=(2.6 * cols, 2 * (0.5 * p + 0.6)))
+    for k, ax in enumerate(axes.flat):
+        if k >= steps:
+            ax.axis("off")
+            continue
+        edges = {(r, block): "red" for r, block in sends[k]} if k < len(sends) else {}
+        draw_holdings(ax, states[k], p, titles[k], p, edges)
+    fig.tight_layout()
+    plt.show()

@@ -10,7 +10,6 @@ from lesson_notebook import write_notebook
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE.parent / "02_collectives.ipynb"
-PICTURES = (HERE / "collective_pictures.py").read_text()
 
 cells = [
     new_markdown_cell(r"""# Lesson 2 (ex02): collectives from point-to-point messages
@@ -93,28 +92,6 @@ try:
 except SPMDError as error:
     print(str(error).splitlines()[0])"""),
 
-    new_markdown_cell(r"""**Headers.** So that `recv(src)` can allocate the result, each message here carries a small
-header with the array's shape and dtype. MPI and torch.distributed work the other way round: the
-receiver passes a buffer of the right size (`MPI_Recv(buf, count, ...)`, `dist.recv(tensor)`). On
-a real link the header is a second message, one more latency α (section 4). When the receiver
-already knows what arrives, as in a reduce-scatter where every rank can compute every chunk's
-shape, both sides can leave it out: `comm.send(x, dst, header=False)` and
-`comm.recv(src, out=buffer, header=False)`. The library's `reduce_scatter`, `all_reduce` and
-`reduce` do so. Both sides must agree. The simulator checks that they do; MPI and gloo do not,
-and would hang or hand back the wrong bytes instead, which is one more reason to run new code
-on the simulator first."""),
-    new_code_cell("""def no_header(comm, header_on_recv):
-    if comm.rank == 0:
-        comm.send(np.arange(4.0), dst=1, header=False)   # payload only: rank 1 knows the shape
-        return None
-    buffer = np.empty(4)
-    return comm.recv(src=0, out=buffer, header=header_on_recv)
-
-print("received:", run_spmd(no_header, 2, header_on_recv=False)[1])
-try:
-    run_spmd(no_header, 2, header_on_recv=True)            # the two sides disagree
-except SPMDError as error:
-    print(str(error).splitlines()[0])"""),
 
     # ------------------------------------------------------------------ gallery
     new_markdown_cell(r"""## 2. The collectives, drawn
@@ -139,7 +116,8 @@ pictures cannot show what the library did not do.
 | `all_reduce(x)` | x_r everywhere | Σ x_r everywhere | Partial → Replicated (row-parallel output, Megatron's g) |
 | `all_to_all(x)` | block j of x_r on rank r | block r of every x_q on rank r | Sharded(heads) ↔ Sharded(sequence) |
 """),
-    new_code_cell(PICTURES),
+    new_code_cell("""# the picture helpers live in the library: tp_from_scratch/plots.py
+from tp_from_scratch.plots import decode, draw_before_after, draw_ring_steps, tagged_blocks"""),
     new_code_cell("""P = 4
 tagged = [tagged_blocks(r, P) for r in range(P)]      # rank r: blocks a0..a3 (rank 0), b0..b3 (rank 1), ...
 own = [tagged_blocks(r, P)[r:r + 1] for r in range(P)]  # rank r: only its block r (a0, b1, c2, d3)
@@ -205,7 +183,7 @@ panel shows what the ranks hold before a step; the red blocks are the ones they 
     def __init__(self, comm):
         self.comm, self.sent = comm, []
 
-    def send(self, array, dst, **options):  # options: header=False, see section 1
+    def send(self, array, dst, **options):  # options: header=False, see the end of section 4
         self.sent.append((dst, np.array(array, copy=True)))
         self.comm.send(array, dst, **options)
 
@@ -259,14 +237,29 @@ on p ranks:
 |---|---|---|---|
 | to a root and back (direct) | $2(p-1)$ | $(p-1)N$ | $2(p-1)\alpha + (p-1)N\beta$ |
 | binomial tree reduce + broadcast | $2\lceil\log_2 p\rceil$ | $\lceil\log_2 p\rceil N$ | $2\lceil\log_2 p\rceil(\alpha + N\beta)$ |
+| recursive doubling (p a power of 2: exchange whole arrays with rank $r \oplus 2^k$) | $\log_2 p$ | $N \log_2 p$ | $\log_2 p\,(\alpha + N\beta)$ |
+| recursive halving + doubling (Rabenseifner; p a power of 2) | $2\log_2 p$ | $2\frac{p-1}{p}N$ | $2\log_2 p\,\alpha + 2\frac{p-1}{p}N\beta$ |
 | **ring** (reduce-scatter + all-gather) | $2(p-1)$ | $2\frac{p-1}{p}N$ | $2(p-1)\alpha + 2\frac{p-1}{p}N\beta$ |
 
-**Why $2(p-1)/p$ is the best possible.** Each rank must receive the other ranks' contributions to
-its own result, and every byte of every other rank's data must leave that rank at least once, in
-some combined form. A rank's reduce-scatter share is at least $(p-1)/p$ of the array, and so is its
-all-gather share: $2(p-1)/p\,N$ in all, **almost independent of p** (it tends to 2N). Adding ranks
-does not make the ring's bandwidth term grow, which is why NCCL uses rings for large messages.
-The price is $2(p-1)$ latency steps: for tiny messages the tree wins.
+Recursive halving + doubling halves the array at each of $\log_2 p$ reduce-scatter steps
+(partner $r \oplus 2^k$) and doubles it back in the all-gather: the ring's bytes with only
+$2\log_2 p$ latencies, but it needs p to be a power of two (other p pay extra steps), and its
+partners are far apart on a physical ring. Recursive doubling alone is latency-optimal and
+bandwidth-poor. NCCL picks between rings and (double binary) trees by message size.
+
+**Why $2(p-1)/p$ is the best possible: a cut argument.** Take one element of the array and let
+rank a be the first rank that holds its full sum. Cut the ranks into {a} and the rest: before
+a can finish, every other rank's contribution must cross into a, and since a message carries
+one value per element (however many ranks' contributions are added into it), at least one
+value per other rank must be *sent* for this element while its sum is still incomplete. After
+a finishes, each of the p − 1 other ranks still lacks the full sum and must *receive* at least
+one more value for this element. So every element costs at least (p − 1) + (p − 1) transfers,
+the whole array $2(p-1)N$ bytes over all ranks, and the busiest rank sends at least the
+average, $2\frac{p-1}{p}N$. Patarasuk & Yuan (*Bandwidth optimal all-reduce algorithms for
+clusters of workstations*, J. Parallel Distrib. Comput., 2009) make this rigorous and show the
+ring reaches it. The bound is **almost independent of p** (it tends to 2N): adding ranks does not
+make the ring's bandwidth term grow, which is why NCCL uses rings for large messages. The
+price is $2(p-1)$ latency steps: for tiny messages the tree wins.
 
 The same reasoning gives $(p-1)/p$ of the result for `all_gather` and `reduce_scatter` alone.
 nccl-tests calls $\text{algbw} = N/t$ and $\text{busbw} = \text{algbw}\cdot 2(p-1)/p$: the busbw
@@ -331,14 +324,36 @@ right.text(cross * 1.5, 3 * ring.min() * 1e6, f"ring wins above ~{cross / 1e3:.0
 right.legend(fontsize=8)
 fig.tight_layout()
 plt.show()"""),
+    new_markdown_cell(r"""**A performance detail: headers.** So that `recv(src)` can allocate the result, each message here carries a small
+header with the array's shape and dtype. MPI and torch.distributed work the other way round: the
+receiver passes a buffer of the right size (`MPI_Recv(buf, count, ...)`, `dist.recv(tensor)`). On
+a real link the header is a second message, one more latency α (section 4). When the receiver
+already knows what arrives, as in a reduce-scatter where every rank can compute every chunk's
+shape, both sides can leave it out: `comm.send(x, dst, header=False)` and
+`comm.recv(src, out=buffer, header=False)`. The library's `reduce_scatter`, `all_reduce` and
+`reduce` do so. Both sides must agree. The simulator checks that they do; MPI and gloo do not,
+and would hang or hand back the wrong bytes instead, which is one more reason to run new code
+on the simulator first."""),
+    new_code_cell("""def no_header(comm, header_on_recv):
+    if comm.rank == 0:
+        comm.send(np.arange(4.0), dst=1, header=False)   # payload only: rank 1 knows the shape
+        return None
+    buffer = np.empty(4)
+    return comm.recv(src=0, out=buffer, header=header_on_recv)
+
+print("received:", run_spmd(no_header, 2, header_on_recv=False)[1])
+try:
+    run_spmd(no_header, 2, header_on_recv=True)            # the two sides disagree
+except SPMDError as error:
+    print(str(error).splitlines()[0])"""),
     new_markdown_cell(r"""On real machines the picture holds: our ring all-reduce, run under `mpiexec` or `torchrun`
 against MPI's and gloo's own, is compared by the benchmark, and every collective against the
 native one by the demo:
 
 ```
-mpiexec -n 4 python -m tp_from_scratch.demos.collectives
-torchrun --nproc-per-node 4 -m tp_from_scratch.demos.collectives
-mpiexec -n 4 python -m tp_from_scratch.bench collectives --json runs/bench_mpi.json
+.venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.demos.collectives
+.venv/bin/torchrun --nproc-per-node 4 -m tp_from_scratch.demos.collectives
+.venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.bench collectives --json runs/bench_mpi.json
 ```
 
 ## 5. Exercise 2 (ex02): write the ring yourself
@@ -347,7 +362,7 @@ Open `exercises/ex02_ring_collectives.py` and write `reduce_scatter`, `all_gathe
 `all_reduce` using only `comm.send`, `comm.recv`, `comm.rank`, `comm.world_size` and numpy. Then
 
 ```
-make grade            # or: pytest exercises -m ex02
+make grade            # or: .venv/bin/python -m pytest exercises -m ex02 -x
 ```
 
 The graders run your code on the simulator with p = 1, 2, 3, 4, 7 (and 8), arrays whose length p
