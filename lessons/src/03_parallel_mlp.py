@@ -9,7 +9,6 @@ from nbformat.v4 import new_code_cell, new_markdown_cell
 from lesson_notebook import write_notebook
 
 HERE = Path(__file__).resolve().parent
-DIAGRAM = (HERE / "layout_diagram.py").read_text()
 
 cells = [
     new_markdown_cell(r"""# Lesson 3 (ex03): a tensor-parallel MLP, forward and backward
@@ -84,8 +83,10 @@ $b_2$ is added **once** (added on every rank before the sum, it would count $t$ 
 Two other cuts would cost more:
 * column-parallel twice: the second layer needs all of $a$, so an all-gather sits in between;
 * row-parallel first: $h$ would be Partial, and GeLU does not distribute over a sum,
-  $\mathrm{gelu}(u + v) \neq \mathrm{gelu}(u) + \mathrm{gelu}(v)$, so an all-reduce would be needed
-  *before* the GeLU and another after $W_2$.
+  $\mathrm{gelu}(u + v) \neq \mathrm{gelu}(u) + \mathrm{gelu}(v)$, so an all-reduce is needed
+  *before* the GeLU. After it $h$ is Replicated, and the second layer faces the first choice
+  again: column-parallel, whose Sharded output then needs an all-gather to become $y$, or a
+  plain replicated matmul that splits nothing. Either way it costs more than one all-reduce.
 
 The next cell checks both facts numerically."""),
     new_code_cell("""h = x @ params["fc.weight"] + params["fc.bias"]      # (B, T, F)
@@ -106,7 +107,7 @@ The forward pass on t = 4 ranks. Each rank is drawn in its device colour (as in 
 lesson). Replicated: the rank holds the whole tensor; Sharded: only its coloured block of columns;
 Partial (hatched): a full-shape addend of the tensor. The red labels are the operations between the steps; only
 **g** communicates."""),
-    new_code_cell(DIAGRAM + """
+    new_code_cell("""from tp_from_scratch.plots import draw_layouts
 
 H_, F_ = (3, 4), (3, 8)  # drawn sizes: rows B*T, columns H or F
 draw_layouts([
@@ -131,6 +132,15 @@ Rank $i$ can only compute term $i$: the input gradient is **Partial**, and f's b
 $\partial y / \partial z^{(i)}$ is the identity for every $i$, so
 $\partial L / \partial z^{(i)} = \partial L / \partial y$, which every rank already holds
 (Replicated): g's backward is the **identity**.
+
+That last step rests on the **SPMD convention** the whole course uses: every rank runs the same
+program and computes the *same* loss $L$ from the same Replicated $y$ (it is one logical loss,
+not t of them to be added). So $\partial L / \partial y$ is the same on every rank and nothing
+has to be summed. If each rank's loss counted as a separate term, g's backward would have to
+add t copies, and every gradient would come out t times too large.
+
+At t = 1 both collectives are sums over one rank: an implementation may skip them (Megatron-LM
+does) or call them; the exercise graders accept both and count collectives only for t > 1.
 
 f and g are each other's transpose: what one does forward, the other does backward. So the MLP
 costs exactly one all-reduce forward (g) and one backward (f). The remaining gradients need no
@@ -259,7 +269,7 @@ Open `exercises/ex03_parallel_mlp.py` and write `f_forward`, `f_backward`, `g_fo
 `g_backward`, the column- and row-parallel linear layers (forward and backward) and the MLP
 (`parallel_mlp_forward`, `parallel_mlp_backward`), using `all_reduce` from Lesson 2. Then
 
-    make grade                    # or: pytest exercises -m ex03
+    make grade EX=ex03            # or: .venv/bin/python -m pytest exercises -m ex03 -x
 
 The graders run your code on 1, 2, 3 and 4 simulated ranks, compare outputs and every gradient
 with the single-device reference, and count your all-reduces: one too many fails even when the

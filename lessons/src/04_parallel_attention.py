@@ -9,7 +9,6 @@ from nbformat.v4 import new_code_cell, new_markdown_cell
 from lesson_notebook import write_notebook
 
 HERE = Path(__file__).resolve().parent
-DIAGRAM = (HERE / "layout_diagram.py").read_text()
 
 cells = [
     new_markdown_cell(r"""# Lesson 4 (ex04): attention split by heads, and the transformer block
@@ -73,8 +72,19 @@ $W_o$ is cut by the matching rows, so $o_i W_o^{(i)}$ is a **Partial** sum of $y
 **g** (one all-reduce) finishes the job; $b_o$ is added once, after it.
 
 Backward is Lesson 3's argument again: g backward is the identity, each rank's $dx$ covers only its
-own heads (Partial), and f backward all-reduces it. **One all-reduce each way.**"""),
-    new_code_cell(DIAGRAM + """
+own heads (Partial), and f backward all-reduces it. **One all-reduce each way.**
+
+**The backward of one head**, which never leaves its rank. With $S = q k^\top/\sqrt{hs}$ (masked
+above the diagonal), $P = \mathrm{softmax}(S)$ row by row and $o = P v$, given $do$:
+$$ dv = P^\top do, \qquad dP = do\, v^\top, \qquad
+   dS_{ij} = P_{ij}\Big(dP_{ij} - \sum_{j'} P_{ij'}\, dP_{ij'}\Big), $$
+$$ dq = dS\, k / \sqrt{hs}, \qquad dk = dS^\top q / \sqrt{hs} . $$
+The softmax line is the Jacobian of a softmax row applied to $dP$; masked entries have
+$P_{ij} = 0$ and so get no gradient. Every quantity here belongs to one head, so a rank computes
+the backward of its heads alone; only $dx = dq\,W_q^\top + dk\,W_k^\top + dv\,W_v^\top$,
+summed over the heads of all ranks, needs f's all-reduce. With GQA a KV head read by several query
+heads receives the sum of their $dk$, $dv$ (`reference.causal_attention_backward`)."""),
+    new_code_cell("""from tp_from_scratch.plots import draw_layouts
 
 H_, QKV_ = (3, 4), (3, 8)  # drawn sizes: rows B*T, columns H or nh*hs
 draw_layouts([
@@ -230,9 +240,22 @@ ax.set_xlabel("TP degree t"); ax.set_ylabel("bytes sent per rank, per block step
 ax.set_title("transformer block communication per rank")
 plt.show()"""),
     new_markdown_cell(r"""The table one rank's meter prints for a whole block step (t = 4), and what each rank stores:
-1/t of every weight matrix, plus the Replicated LayerNorm weights and the biases added after an
-all-reduce, `attn.o.bias` and `mlp.proj.bias`. The names are the torch GPT Block's, so
-`reference.params_to_torch(block_params)` loads straight into it."""),
+1/t of the query, output and MLP weights (and of the biases that follow them, `attn.q.bias` and
+`mlp.fc.bias`), the Replicated LayerNorm weights and the biases added after an all-reduce
+(`attn.o.bias`, `mlp.proj.bias`), and, because this block has nkv = 2 < t = 4 KV heads, **half**
+of `attn.k.weight`, `attn.v.weight` and `attn.v.bias`, not a quarter: each rank holds a copy of
+the one KV head its query heads read. The cell prints that breakdown and checks that it adds up
+to the bytes per rank. The names are the torch GPT Block's, so
+`reference.params_to_torch(block_params)` loads straight into it.
+
+Those KV copies cost communication in training. Each copy's gradient is Partial (it covers its
+rank's query heads only), so before the optimizer step the r = t/nkv ranks sharing a head
+must all-reduce it: per rank, a ring among them sends 2(r-1)/r times one head's K/V gradient
+(H·hs·2 weights + hs biases). The torch GPT does this with `nn.mappings.sum_over_replicas`: one
+all-reduce over the *whole* TP group of a buffer with a slot per distinct KV head, so each rank
+sends 2(t-1)/t times the full K/V weight gradient (all nkv heads), once per step and layer. It
+needs no sub-group, at t/r times the bytes of the sharers-only all-reduce; for a small nkv this
+is far less than the activations' all-reduces."""),
     new_code_cell("""def block_table(comm):
     local = shard_block_params(block_params, config, comm.world_size, comm.rank)
     comm.meter.reset()
@@ -242,15 +265,27 @@ all-reduce, `attn.o.bias` and `mlp.proj.bias`. The names are the torch GPT Block
 results = run_spmd(block_table, 4)
 print(results[0][0])
 full = sum(p.nbytes for p in block_params.values())
-print(f"\\nparameter bytes per rank at t=4: {[r[1] for r in results]} of {full} (1/t = {full // 4})")"""),
+print(f"\\nparameter bytes per rank at t=4: {[r[1] for r in results]} of {full} (1/t = {full // 4})")
+local0 = shard_block_params(block_params, config, 4, 0)
+share = {}  # what fraction of each full parameter rank 0 holds -> the parameters and their bytes
+for key, value in local0.items():
+    fraction = f"1/{block_params[key].nbytes // value.nbytes}" if value.nbytes < block_params[key].nbytes else "all"
+    names, nbytes = share.get(fraction, ([], 0))
+    share[fraction] = (names + [key], nbytes + value.nbytes)
+for fraction, (names, nbytes) in share.items():
+    print(f"  {fraction:>4} of {', '.join(names)}: {nbytes} B")
+assert sum(nbytes for _, nbytes in share.values()) == results[0][1]
+print(f"  = {results[0][1]} B per rank")"""),
     new_markdown_cell(r"""## Your turn: exercise 4
 
-Open `exercises/ex04_parallel_attention.py` and write `shard_attention_params` (which heads go
-where, GQA included), `parallel_attention_forward` and `parallel_attention_backward`. You may build on the library's
+Open `exercises/ex04_parallel_attention.py` and write `causal_attention` (the scores, the causal
+mask and a softmax that survives scores in the thousands: subtract each row's max before exp),
+`shard_attention_params` (which heads go where, GQA included, as copies),
+`parallel_attention_forward` and `parallel_attention_backward`. You may build on the library's
 parallel linear layers from exercise 3 and on the single-device helpers in
 `tp_from_scratch.layers.reference`. Then
 
-    make grade                    # or: pytest exercises -m ex04
+    make grade EX=ex04            # or: .venv/bin/python -m pytest exercises -m ex04 -x
 
 The graders run t = 1, 2, 3, 4 with sharded and replicated KV heads, compare the output and every
 gradient with the single-device attention, and count your all-reduces.
