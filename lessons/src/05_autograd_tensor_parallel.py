@@ -134,7 +134,10 @@ full = torch.nn.Linear(6, 8)
 torch.manual_seed(0)  # (one rank only: simulated ranks are threads sharing torch's default RNG)
 one_rank = run_spmd(lambda comm: ColumnParallelLinear(6, 8, group=comm).weight.detach(), 1)[0]
 print("with the same seed, a default ColumnParallelLinear at t=1 is nn.Linear:", torch.equal(one_rank, full.weight))"""),
-    new_markdown_cell(r"""Now the Megatron MLP, column then GeLU then row, against the single-device one: the output,
+    new_markdown_cell(r"""Now the Megatron MLP, column then GeLU then row, against the single-device one (this GeLU is
+torch's default, the exact erf form `F.gelu(x)`, as in the torch GPT of Lesson 6; the numpy
+layers of Lessons 3-4 use GPT-2's tanh approximation; both are element-wise, which is all the
+split needs): the output,
 the input gradient, every weight and bias gradient, and the weights after one AdamW step, in
 float64 and float32, for t = 1..4 (t = 3 splits F = 12 evenly; sizes t does not divide are
 split like `numpy.array_split` and are checked in the tests). Each rank compares its own
@@ -193,8 +196,8 @@ does (it is required: a layer built without one raises a `TypeError` naming it):
 them on simulated ranks and, through `torchrun`, on 2 and 4 real processes, with both
 collective implementations, on the world group and on sub-groups of 2 (a dp × tp mesh):
 
-    torchrun --nproc-per-node 4 -m tp_from_scratch.nn.checks          # CPU, gloo
-    torchrun --nproc-per-node 8 -m tp_from_scratch.nn.checks --device cuda
+    .venv/bin/torchrun --nproc-per-node 4 -m tp_from_scratch.nn.checks          # CPU, gloo
+    .venv/bin/torchrun --nproc-per-node 8 -m tp_from_scratch.nn.checks --device cuda
 
 Every rank prints `rank r: all checks passed: native equals scratch; ...`.
 
@@ -308,12 +311,17 @@ print("sharded masks all different:", len({tuple(r[1].flatten().tolist()) for r 
 * `exercises/ex06_vocab_parallel_cross_entropy.py`: the loss from this rank's block of logits,
   with its gradient, and no gathering.
 
-        make grade                    # or: pytest exercises -m ex05 / -m ex06
+        make grade                    # or: .venv/bin/python -m pytest exercises -m ex05 -x (ex06)
 
 The graders run your code on 1-4 simulated ranks against `torch.nn.Linear` and
 `F.cross_entropy` (outputs, every gradient, the weights after an SGD step) and read the meter:
 an all-reduce in the wrong direction, logits of size 1000 without the max subtraction, or a
-gather of the full logits fails even when the small cases come out right.
+gather of the full logits fails even when the small cases come out right. They also check that
+backward leaves the incoming gradient alone and that `from_linear` copies its shard (after an
+SGD step on the parallel layer, the source `nn.Linear` must be unchanged). At t = 1 you may skip
+a collective (Megatron-LM does: a sum over one rank is its input); collectives are counted only
+for t > 1. Once your exercise 2 passes, `make grade COLLECTIVES=mine` runs these graders (and
+those of exercises 3 and 4) on your own ring collectives.
 
 **Summary.** f: Replicated in, identity forward, all-reduce backward. g: Partial in,
 all-reduce forward, identity backward. Column-parallel: f, then $XW_i^\top$ → Sharded(-1).

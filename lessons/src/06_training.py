@@ -166,7 +166,8 @@ their input gradients once, instead of three times (Megatron-LM gets the same ef
 q, k and v into one weight). The cross-entropy's three all-reduces move (B·T) numbers each,
 never the (B, T, V) logits: that is the point of the vocabulary-parallel loss. With the ring
 all-reduce a rank sends 2 (t-1)/t times the payload: at t = 2, exactly the payload."""),
-    new_code_cell("""act = B * T * H * 4  # one float32 (B, T, H) activation, in bytes
+    new_code_cell("""print(f"B = {B} sequences of T = {T} tokens, H = {H}, L = {L} blocks, t = 2 (the run above): {config}")
+act = B * T * H * 4  # one float32 (B, T, H) activation, in bytes
 expected = (4 * L + 2) * act + 3 * B * T * 4   # 4 per block + embedding + head, and the loss
 print(f"formula: {expected:,} bytes/step; meter: {per_step['all_reduce']['bytes_sent']:,.0f}")
 assert expected == per_step["all_reduce"]["bytes_sent"]"""),
