@@ -77,7 +77,7 @@ def test_replicated_gradients_are_summed_once_and_the_rest_untouched():
 
 
 def _stack_loss(x, params, config, t, p, dys):
-    ys, _ = reference.stack_forward(x, params, config, t, p)
+    ys, _ = reference.streams_stack_forward(x, params, config, t, p)
     return float(np.sum(ys * dys))
 
 
@@ -90,8 +90,8 @@ def test_reference_backward_matches_finite_differences(t, p):
     params = init_stack_params(rng, config, 2)
     x = random_array(rng, (2, 3, config.hidden))
     dys = random_array(rng, (t, 2, 3, config.hidden))
-    _, cache = reference.stack_forward(x, params, config, t, p)
-    dx, grads = reference.stack_backward(dys, cache)
+    _, cache = reference.streams_stack_forward(x, params, config, t, p)
+    dx, grads = reference.streams_stack_backward(dys, cache)
     for name, value, grad in [("x", x, dx), ("ln1.weight", params[0]["ln1.weight"], grads[0]["ln1.weight"]),
                               ("attn.o.bias", params[1]["attn.o.bias"], grads[1]["attn.o.bias"]),
                               ("attn.q.weight", params[0]["attn.q.weight"], grads[0]["attn.q.weight"]),
@@ -120,8 +120,8 @@ def test_reference_at_p_1_is_the_ordinary_block_stack(t):
     params = init_stack_params(rng, config, 2)
     x = random_array(rng, (2, 3, config.hidden))
     dys = random_array(rng, (t, 2, 3, config.hidden))
-    ys, cache = reference.stack_forward(x, params, config, t, 1.0)
-    dx, grads = reference.stack_backward(dys, cache)
+    ys, cache = reference.streams_stack_forward(x, params, config, t, 1.0)
+    dx, grads = reference.streams_stack_backward(dys, cache)
 
     y, caches = x, []
     for prm in params:
@@ -153,7 +153,7 @@ def test_streams_really_diverge_below_p_1():
     rng = rank_rng(3)
     params = init_stack_params(rng, config, 1)
     x = random_array(rng, (1, 3, config.hidden))
-    ys, _ = reference.stack_forward(x, params, config, t, 0.5)
+    ys, _ = reference.streams_stack_forward(x, params, config, t, 0.5)
     k = mappings.synced_channels(config.hidden, 0.5)
     assert not np.allclose(ys[0][..., k:], ys[1][..., k:])
 

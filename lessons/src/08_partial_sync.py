@@ -135,16 +135,16 @@ rng = rank_rng(1)
 params = init_stack_params(rng, config, 2)
 x = random_array(rng, (2, 3, config.hidden))
 dys = random_array(rng, (t, 2, 3, config.hidden))
-ys, cache = reference.stack_forward(x, params, config, t, p)
-_, grads_ref = reference.stack_backward(dys, cache)
+ys, cache = reference.streams_stack_forward(x, params, config, t, p)
+_, grads_ref = reference.streams_stack_backward(dys, cache)
 
 def on_rank(comm):
     local = [shard_block_params(prm, config, t, comm.rank) for prm in params]
-    y, caches = block.stack_forward(comm, x, local, config, p)
+    y, caches = block.parallel_stack_forward(comm, x, local, config, p)
     own = []
     for c in reversed(caches):             # the backward by hand, block by block, WITHOUT the sum
         dy_block = dys[comm.rank] if not own else dx
-        dx, g = block.block_backward(comm, dy_block, c)
+        dx, g = block.parallel_block_backward(comm, dy_block, c)
         own.append(g)
     return own[-1]["ln1.weight"]           # block 0's
 
@@ -156,9 +156,9 @@ print(f"t-stream reference:             {np.round(grads_ref[0]['ln1.weight'][:4]
 assert_matches_reference(sum(own), grads_ref[0]["ln1.weight"], name="summed ln1.weight grad")"""),
     new_markdown_cell(r"""## 5. Equal to the single-device t-stream model
 
-`reference.stack_forward(x, params, config, t, p)` is the CAAT model on **one device**: a
+`reference.streams_stack_forward(x, params, config, t, p)` is the CAAT model on **one device**: a
 leading stream axis (t, B, T, H), stream s using rank s's shard of every column and row
-weight, the partial reduce written as a sum over that axis. `block.stack_forward(comm, ...)`
+weight, the partial reduce written as a sum over that axis. `block.parallel_stack_forward(comm, ...)`
 is the SPMD version, one stream per rank. `check.check_stack` compares this rank's output
 with stream `rank` of the reference, dx, every parameter gradient (gathered), and the bytes
 the forward sent. At p = 1 the reference is the ordinary block stack of Lessons 3-4

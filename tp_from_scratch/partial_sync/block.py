@@ -28,7 +28,7 @@ def _bias_grad(dy):
     return dy.reshape(-1, dy.shape[-1]).sum(axis=0)
 
 
-def block_forward(comm, x, local, config, p):
+def parallel_block_forward(comm, x, local, config, p):
     """One CAAT block on this rank's stream x (B, T, H): 2 partial reduces. Returns (y, cache)."""
     t = comm.world_size
     a, c_ln1 = layernorm_forward(x, local["ln1.weight"], local["ln1.bias"])
@@ -40,11 +40,11 @@ def block_forward(comm, x, local, config, p):
     return y, (p, c_ln1, c_att, c_ln2, c_mlp)
 
 
-def block_backward(comm, dy, cache):
-    """Backward of block_forward for dy (B, T, H), this stream's gradient: 2 partial reduces.
+def parallel_block_backward(comm, dy, cache):
+    """Backward of parallel_block_forward for dy (B, T, H), this stream's gradient: 2 partial reduces.
 
     Returns (dx (B, T, H) of this stream, local grads). The Replicated parameters' gradients
-    cover this stream only: stack_backward sums them over the ranks.
+    cover this stream only: parallel_stack_backward sums them over the ranks.
     """
     p, c_ln1, c_att, c_ln2, c_mlp = cache
     dm, grads = mlp_partial_backward(partial_reduce_backward(comm, dy, p), c_mlp)
@@ -58,7 +58,7 @@ def block_backward(comm, dy, cache):
     return dh + dx_ln, grads
 
 
-def stack_forward(comm, x, locals_, config, p):
+def parallel_stack_forward(comm, x, locals_, config, p):
     """f at the entry, then every block on this rank's stream. x (B, T, H) Replicated.
 
     Returns (y (B, T, H) this rank's final stream, cache).
@@ -66,20 +66,20 @@ def stack_forward(comm, x, locals_, config, p):
     y = f_forward(comm, x)
     caches = []
     for local in locals_:
-        y, cache = block_forward(comm, y, local, config, p)
+        y, cache = parallel_block_forward(comm, y, local, config, p)
         caches.append(cache)
     return y, caches
 
 
-def stack_backward(comm, dy, caches):
-    """Backward of stack_forward for dy (B, T, H), this stream's gradient.
+def parallel_stack_backward(comm, dy, caches):
+    """Backward of parallel_stack_forward for dy (B, T, H), this stream's gradient.
 
     Returns (dx (B, T, H) Replicated: f backward all-reduces it, list of local grads per
     block, with the Replicated parameters' gradients summed over the ranks).
     """
     grads = []
     for cache in reversed(caches):
-        dy, g = block_backward(comm, dy, cache)
+        dy, g = parallel_block_backward(comm, dy, cache)
         grads.append(g)
     grads.reverse()
     return f_backward(comm, dy), [sum_replicated_grads(comm, g, REPLICATED_KEYS) for g in grads]

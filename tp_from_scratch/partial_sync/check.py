@@ -40,14 +40,14 @@ def check_stack(comm, config, p, n_blocks=2, batch=2, seq=3, seed=0, dtype=np.fl
     shape = (batch, seq, config.hidden)
     x = random_array(rng, shape, dtype)
     dys = random_array(rng, (t, *shape), dtype)
-    ys_ref, cache = reference.stack_forward(x, params, config, t, p)
-    dx_ref, grads_ref = reference.stack_backward(dys, cache)
+    ys_ref, cache = reference.streams_stack_forward(x, params, config, t, p)
+    dx_ref, grads_ref = reference.streams_stack_backward(dys, cache)
 
     locals_ = [shard_block_params(prm, config, t, rank) for prm in params]
     before = comm.meter.snapshot()
-    y, caches = block.stack_forward(comm, x, locals_, config, p)
+    y, caches = block.parallel_stack_forward(comm, x, locals_, config, p)
     after = comm.meter.snapshot()
-    dx, grads = block.stack_backward(comm, dys[rank], caches)
+    dx, grads = block.parallel_stack_backward(comm, dys[rank], caches)
 
     verdicts = []
     compare(verdicts, y, ys_ref[rank], f"stream {rank} output", rank)

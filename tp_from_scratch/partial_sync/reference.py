@@ -50,7 +50,7 @@ def _bias_grad(dys):
     return dys.reshape(-1, dys.shape[-1]).sum(axis=0)  # over streams too
 
 
-def block_forward(xs, params, config, p):
+def streams_block_forward(xs, params, config, p):
     """One CAAT block on all streams xs (t, B, T, H); params: the FULL block params."""
     t = xs.shape[0]
     locals_ = [shard_block_params(params, config, t, s) for s in range(t)]
@@ -71,8 +71,8 @@ def _assemble(grads_per_stream, config):
             for key in grads_per_stream[0]}
 
 
-def block_backward(dys, cache):
-    """Backward of block_forward for dys (t, B, T, H): (dxs (t, B, T, H), full grads)."""
+def streams_block_backward(dys, cache):
+    """Backward of streams_block_forward for dys (t, B, T, H): (dxs (t, B, T, H), full grads)."""
     p, config, c_ln1, c_att, c_ln2, c_mlp = cache
     dm, g_mlp = _each_stream_backward(mlp_partial_backward, streams_partial_reduce(dys, p), c_mlp)
     grads = _assemble(g_mlp, config)
@@ -86,21 +86,21 @@ def block_backward(dys, cache):
     return dh + dx_ln, grads
 
 
-def stack_forward(x, params_list, config, t, p):
+def streams_stack_forward(x, params_list, config, t, p):
     """The CAAT stack for TP degree t on x (B, T, H): (ys (t, B, T, H), one stream per rank, cache)."""
     ys = np.repeat(x[None], t, axis=0)  # the entry: every stream starts from the same x
     caches = []
     for params in params_list:
-        ys, cache = block_forward(ys, params, config, p)
+        ys, cache = streams_block_forward(ys, params, config, p)
         caches.append(cache)
     return ys, caches
 
 
-def stack_backward(dys, caches):
-    """Backward of stack_forward for dys (t, B, T, H): (dx (B, T, H), list of full grads per block)."""
+def streams_stack_backward(dys, caches):
+    """Backward of streams_stack_forward for dys (t, B, T, H): (dx (B, T, H), list of full grads per block)."""
     grads = []
     for cache in reversed(caches):
-        dys, g = block_backward(dys, cache)
+        dys, g = streams_block_backward(dys, cache)
         grads.append(g)
     grads.reverse()
     return dys.sum(axis=0), grads  # the entry's copy to t streams: its gradient is the sum
