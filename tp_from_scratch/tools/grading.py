@@ -93,10 +93,11 @@ def run_graded(fn, world_size, *args, timeout=20.0):
 
     A stub's NotImplementedError stays one, so an unfinished exercise reads "not yet" in the
     grade summary. Any other exception raised on a rank (a wrong value, a wrong shape on
-    rank 2) is re-raised as itself, its traceback stripped of the simulator's frames and a
-    note saying which rank raised it, so pytest shows the grader's and the learner's lines
-    only. A deadlock, a timeout or mismatched collectives stay the simulator's SPMDError,
-    whose message says where each rank stopped.
+    rank 2) stays an SPMDError (``.error`` is the rank's exception), but with a one-part
+    message ("rank 2 failed: ValueError: ...") and the rank's own traceback stripped of the
+    simulator's frames, so pytest shows the grader's and the learner's lines only. A
+    deadlock, a timeout or mismatched collectives keep the simulator's full message, which
+    says where each rank stopped.
     """
     __tracebackhide__ = True  # pytest: start the traceback at the caller's line
     from tp_from_scratch.comm import SPMDError, run_spmd  # the comm package is lesson 2's
@@ -110,9 +111,9 @@ def run_graded(fn, world_size, *args, timeout=20.0):
             raise NotImplementedError(str(error)) from None
         if rank_error is None or isinstance(rank_error, CommError):
             raise error.with_traceback(None) from None
-        if hasattr(rank_error, "add_note"):  # Python 3.11+
-            rank_error.add_note(f"(raised on rank {error.rank} of {world_size}; the other ranks were stopped)")
-        raise rank_error.with_traceback(_without_simulator_frames(rank_error.__traceback__)) from None
+        short = SPMDError(f"rank {error.rank} failed: {type(rank_error).__name__}: {rank_error}",
+                          rank=error.rank, error=rank_error, traceback=error.traceback)
+        raise short.with_traceback(_without_simulator_frames(rank_error.__traceback__)) from None
 
 
 def _without_simulator_frames(tb):
