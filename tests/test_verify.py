@@ -23,6 +23,7 @@ from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.comm.launchers import run_command, torchrun_command
 from tp_from_scratch.tools.grading import load_implementation
 from tp_from_scratch.verify import merge, run_suite, table
+from tp_from_scratch.verify.adapter import FEATURES, Adapter
 from tp_from_scratch.verify.ours import ADAPTER as OURS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -111,6 +112,42 @@ def test_each_known_wrong_exercise_fails_its_targeted_check_through_the_adapter_
         rows = merge(run_spmd(run_suite, 2, adapter, dtypes=(torch.float64,)))
         assert status(rows, path.stem, *KNOWN_WRONG_TARGETS[path.stem]) == {"FAIL"}, \
             f"{path.stem} passed {KNOWN_WRONG_TARGETS[path.stem]}:\n{table(rows)}"
+
+
+# the check each known-wrong Exercise 6 cross-entropy must FAIL (masks_target_in_place writes
+# into the caller's targets only where some are ignore_index: the ignore_index case sees it)
+KNOWN_WRONG_CE = REPO / "tests" / "known_wrong" / "ex06_vocab_parallel_cross_entropy"
+KNOWN_WRONG_CE_TARGETS = {
+    "gathers_full_logits": "collectives",
+    "ignore_index_not_masked": "ignore_index",
+    "masks_target_in_place": "ignore_index",
+    "no_max_subtraction": "large logits (x1000)",
+    "sum_exp_not_all_reduced": "forward",
+    "target_not_masked": "forward",
+}
+
+
+def cross_entropy_adapter(module, name):
+    """An adapter providing only an exercise-6 style vocab_parallel_cross_entropy."""
+    def loss(group, local_logits, target, ignore_index, vocab_start):
+        return module.vocab_parallel_cross_entropy(group, local_logits, target, ignore_index,
+                                                   vocab_start=vocab_start)
+    return Adapter(name=name, cross_entropy=loss, supports=frozenset(FEATURES))
+
+
+def test_each_known_wrong_cross_entropy_fails_its_targeted_check_through_the_adapter_api():
+    paths = sorted(KNOWN_WRONG_CE.glob("*.py"))
+    untargeted = {p.stem for p in paths} - set(KNOWN_WRONG_CE_TARGETS)
+    assert not untargeted and len(paths) >= 4, f"give {sorted(untargeted)} a target in KNOWN_WRONG_CE_TARGETS"
+    reference = cross_entropy_adapter(load_implementation("ex06", "reference"), "reference")
+    rows = merge(run_spmd(run_suite, 2, reference, dtypes=(torch.float64,)))
+    assert not failed(rows) and status(rows, "reference", "cross-entropy", "forward") == {"PASS"}, table(rows)
+    for path in paths:
+        rows = merge(run_spmd(run_suite, 2, cross_entropy_adapter(_load(path), path.stem),
+                              dtypes=(torch.float64,)))
+        target = KNOWN_WRONG_CE_TARGETS[path.stem]
+        assert status(rows, path.stem, "cross-entropy", target) == {"FAIL"}, \
+            f"{path.stem} passed {target}:\n{table(rows)}"
 
 
 # --- torchrun: one launch per world size, every adapter inside it ---------------------------
