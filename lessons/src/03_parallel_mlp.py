@@ -117,6 +117,18 @@ draw_layouts([
     ("z_i  (B, T, H)", "Partial", "g:\\nall-reduce", H_),
     ("y = sum z_i + b2", "Replicated", "", H_),
 ], t=4, title="MLP forward: one all-reduce (g)")"""),
+    new_markdown_cell(r"""And the weights, which never move: $W_1$ (`mlp.fc.weight`) is cut into column blocks, rank $i$
+keeping $W_1^{(i)}$ of shape (H, F/t) and the matching $b_1^{(i)}$; $W_2$ (`mlp.proj.weight`) into
+the matching row blocks (F/t, H); $b_2$ is whole on every rank. Rank $i$'s columns of $W_1$ and rows
+of $W_2$ are the same F/t hidden units, which is why $h_i$ and $a_i$ never leave the rank."""),
+    new_code_cell("""import matplotlib.pyplot as plt
+from tp_from_scratch.plots import draw_matrix
+
+fig, axes = plt.subplots(1, 3, figsize=(11, 2.6), gridspec_kw={"width_ratios": [12, 4, 4]})
+draw_matrix(axes[0], (4, 12), 1, 4, title="W1 (H, F): rank i holds columns (H, F/t)", dims=("H", "F"))
+draw_matrix(axes[1], (12, 4), 0, 4, title="W2 (F, H): rows (F/t, H)", dims=("F", "H"))
+draw_matrix(axes[2], (1, 4), None, 4, title="b2 (H,): whole on every rank")
+plt.tight_layout(); plt.show()"""),
     new_markdown_cell(r"""## 3. f and g, and their backward passes
 
 Megatron names the two places where the MLP meets the rest of the model.
