@@ -32,10 +32,13 @@ demo: $(STAMP)
 	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --steps 50 \
 		--compare-single --metrics runs/demo/metrics.jsonl --plot runs/demo/loss.png
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist); --dist loadfile keeps each test file on
+# one worker, so a file's module-scoped launches (torchrun runs, grader subprocesses) happen once
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	TP_IMPL=reference $(PY) -m pytest exercises -q
-	$(PY) -m pytest tests -q
-	$(PY) -m pytest --nbmake lessons -q
+	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest --nbmake lessons -q -n $(TEST_WORKERS)
 
 # make grade EX=ex03 grades one exercise; COLLECTIVES=mine runs Exercises 3-6 on your own ex02 ring
 grade: $(STAMP)
