@@ -87,3 +87,14 @@ def spmd_main(fn):
         if comm is not None and hasattr(comm, "abort"):
             comm.abort(1)
         os._exit(1)  # skip atexit handlers that could wait on dead peers
+
+
+def check_main(report, world_sizes=(1, 2, 3, 4)):
+    """The main of a check script: ``report(comm)`` on every rank when launched by mpiexec or
+    torchrun; started by plain ``python``, on simulated ranks for each of ``world_sizes``."""
+    if launcher_from_env() is not None:
+        spmd_main(report)
+        return
+    from .simulated import run_spmd
+    for t in world_sizes:
+        run_spmd(report, t)

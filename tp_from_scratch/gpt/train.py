@@ -431,8 +431,14 @@ def main(argv=None):
         sys.exit(2)
     config = config_from_args(args)
     mesh = setup_mesh(args.tp, args.device, args.timeout, dtensor=args.impl == "dtensor")
+    run_and_exit(run, args, config, mesh)
+
+
+def run_and_exit(run_fn, args, config, mesh):
+    """Exit with ``run_fn(args, config, mesh)``'s status; a checkpoint error is printed with the
+    rank and exits 1; the process group is torn down either way. Later lessons' trainers use it."""
     try:
-        status = run(args, config, mesh)
+        status = run_fn(args, config, mesh)
     except ckpt.CheckpointError as e:
         print(f"rank {mesh.rank}: error: {e}", file=sys.stderr, flush=True)
         status = 1

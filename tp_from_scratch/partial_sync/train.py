@@ -267,14 +267,7 @@ def main(argv=None):
     from tp_from_scratch.gpt.mesh import setup_mesh
     config = gpt_train.config_from_args(args)
     mesh = setup_mesh(args.tp, args.device, args.timeout)
-    try:
-        status = run(args, config, mesh)
-    except ckpt.CheckpointError as e:
-        print(f"rank {mesh.rank}: error: {e}", file=sys.stderr, flush=True)
-        status = 1
-    finally:
-        dist.destroy_process_group()
-    sys.exit(status)
+    gpt_train.run_and_exit(run, args, config, mesh)
 
 
 if __name__ == "__main__":

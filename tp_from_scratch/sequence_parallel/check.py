@@ -114,13 +114,8 @@ def report(comm):
 
 
 def main():
-    from tp_from_scratch.comm import run_spmd, spmd_main
-    from tp_from_scratch.comm.launch import launcher_from_env
-    if launcher_from_env() is not None:
-        spmd_main(report)
-        return
-    for t in (1, 2, 3, 4):  # started by plain python: simulated ranks
-        run_spmd(report, t)
+    from tp_from_scratch.comm.launch import check_main
+    check_main(report)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ import sys
 import time
 
 import torch
-import torch.distributed as dist
 
 from tp_from_scratch.gpt import train
 from tp_from_scratch.gpt.mesh import setup_mesh
@@ -70,11 +69,7 @@ def main(argv=None):
             parser.error(problem)  # prints usage and the message, exits with status 2
         sys.exit(2)
     mesh = setup_mesh(args.tp, args.device, args.timeout)
-    try:
-        status = run(args, train.config_from_args(args), mesh)
-    finally:
-        dist.destroy_process_group()
-    sys.exit(status)
+    train.run_and_exit(run, args, train.config_from_args(args), mesh)
 
 
 if __name__ == "__main__":
