@@ -361,7 +361,14 @@ def init_gpt(config, seed, dtype=torch.float32):
 
     Draws from its own torch.Generator, so building a model never touches the global RNG.
     """
-    model = GPT(config).to(dtype)
+    residual = 0.02 / (2 * config.n_layers) ** 0.5
+    return init_weights(GPT(config).to(dtype), seed, lambda name: residual if name.endswith(
+        ("o.weight", "proj.weight", "down.weight")) else 0.02)
+
+
+def init_weights(model, seed, std_of):
+    """Fill ``model`` in place from its own generator: zero biases, unit norm weights, and every
+    other weight N(0, std_of(name)^2), drawn in float64 in parameter order. Returns ``model``."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -370,9 +377,7 @@ def init_gpt(config, seed, dtype=torch.float32):
             elif ".ln" in name or name.startswith("ln_f"):
                 p.fill_(1.0)
             else:
-                std = 0.02 / (2 * config.n_layers) ** 0.5 if name.endswith(
-                    ("o.weight", "proj.weight", "down.weight")) else 0.02
-                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * std)
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * std_of(name))
     return model
 
 

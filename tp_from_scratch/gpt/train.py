@@ -257,8 +257,11 @@ def build(args, config, mesh, start, group):
     return model, optimizer, step
 
 
-def save(args, config, mesh, model, optimizer, step):
-    """A sharded checkpoint: the TP ranks of DP replica 0 write, rank 0 commits (collective)."""
+def save(args, config, mesh, model, optimizer, step, extra=None):
+    """A sharded checkpoint: the TP ranks of DP replica 0 write, rank 0 commits (collective).
+
+    extra: more entries for the metadata (a later lesson's trainer records its own settings).
+    """
     names = [ckpt.new_checkpoint_name(step) if mesh.rank == 0 else None]
     dist.broadcast_object_list(names, src=0)
     record = None
@@ -268,9 +271,9 @@ def save(args, config, mesh, model, optimizer, step):
     records = [None] * mesh.world
     dist.all_gather_object(records, record)
     if mesh.rank == 0:
-        extra = {"dtype": args.dtype, "optimizer": args.optimizer, "lr": default_lr(args),
-                 "seed": args.seed, "batch_size": args.batch_size}
-        ckpt.commit(args.save, names[0], config, mesh.tp, step, [r for r in records if r], extra)
+        meta = {"dtype": args.dtype, "optimizer": args.optimizer, "lr": default_lr(args),
+                "seed": args.seed, "batch_size": args.batch_size, **(extra or {})}
+        ckpt.commit(args.save, names[0], config, mesh.tp, step, [r for r in records if r], meta)
     dist.barrier()
 
 

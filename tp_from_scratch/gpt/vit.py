@@ -35,8 +35,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tp_from_scratch.gpt.model import (Block, GPTConfig, _linear, gather_state_dict, make_norm,
-                                       shard_state_dict, tp_layer_factories)
+from tp_from_scratch.gpt.model import (Block, GPTConfig, _linear, gather_state_dict, init_weights,
+                                       make_norm, shard_state_dict, tp_layer_factories)
 from tp_from_scratch.nn.mappings import tp_rank, tp_world_size
 
 N_CLASSES = 10
@@ -90,17 +90,7 @@ class ViT(nn.Module):
 
 def init_vit(config, seed, dtype=torch.float32):
     """A single-device ViT with reproducible N(0, 0.02) weights, zero biases, unit norms."""
-    model = ViT(config, dtype=dtype)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.zero_()
-            elif ".ln" in name or name.startswith("ln_f"):
-                p.fill_(1.0)
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.02)
-    return model
+    return init_weights(ViT(config, dtype=dtype), seed, lambda name: 0.02)
 
 
 def vit_to_tp(group, model):

@@ -198,7 +198,9 @@ def run(args, config, mesh):
             metrics.close()
     elapsed = time.perf_counter() - t_start
     if args.save:
-        _save(args, config, mesh, model, optimizer)
+        # p goes into the metadata: check_checkpoint_fits reads it back
+        gpt_train.save(args, config, mesh, model, optimizer, args.steps,
+                       extra={"sync_fraction": args.sync_fraction})
     if is_main:
         n = max(args.steps - first, 1)
         itemsize = torch.finfo(getattr(torch, args.dtype)).bits // 8
@@ -213,23 +215,6 @@ def run(args, config, mesh):
         if reference is not None:
             print(f"t-stream single-device comparison: {n - bad} of {n} steps equal")
     return 1 if bad else 0
-
-
-def _save(args, config, mesh, model, optimizer):
-    """A sharded checkpoint that records p (and t): check_checkpoint_fits reads them back."""
-    names = [ckpt.new_checkpoint_name(args.steps) if mesh.rank == 0 else None]
-    dist.broadcast_object_list(names, src=0)
-    record = None
-    if mesh.dp_rank == 0:
-        record = ckpt.write_shard(args.save, names[0], mesh.tp_rank, mesh.tp, model.state_dict(),
-                                  ckpt.optimizer_state_by_name(model, optimizer), torch.get_rng_state())
-    records = [None] * mesh.world
-    dist.all_gather_object(records, record)
-    if mesh.rank == 0:
-        extra = {"dtype": args.dtype, "optimizer": args.optimizer, "seed": args.seed,
-                 "batch_size": args.batch_size, "sync_fraction": args.sync_fraction}
-        ckpt.commit(args.save, names[0], config, mesh.tp, args.steps, [r for r in records if r], extra)
-    dist.barrier()
 
 
 def simulated_main(args, argv):
