@@ -21,6 +21,7 @@ LESSON = {
     "sequence_parallel": 7,                     # Lesson 7: sequence parallelism
     "partial_sync": 8,                          # Lesson 8: partially synchronized activations
     "overlap": 10,                              # Lesson 10: hiding and shrinking communication
+    "parallelisms": 11,                         # Lesson 11: TP beside DDP, ZeRO and pipelines
 }
 TOOLING = {"tools", "bench", "demos", "verify"}  # may import any lesson; no lesson imports them
 MAX_TOP_LEVEL_MODULES = 8
