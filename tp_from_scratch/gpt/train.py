@@ -332,8 +332,10 @@ def run(args, config, mesh):
     return 1 if bad else 0
 
 
-def train_loop(args, config, mesh, model, optimizer, first, reference, counter):
-    """Steps first .. args.steps-1; returns (losses, single-device losses, steps that differ)."""
+def train_loop(args, config, mesh, model, optimizer, first, reference, counter, step_fn=None):
+    """Steps first .. args.steps-1; returns (losses, single-device losses, steps that differ).
+
+    step_fn: a later lesson's step with train_step's signature (Lesson 11: DDP, ZeRO, pipeline)."""
     is_main = mesh.rank == 0
     metrics = None
     if args.metrics and is_main:
@@ -352,8 +354,8 @@ def train_loop(args, config, mesh, model, optimizer, first, reference, counter):
                                mesh.dp_rank, mesh.dp, args.data)
             t0 = time.perf_counter()
             with counter.counting():
-                loss = train_step(model, optimizer, x.to(mesh.device), y.to(mesh.device),
-                                  mesh.dp_group, mesh.dp)
+                loss = (step_fn or train_step)(model, optimizer, x.to(mesh.device), y.to(mesh.device),
+                                               mesh.dp_group, mesh.dp)
             record = {"step": step, "loss": loss.item(), "time_s": time.perf_counter() - t0}
             if reference is not None:
                 _, ref = next(reference)
