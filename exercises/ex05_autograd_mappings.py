@@ -22,7 +22,9 @@ gradient per forward input, in the same order (None for `group`). The graders co
 collectives: an extra or a missing all-reduce fails even when the numbers come out right.
 At t = 1 you may skip a collective (Megatron-LM does); the graders count them only for t > 1.
 Never modify a forward input or the gradient backward receives (the graders check both).
-An identity (f's forward, g's backward) may return its input as is, as Megatron's does.
+An identity (f's forward, g's backward) may return its input as is, as Megatron's does;
+scatter's chunk may not (also at t = 1): it is a new tensor, never a view x[..., chunk]
+(`split` copies), so a write into this rank's chunk can never change the replicated x.
 
 Shapes: x (B, T, H). torch stores a Linear's weight as (out, in): y = x @ W^T + b.
 Split sizes are even here (t divides every size the graders use).

@@ -6,14 +6,14 @@ torch (the identity, a sum, torch.nn.Linear) through the course's one comparison
 Each test also reads the rank's meter: which collectives run, forward and backward, is part
 of the specification (f all-reduces in backward only, g in forward only; at t = 1 skipping
 the collective passes too, as in Megatron-LM). Inputs and the incoming gradients must be
-unchanged afterwards. A layer built with from_linear must own its parameters: after an
+unchanged afterwards, and scatter's chunk is a new tensor, not a view of its input. A layer built with from_linear must own its parameters: after an
 optimizer step on the parallel layer, the single-device nn.Linear it came from is unchanged.
 """
 import pytest
 import torch
 
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.tools.grading import collective_calls, expected_calls, run_graded
+from tp_from_scratch.tools.grading import assert_not_aliased, collective_calls, expected_calls, run_graded
 from tp_from_scratch.testing import random_array, rank_rng
 
 WORLD_SIZES = [1, 2, 3, 4]
@@ -95,6 +95,9 @@ def test_scatter_keeps_own_chunk_forward_and_all_gathers_backward(impl, t):
         comm.meter.reset()
         y = impl.ScatterToTensorParallelRegion.apply(comm, x)
         forward = calls(comm)
+        # this rank's chunk is its own tensor (t = 1 too): a view of x (x[..., chunk]) would let
+        # a write into the chunk change the replicated x
+        assert_not_aliased(y, [x], "scatter's forward output", comm.rank)
         backward_with(y, integers(55, comm.rank, (B, T, n)))  # the gradient of this rank's chunk
         assert torch.equal(x.detach(), integers(54, 0, (B, T, H))), "scatter modified its input"
         return y.detach().clone(), x.grad, forward, calls(comm)

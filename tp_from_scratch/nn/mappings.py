@@ -111,6 +111,7 @@ def split(group, x, dim=-1, sizes=None):
     """This rank's contiguous chunk of ``dim``: (..., n, ...) -> (..., n_r, ...), no communication.
 
     sizes: the chunk sizes; None splits like numpy.array_split (the first n % t get one more).
+    The chunk is a new tensor, never a view of ``x``.
     """
     t, rank = tp_world_size(group), tp_rank(group)
     n = x.shape[dim]
@@ -121,7 +122,8 @@ def split(group, x, dim=-1, sizes=None):
         raise ValueError(f"rank {rank}: dimension {dim} of size {n} does not match the shard "
                          f"sizes {sizes} (they add up to {sum(sizes)})")
     start = sum(sizes[:rank])
-    return x.narrow(dim, start, sizes[rank]).contiguous()
+    # a copy even when the chunk is all of x (t = 1) or already contiguous: never a view of x
+    return x.narrow(dim, start, sizes[rank]).clone(memory_format=torch.contiguous_format)
 
 
 # ---------------------------------------------------------------------------------------
