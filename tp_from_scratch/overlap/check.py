@@ -6,8 +6,11 @@
 * every all-reduce algorithm (and the selector) equals the single-device sum, holds the same
   bits on every rank, and sends exactly what its formula says (algorithms.traffic);
 * all_reduce_async equals collectives.all_reduce bit for bit, with the same meter counts;
+* the collective matmul (check_collective_matmul): fused column and row layers equal the
+  un-fused sequence-parallel ones and move the same messages and bytes;
 * under torchrun also check_layer.check_async_layer: AsyncColumnParallelLinear equals
-  ColumnParallelLinear bit for bit, with the communicator and with the process group as group.
+  ColumnParallelLinear bit for bit, and the torch collective matmul equals
+  sequence_parallel.nn's layers, each with the communicator and with the process group as group.
 Each rank prints one line; a failure brings the job down (spmd_main).
 """
 import sys
@@ -18,6 +21,7 @@ from tp_from_scratch import collectives
 from tp_from_scratch.comm import spmd_main
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.overlap import algorithms as A
+from tp_from_scratch.overlap.check_collective_matmul import check_collective_matmul, check_collective_matmul_torch
 from tp_from_scratch.overlap.nonblocking import all_reduce_async
 from tp_from_scratch.testing import random_array, rank_rng
 
@@ -85,7 +89,7 @@ def check_async(comm):
 def run_checks(comm, with_torch=False):
     """Every numpy check on ``comm``; with_torch: also the layer, with ``comm`` as its group and,
     under torchrun, with the world process group (native collectives)."""
-    n = check_algorithms(comm) + check_async(comm)
+    n = check_algorithms(comm) + check_async(comm) + check_collective_matmul(comm)
     if with_torch:
         # imported only here: under mpiexec, torch's import alone costs each rank seconds
         import torch
@@ -95,6 +99,7 @@ def run_checks(comm, with_torch=False):
         n += check_async_layer(comm)
         n += check_async_layer(dist.group.WORLD)
         n += check_async_layer(dist.group.WORLD, dtype=torch.float32, gather_output=True)
+        n += check_collective_matmul_torch(comm) + check_collective_matmul_torch(dist.group.WORLD)
     return n
 
 
