@@ -2,15 +2,29 @@
 
     torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench train [--tp 2] [--hidden 128]
 
-Both versions start from the same single-device weights and train on the same batches.
-Rounds alternate, scratch then dtensor, so that whatever else the machine is doing falls
-on both alike; each round times ``--steps-per-round`` full steps (forward, backward,
-AdamW) after ``--warmup`` untimed ones. Prints the median step time of each and the ratio
-scratch / dtensor (below 1.0: ours is faster). Here world size = tp (no data parallelism).
+Three versions start from the same single-device weights and train on the same batches:
+
+    scratch        tp_from_scratch's TensorParallelGPT: blocks, embedding and LM head sharded
+                   (vocabulary-parallel embedding and cross-entropy)
+    dtensor        PyTorch's parallelize_module on the blocks only (gpt.dtensor_plan.tp_plan):
+                   embedding and LM head replicated, every rank computes all V logits
+    dtensor-vocab  the same sharding as ours (gpt.dtensor_plan.vocab_plan): embedding
+                   RowwiseParallel(input_layouts=Replicate()), Shard(0) head weight,
+                   loss_parallel's cross-entropy on Shard(-1) logits: the fair race
+
+Rounds alternate, scratch, dtensor, dtensor-vocab, so that whatever else the machine is
+doing falls on all alike; each round times ``--steps-per-round`` full steps (forward,
+backward, AdamW) after ``--warmup`` untimed ones. Prints the median step time of each and
+both ratios scratch / dtensor (below 1.0: ours is faster). Here world size = tp (no data
+parallelism). ``--losses FILE`` writes every step's loss of each version, in order (a test
+compares them with single-device training).
 """
 import argparse
+import contextlib
+import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -36,20 +50,34 @@ def parse(argv):
     p.add_argument("--collectives", choices=["native", "scratch"], default="native",
                    help="collectives under tp_from_scratch's layers")
     p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="Lesson 7 instead: ours with and without selective recomputation against "
+                        "DTensor's SequenceParallel plan (bench/sequence_parallel.py)")
+    p.add_argument("--losses", help="write {version: [loss of every step, in order]} here (rank 0)")
     return p.parse_args(argv)
 
 
-def timed_steps(model, optimizer, batches):
-    """Seconds per step over ``batches`` (a barrier before and after, so all ranks agree)."""
+def timed_steps(model, optimizer, batches, context=contextlib.nullcontext, losses=None):
+    """Seconds per step over ``batches`` (a barrier before and after, so all ranks agree).
+
+    context: what forward and backward run inside (loss_parallel for the vocab-sharded DTensor
+    plan); losses: a list the step losses are appended to (read after the timing stops).
+    """
     dist.barrier()
     t0 = time.perf_counter()
+    kept = []
     for x, y in batches:
         optimizer.zero_grad(set_to_none=True)
-        _, loss = model(x, y)
-        loss.backward()
+        with context():
+            _, loss = model(x, y)
+            loss.backward()
         optimizer.step()
+        kept.append(loss.detach())
     dist.barrier()
-    return (time.perf_counter() - t0) / len(batches)
+    seconds = (time.perf_counter() - t0) / len(batches)
+    if losses is not None:
+        losses += [float(getattr(k, "full_tensor", lambda k=k: k)()) for k in kept]
+    return seconds
 
 
 def main(argv=None):
@@ -65,7 +93,7 @@ def run(args):
     from torch.distributed.device_mesh import init_device_mesh
 
     from tp_from_scratch.comm.torch_comm import TorchComm
-    from tp_from_scratch.gpt.dtensor_plan import parallelize_gpt
+    from tp_from_scratch.gpt.dtensor_plan import loss_context, parallelize_gpt, parallelize_gpt_vocab
 
     tp, rank = dist.get_world_size(), dist.get_rank()
     config = GPTConfig(vocab_size=args.vocab_size, seq_len=args.seq_len, n_layers=args.layers,
@@ -73,26 +101,41 @@ def run(args):
     config.validate(tp)
     world = dist.group.WORLD
     group = world if args.collectives == "native" else TorchComm(world, timeout=args.timeout)
+    if args.sequence_parallel:
+        from tp_from_scratch.bench.sequence_parallel import race
+        race(args, config, group, init_device_mesh("cpu", (tp,)))
+        return 0
+    mesh = init_device_mesh("cpu", (tp,))
     models = {"scratch": gpt_to_tp(group, init_gpt(config, 0)),
-              "dtensor": parallelize_gpt(init_gpt(config, 0), init_device_mesh("cpu", (tp,)))}
+              "dtensor": parallelize_gpt(init_gpt(config, 0), mesh),
+              "dtensor-vocab": parallelize_gpt_vocab(init_gpt(config, 0), mesh)}
+    contexts = {"scratch": contextlib.nullcontext, "dtensor": contextlib.nullcontext,
+                "dtensor-vocab": lambda: loss_context(True)}
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=False) for k, m in models.items()}
     batches = [global_batch(s, args.batch_size, config.seq_len, config.vocab_size, 0)
                for s in range(args.steps_per_round)]
     times = {k: [] for k in models}
+    losses = {k: [] for k in models}
     for name in models:
-        timed_steps(models[name], opts[name], batches[:args.warmup])
+        timed_steps(models[name], opts[name], batches[:args.warmup], contexts[name], losses[name])
     for _ in range(args.rounds):
-        for name in models:  # alternate: scratch, dtensor, scratch, dtensor, ...
-            times[name].append(timed_steps(models[name], opts[name], batches))
+        for name in models:  # alternate: scratch, dtensor, dtensor-vocab, scratch, ...
+            times[name].append(timed_steps(models[name], opts[name], batches, contexts[name], losses[name]))
     if rank == 0:
         med = {k: statistics.median(v) for k, v in times.items()}
         print(f"GPT H={config.hidden} layers={config.n_layers} nh={config.n_heads} "
               f"nkv={config.n_kv_heads} T={config.seq_len} V={config.vocab_size} B={args.batch_size}, "
               f"tp={tp}, CPU/gloo, {args.rounds} rounds x {args.steps_per_round} steps")
+        labels = {"scratch": f"scratch ({args.collectives} collectives)",
+                  "dtensor": "dtensor, vocab replicated", "dtensor-vocab": "dtensor-vocab, vocab sharded"}
         for k, v in med.items():
             spread = f"{min(times[k]) * 1e3:.1f}..{max(times[k]) * 1e3:.1f}"
-            label = f"{k} ({args.collectives} collectives)" if k == "scratch" else k
-            print(f"  {label:<30} median {v * 1e3:8.2f} ms/step  (rounds {spread} ms)")
-        print(f"  ratio scratch / dtensor: {med['scratch'] / med['dtensor']:.2f}x "
-              f"(target <= 1.0)")
+            print(f"  {labels[k]:<30} median {v * 1e3:8.2f} ms/step  (rounds {spread} ms)")
+        print(f"  ratio scratch / dtensor (DTensor's embedding and LM head replicated): "
+              f"{med['scratch'] / med['dtensor']:.2f}x")
+        print(f"  ratio scratch / dtensor-vocab (the same vocabulary sharding, the fair race): "
+              f"{med['scratch'] / med['dtensor-vocab']:.2f}x   (below 1.0: ours is faster)")
+        if args.losses:
+            Path(args.losses).write_text(json.dumps({"batches": len(batches), "warmup": args.warmup,
+                                                     "rounds": args.rounds, "losses": losses}))
     return 0
