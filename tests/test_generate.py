@@ -61,3 +61,48 @@ def test_generation_equals_transformers_generate(tmp_path):
             for rank, ids in enumerate(run_spmd(lambda comm: generate(gpt_to_tp(comm, full, config).eval(),
                                                                       x, 10), tp)):
                 assert torch.equal(ids, want), f"{name} tp={tp} rank {rank}: {ids.tolist()} != {want.tolist()}"
+
+
+def test_sampling_draws_like_torch_multinomial():
+    # choose() claims to be torch.multinomial(p, 1)'s CPU algorithm on the same generator state
+    logits = 3 * torch.randn(4, 50, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    from tp_from_scratch.gpt.generate import choose, sampling_scores
+    for seed in range(20):
+        probs = sampling_scores(logits, 0.7, 10).softmax(dim=-1)
+        want = torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(seed)).squeeze(1)
+        got = choose(logits, torch.Generator().manual_seed(seed), 0.7, 10)
+        assert torch.equal(got, want), f"seed {seed}: {got.tolist()} != torch.multinomial's {want.tolist()}"
+
+
+def test_seeded_sampling_equals_transformers_generate_step_by_step(tmp_path):
+    # transformers' sampler: logits[:, -1] cast to float32, / temperature, top-k to -inf, softmax,
+    # torch.multinomial on the global generator. Ours (TP at t = 2, simulated ranks) with the same
+    # seed must give the same ids, and at every step the same processed scores (float32 policy).
+    pytest.importorskip("transformers")
+    import hf_models
+    from tp_from_scratch.gpt.convert import load_hf
+    from tp_from_scratch.gpt.generate import last_logits, sampling_scores
+    settings = dict(temperature=0.8, top_k=12)
+    for name, hf in (("gpt2", hf_models.gpt2(seed=5)), ("llama", hf_models.llama(seed=5))):
+        hf.save_pretrained(tmp_path / name)
+        config, full = load_hf(tmp_path / name, dtype=torch.float64)
+        x = prompt(config, T=4, seed=2)
+        torch.manual_seed(7)
+        out = hf.generate(x, max_new_tokens=10, do_sample=True, top_p=1.0, eos_token_id=None, pad_token_id=0,
+                          attention_mask=torch.ones_like(x), return_dict_in_generate=True, output_scores=True,
+                          **settings)
+        want, hf_scores = out.sequences, torch.stack(out.scores, dim=1)        # (B, T0+10), (B, 10, V)
+
+        def rank_run(comm):
+            model = gpt_to_tp(comm, full, config).eval()
+            ids = generate(model, x, 10, sample=True, seed=7, **settings)
+            logits, _ = model(want[:, :-1])                                  # every step's logits at once
+            scores = torch.stack([sampling_scores(last_logits(model, logits[:, :i]), **settings)
+                                  for i in range(x.shape[1], want.shape[1])], dim=1)
+            return ids, scores
+
+        for rank, (ids, scores) in enumerate(run_spmd(rank_run, 2)):
+            assert torch.equal(scores.isinf(), hf_scores.isinf()), f"{name} rank {rank}: a different top-k"
+            kept = ~hf_scores.isinf()
+            assert_matches_reference(scores[kept], hf_scores[kept], name=f"{name} sampling scores", rank=rank)
+            assert torch.equal(ids, want), f"{name} rank {rank}: {ids.tolist()} != transformers' {want.tolist()}"

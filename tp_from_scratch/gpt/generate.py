@@ -15,8 +15,9 @@ model.py: Sharded by heads, a replicated KV head when nkv < t). One step of deco
 forward of the new token: per block, f (identity), attention on the local heads against the
 local cache, g (one all-reduce of (B, 1, H)) after o, and the same for the MLP; at the end the
 vocabulary-sharded logits of the last position are all-gathered (B, V), so every rank picks
-the same next token (greedy: argmax; sampling: one uniform number from a generator seeded
-identically on every rank, so no broadcast is needed).
+the same next token (greedy: argmax; sampling: V exponentials from a generator seeded
+identically on every rank, so no broadcast is needed; the same draws and the same float32
+scores as transformers' generate with torch.manual_seed(seed), see choose).
 """
 import argparse
 import json
@@ -43,18 +44,34 @@ def last_logits(model, logits):
     return last
 
 
+def sampling_scores(logits, temperature=1.0, top_k=0):
+    """The scores sampling draws from, (B, V) float32: logits / temperature, all but the top k
+    set to -inf. float32 whatever the model's dtype, as transformers' generate does (it casts the
+    last position's logits to float32 before its temperature and top-k processors)."""
+    scores = logits.to(torch.float32) / temperature
+    if top_k:
+        kth = scores.topk(min(top_k, scores.shape[-1]), dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    return scores
+
+
 def choose(logits, generator=None, temperature=1.0, top_k=0):
     """Next token ids (B,) from full logits (B, V): argmax when ``generator`` is None, else a
-    seeded sample (inverse CDF with one uniform per row, drawn in float64)."""
+    seeded sample from softmax(sampling_scores).
+
+    The sample is the exponential race: token argmax_v p_v / E_v with E_v ~ Exp(1) drawn from
+    ``generator``; P(v wins) = p_v. It is the algorithm torch.multinomial(p, 1) runs on the CPU
+    (one exponential per entry of p, from the generator it is given or the global one), so a
+    generator seeded like transformers' torch.manual_seed(seed) draws the same tokens as its
+    generate(do_sample=True) on equal logits (tests/test_generate.py checks both claims). TP:
+    every rank holds the full logits and an identically seeded generator, so every rank picks
+    the same token without a broadcast.
+    """
     if generator is None:
         return logits.argmax(dim=-1)
-    logits = logits.to(torch.float64) / temperature
-    if top_k:
-        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    cdf = logits.softmax(dim=-1).cumsum(dim=-1)                # (B, V)
-    u = torch.rand(logits.shape[0], 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u).squeeze(1).clamp(max=logits.shape[-1] - 1)
+    probs = sampling_scores(logits, temperature, top_k).softmax(dim=-1)   # (B, V) float32
+    race = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return (probs / race).argmax(dim=-1)
 
 
 @torch.no_grad()
