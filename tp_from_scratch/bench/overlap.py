@@ -1,4 +1,6 @@
-"""Exposed communication and step time of a column-parallel layer, with and without overlap.
+"""Exposed communication and step time, with and without overlap: the column-parallel layer's
+backward (dX all-reduce behind dW) and the collective matmul (all-gather / reduce-scatter along T
+interleaved with the matmul).
 
     torchrun --nproc-per-node 2 -m tp_from_scratch.bench overlap
     mpiexec -n 2 python -m tp_from_scratch.bench overlap          (from-scratch only)
@@ -17,8 +19,17 @@ over iterations; each iteration's value is that of the slowest rank):
               all-reduce, or the final wait (plus the start) with overlap, ms
     hidden    1 - exposed(overlap) / exposed(blocking), on the overlap row
 The JSON also keeps rank 0's last backward as a timeline (what, start ms, stop ms).
-Outputs and gradients are checked bit for bit between the two before timing. This is a
-benchmark, not a test: nothing here asserts a speed.
+Outputs and gradients are checked bit for bit between the two before timing.
+
+Then the collective matmul (sequence parallelism, Lesson 7), forward only, same sizes:
+    all-gather->matmul   x (1, tokens/t, hidden) Sharded(1), the column layer (out/t, hidden):
+                         un-fused = all-gather along T, then one matmul; fused = the ring loop
+    matmul->reduce-scat. x (1, tokens, out/t) Sharded(-1), the row layer (hidden, out/t): one
+                         matmul then reduce-scatter along T, or the fused loop
+Columns: op (the whole forward), matmul (its matmuls), exposed (un-fused: the collective;
+fused: the time in sends and waits, which the matmuls did not hide), hidden (as above).
+Outputs are checked against the un-fused ones first (within the tolerance policy: the
+fused loop multiplies row blocks). This is a benchmark, not a test: nothing here asserts a speed.
 """
 import argparse
 import time
@@ -30,7 +41,12 @@ from tp_from_scratch import collectives
 from tp_from_scratch.bench.common import write_report
 from tp_from_scratch.comm import spmd_main
 from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.overlap.collective_matmul import Steps
+from tp_from_scratch.overlap.collective_matmul_nn import all_gather_linear, linear_reduce_scatter
 from tp_from_scratch.overlap.linear import AsyncColumnParallelLinear, Timeline
+from tp_from_scratch.sequence_parallel.nn import (gather_from_sequence_parallel_region,
+                                                  reduce_scatter_to_sequence_parallel_region)
+from tp_from_scratch.sharding import shard_range, shard_sizes
 from tp_from_scratch.testing import random_array, rank_rng
 
 
@@ -89,9 +105,62 @@ def measure(comm, label, group, args):
     for j, (name, (_, timeline, _, _)) in enumerate(variants.items()):
         first = timeline.events[0][1]  # the last iteration's backward, in ms from its start
         events = [(what, (start - first) * 1e3, (stop - first) * 1e3) for what, start, stop in timeline.events]
-        rows.append({"group": label, "variant": name, "step_ms": slowest[j, 0], "dw_ms": slowest[j, 1],
+        rows.append({"technique": "overlap in backward", "group": label, "variant": name, "step_ms": slowest[j, 0], "dw_ms": slowest[j, 1],
                      "exposed_ms": slowest[j, 2], "backward_timeline_ms": events})
     rows[1]["hidden"] = 1 - rows[1]["exposed_ms"] / rows[0]["exposed_ms"]
+    return rows
+
+
+def collective_matmul_ops(group, rank, t, args):
+    """{(op, variant): function(steps) -> output}: the four forwards, on this rank's data."""
+    tokens = shard_sizes(args.tokens, t)
+    start, stop = shard_range(args.tokens, rank, t)
+    x = torch.tensor(random_array(rank_rng(3), (1, args.tokens, args.hidden), np.float32))[:, start:stop].contiguous()
+    w_column = torch.tensor(random_array(rank_rng(4, rank), (args.out // t, args.hidden), np.float32))
+    h = torch.tensor(random_array(rank_rng(5, rank), (1, args.tokens, args.out // t), np.float32))
+    w_row = torch.tensor(random_array(rank_rng(6, rank), (args.hidden, args.out // t), np.float32))
+
+    def unfused_gather(steps):
+        gathered = steps.timed("wait", gather_from_sequence_parallel_region, group, x, tokens)
+        return steps.timed("matmul", torch.nn.functional.linear, gathered, w_column)
+
+    def unfused_scatter(steps):
+        product = steps.timed("matmul", torch.nn.functional.linear, h, w_row)
+        return steps.timed("wait", reduce_scatter_to_sequence_parallel_region, group, product)
+    return {("all-gather->matmul", "un-fused"): unfused_gather,
+            ("all-gather->matmul", "fused"): lambda steps: all_gather_linear(group, x, w_column, sizes=tokens,
+                                                                           steps=steps),
+            ("matmul->reduce-scatter", "un-fused"): unfused_scatter,
+            ("matmul->reduce-scatter", "fused"): lambda steps: linear_reduce_scatter(group, h, w_row, steps=steps)}
+
+
+def measure_collective_matmul(comm, label, group, args):
+    """Rows of op time, matmul time and exposed communication, fused and un-fused (slowest rank)."""
+    ops = collective_matmul_ops(group, comm.rank, comm.world_size, args)
+    with torch.no_grad():
+        outputs = {key: fn(Steps()) for key, fn in ops.items()}
+        for op in ("all-gather->matmul", "matmul->reduce-scatter"):
+            assert_matches_reference(outputs[op, "fused"], outputs[op, "un-fused"], name=f"{label}: fused {op}",
+                                     rank=comm.rank)
+        for _ in range(args.warmup):
+            for fn in ops.values():
+                fn(Steps())
+        samples = np.zeros((args.iters, len(ops), 3))  # (iteration, op and variant, [op, matmul, exposed])
+        last = {}
+        for i in range(args.iters):
+            for j, (key, fn) in enumerate(ops.items()):
+                steps = Steps()
+                comm.barrier()
+                start = time.perf_counter()
+                fn(steps)
+                samples[i, j] = time.perf_counter() - start, steps.total("matmul"), steps.exposed
+                last[key] = [(what, (a - start) * 1e3, (b - start) * 1e3) for what, a, b in steps.events]
+    slowest = np.median(collectives.all_reduce(comm, samples, op="max"), axis=0) * 1e3  # (op and variant, metric)
+    rows = [{"technique": "collective matmul", "group": label, "op": op, "variant": variant,
+             "op_ms": slowest[j, 0], "matmul_ms": slowest[j, 1], "exposed_ms": slowest[j, 2],
+             "steps_ms": last[op, variant]} for j, (op, variant) in enumerate(ops)]
+    for unfused, fused in zip(rows[0::2], rows[1::2]):
+        fused["hidden"] = 1 - fused["exposed_ms"] / unfused["exposed_ms"]
     return rows
 
 
@@ -110,6 +179,16 @@ def run(comm, args):
             hidden = f"{row['hidden']:>7.0%}" if "hidden" in row else f"{'':>7}"
             say(f"{row['group']:>22} {row['variant']:>9} {row['step_ms']:>8.2f} {row['dw_ms']:>8.2f} "
                 f"{row['exposed_ms']:>8.2f} {hidden}", flush=True)
+    say(f"# collective matmul, forward: all-gather of X (1, {args.tokens}, {args.hidden}) along T into a "
+        f"matmul with {args.out // comm.world_size} columns per rank; the row layer's product reduce-scattered")
+    say(f"{'group':>22} {'op':>22} {'variant':>9} {'op':>8} {'matmul':>8} {'exposed':>8} {'hidden':>7}")
+    say(f"{'':>22} {'':>22} {'':>9} {'(ms)':>8} {'(ms)':>8} {'(ms)':>8} {'':>7}")
+    for label, group in groups(comm):
+        for row in measure_collective_matmul(comm, label, group, args):
+            rows.append(row)
+            hidden = f"{row['hidden']:>7.0%}" if "hidden" in row else f"{'':>7}"
+            say(f"{row['group']:>22} {row['op']:>22} {row['variant']:>9} {row['op_ms']:>8.2f} "
+                f"{row['matmul_ms']:>8.2f} {row['exposed_ms']:>8.2f} {hidden}", flush=True)
     write_report(comm, args, type(comm).__name__, rows, say)
     return rows
 
