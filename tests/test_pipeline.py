@@ -1,0 +1,132 @@
+"""Lesson 11's pipeline: schedules as data, and pipelined training equal to one device.
+
+The schedules are checked against their rules (each micro-batch forwarded before its
+backward, every send matched by a receive in order, no deadlock, 1F1B's in-flight bound,
+the bubble of an ideal clock equal to (p-1)/(m+p-1)). Then the GPT is split over 2 and 3
+simulated stages and trained for three AdamW steps with each schedule and m = 1, 2, 4:
+every loss, gradient and final parameter must match single-device training. One torchrun
+launch (pp=2 x tp=2 on 4 processes: TP inside each stage) and one mpiexec launch (pp=2)
+repeat the check on real processes.
+"""
+import pytest
+import torch
+
+from tp_from_scratch.comm import run_spmd
+from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
+from tp_from_scratch.gpt.model import GPTConfig
+from tp_from_scratch.parallelisms import check_pipeline as check
+from tp_from_scratch.parallelisms.pipeline import PipelineStage, forward_backward, stage_layers
+from tp_from_scratch.parallelisms.schedules import (Action, bubble, bubble_formula, check_schedule,
+                                                    format_schedule, gpipe, in_flight, one_f_one_b,
+                                                    simulate)
+
+SIZES = [(1, 1), (1, 3), (2, 1), (2, 2), (2, 5), (3, 1), (3, 2), (3, 4), (4, 8), (5, 3)]
+SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
+
+
+@pytest.mark.parametrize("p, m", SIZES)
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_schedules_keep_the_rules_and_leave_the_formula_bubble(name, p, m):
+    schedule = SCHEDULES[name](p, m)
+    check_schedule(schedule, m)  # raises on a broken rule, deadlock included
+    # one forward + backward slot per micro-batch and stage; p-1 slots of fill and drain
+    assert bubble(simulate(schedule))["fraction"] == pytest.approx(bubble_formula(p, m), abs=1e-12)
+    bound = [m] * p if name == "gpipe" else [min(p - s, m) for s in range(p)]
+    assert [in_flight(program) for program in schedule] == bound
+
+
+def test_one_f_one_b_on_three_stages_reads_as_in_the_lesson():
+    lines = format_schedule(one_f_one_b(3, 4)).splitlines()
+    assert lines[0] == "stage 0: F0 sa0 F1 sa1 F2 sa2 rg0 B0 F3 sa3 rg1 B1 rg2 B2 rg3 B3"
+    assert lines[2] == "stage 2: ra0 F0 B0 sg0 ra1 F1 B1 sg1 ra2 F2 B2 sg2 ra3 F3 B3 sg3"
+
+
+@pytest.mark.parametrize("broken, message", [
+    (lambda s: s[0].remove(Action("forward", 1)), "missing [('forward', 1)]"),
+    (lambda s: s[1].reverse(), "comes before its"),
+    # stage 1 receives mb 1 before mb 0: the channel would hand it mb 0's activations
+    (lambda s: s[1].__setitem__(slice(0, 4), s[1][2:4] + s[1][0:2]), "a channel delivers in order"),
+    # stage 0 waits for a gradient before sending the activations it depends on
+    (lambda s: s[0].__setitem__(slice(0, 2), [s[0][1], s[0][0]]), "comes before its"),
+], ids=["missing", "backward first", "out of order", "recv before send"])
+def test_check_schedule_names_the_broken_rule(broken, message):
+    schedule = gpipe(2, 2)
+    broken(schedule)
+    with pytest.raises(ValueError) as error:
+        check_schedule(schedule, 2)
+    assert message in str(error.value)
+
+
+def test_a_schedule_that_waits_on_itself_is_a_deadlock():
+    # both stages want the other's message first: the gradient of mb 0 before sending mb 1
+    schedule = one_f_one_b(2, 2)
+    schedule[0] = [Action("forward", 0), Action("forward", 1), Action("recv_grad", 0), Action("send_act", 0),
+                   Action("backward", 0), Action("send_act", 1), Action("recv_grad", 1), Action("backward", 1)]
+    with pytest.raises(ValueError, match="deadlock: stage 0 waits at rg0; stage 1 waits at ra0"):
+        simulate(schedule)
+
+
+@pytest.mark.parametrize("p, m", [(0, 1), (2, 0)])
+def test_sizes_below_one_are_refused(p, m):
+    for make in SCHEDULES.values():
+        with pytest.raises(ValueError, match="n_stages must be at least 1" if p < 1 else "n_micro must be"):
+            make(p, m)
+
+
+def test_blocks_split_as_numpy_array_split():
+    assert [list(stage_layers(5, s, 2)) for s in range(2)] == [[0, 1, 2], [3, 4]]
+    assert [list(stage_layers(2, s, 3)) for s in range(3)] == [[0], [1], []]  # a stage may hold none
+
+
+@pytest.fixture(scope="module")
+def reference():
+    config = GPTConfig(**check.CONFIG)
+    batches = check.global_batches(3, config)
+    return batches, check.single_device_training(config, batches)
+
+
+@pytest.mark.parametrize("m", [1, 2, 4])
+@pytest.mark.parametrize("p", [2, 3])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipelined_training_equals_one_device(reference, schedule, p, m):
+    batches, expected = reference
+    # every rank asserts its losses, gradients and final parameters inside
+    results = run_spmd(check.check_pipeline_training, p, expected, batches, m, schedule)
+    # live saved activations, counted as the schedule runs: GPipe holds m, 1F1B min(p - s, m)
+    bound = [m] * p if schedule == "gpipe" else [min(p - s, m) for s in range(p)]
+    assert [r.peak_in_flight for r in results] == bound
+    for r in results:  # equal micro-batches (B = 4): the bytes grow with the count in flight
+        if len(set(r.activation_bytes)) == 1:
+            assert r.peak_activation_bytes == r.peak_in_flight * r.activation_bytes[0]
+
+
+def test_a_batch_smaller_than_the_micro_batch_count_is_refused():
+    config = GPTConfig(**check.CONFIG)
+    idx = torch.zeros(2, config.seq_len, dtype=torch.int64)
+
+    def rank(comm):
+        forward_backward(PipelineStage(comm, check.new_model(config)), idx, idx, 3)
+    with pytest.raises(Exception, match="a batch of 2 sequences cannot be split into 3 micro-batches"):
+        run_spmd(rank, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_pipeline_with_tensor_parallel_stages_equals_one_device_under_torchrun():
+    cmd = torchrun_command(4, "tp_from_scratch.parallelisms.check_pipeline", "--tp", 2, "--micro", 4)
+    result = run_command(cmd, timeout=180)
+    assert result.returncode == 0, result.stdout[-3000:]
+    for schedule in ("gpipe", "1f1b"):
+        assert f"pp=2 tp=2 {schedule} m=4: 2 steps equal to one device" in result.stdout, result.stdout[-3000:]
+    assert "pipeline check passed on TorchComm" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_pipeline_equals_one_device_under_mpiexec():
+    result = run_command(mpiexec_command(2, "tp_from_scratch.parallelisms.check_pipeline", "--micro", 1, 4),
+                         timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:]
+    for schedule in ("gpipe", "1f1b"):
+        assert f"pp=2 tp=1 {schedule} m=4: 2 steps equal to one device" in result.stdout, result.stdout[-3000:]
+    assert "pipeline check passed on MPIComm" in result.stdout

@@ -1,0 +1,150 @@
+"""Check pipeline training against one device, on the simulator, torchrun or mpiexec.
+
+    python -m tp_from_scratch.parallelisms.check_pipeline                      # simulated, pp = 2, 3
+    torchrun --nproc-per-node 4 -m tp_from_scratch.parallelisms.check_pipeline --tp 2   # pp=2 x tp=2
+    mpiexec -n 2 python -m tp_from_scratch.parallelisms.check_pipeline          # pp=2
+
+For each schedule (GPipe, 1F1B) and micro-batch count, a few AdamW steps of the tiny GPT in
+float64: every step's loss, every gradient (a TP rank's shard of it) and the parameters after
+the last step must match single-device training on the same global batches
+(``assert_matches_reference``); a mismatch raises on that rank and ends the job. Ranks are
+laid out TP innermost: rank = stage * tp + tp_rank, so a stage's TP group are neighbours.
+"""
+import argparse
+
+import torch
+
+from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt, shard_tensor
+from tp_from_scratch.nn import mappings
+from tp_from_scratch.testing import rank_rng
+
+from .pipeline import PipelineStage, measured_bubble, train_step
+from .schedules import bubble_formula
+
+# 5 blocks: uneven over 2 stages (3 + 2) and 3 stages (2 + 2 + 1); vocab 11 splits unevenly
+# over tp=2; one KV head, replicated on both TP ranks
+CONFIG = dict(vocab_size=11, seq_len=8, n_layers=5, hidden=16, n_heads=2, n_kv_heads=1)
+SEED, BATCH, LR = 11, 4, 1e-2
+
+
+def global_batches(steps, config, batch=BATCH, seed=SEED):
+    """(idx, targets) pairs (B, T) of random token ids, one per step; the same on every rank."""
+    out = []
+    for step in range(steps):
+        rng = rank_rng(seed, step)
+        idx, targets = (torch.from_numpy(rng.integers(0, config.vocab_size, (batch, config.seq_len)))
+                        for _ in range(2))
+        out.append((idx, targets))
+    return out
+
+
+def new_model(config):
+    return init_gpt(config, seed=SEED, dtype=torch.float64)
+
+
+def single_device_training(config, batches, lr=LR):
+    """Losses and gradients of every step on one device, and the parameters after the last."""
+    model = new_model(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    steps = []
+    for idx, targets in batches:
+        optimizer.zero_grad(set_to_none=True)
+        _, loss = model(idx, targets)
+        loss.backward()
+        steps.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        optimizer.step()
+    return steps, dict(model.named_parameters())
+
+
+def check_pipeline_training(comm, reference, batches, n_micro, schedule, tp_group=None, lr=LR):
+    """Train this rank's stage on ``batches`` and assert it equals ``reference`` at every step.
+
+    comm: the pipeline communicator (one rank per stage); tp_group: the stage's TP group
+    (None: no TP). Returns the last step's StepResult.
+    """
+    config = GPTConfig(**CONFIG)
+    model = new_model(config)
+    tp, tp_rank = 1, 0
+    if tp_group is not None:
+        model = gpt_to_tp(tp_group, model)
+        tp, tp_rank = mappings.tp_world_size(tp_group), mappings.tp_rank(tp_group)
+    stage = PipelineStage(comm, model)
+    optimizer = torch.optim.AdamW(stage.parameters(), lr=lr)
+    where = f"stage {comm.rank} tp rank {tp_rank} ({schedule}, m={n_micro})"
+    steps, final = reference
+    for k, (idx, targets) in enumerate(batches):
+        result = train_step(stage, optimizer, idx, targets, n_micro, schedule)
+        loss, grads = steps[k]
+        # the pipeline's loss is the weighted sum of micro-batch losses: the batch mean
+        assert_matches_reference(torch.tensor(result.loss, dtype=loss.dtype), loss,
+                                 name=f"loss of step {k}", rank=where)
+        for name, p in stage.named_parameters():
+            expected = shard_tensor(name, grads[name], tp, tp_rank, config)
+            assert_matches_reference(p.grad, expected, name=f"grad of {name} at step {k}", rank=where)
+    for name, p in stage.named_parameters():
+        expected = shard_tensor(name, final[name].detach(), tp, tp_rank, config)
+        assert_matches_reference(p.detach(), expected, name=f"{name} after {len(batches)} AdamW steps",
+                                 rank=where)
+    return result
+
+
+def split_comm(comm, tp):
+    """(pipeline communicator, TP group) of this rank; rank = stage * tp + tp_rank.
+
+    torch: the pipeline's messages go through a TorchComm over a gloo subgroup, the TP
+    collectives through a native ProcessGroup; MPI: two MPIComms from MPI_Comm_split.
+    """
+    if tp == 1:
+        return comm, None
+    if comm.world_size % tp:
+        raise ValueError(f"world size {comm.world_size} is not divisible by tp={tp}")
+    stage, tp_rank = divmod(comm.rank, tp)
+    if type(comm).__name__ == "MPIComm":
+        from tp_from_scratch.comm import MPIComm
+        return (MPIComm(comm.mpi.Split(color=tp_rank, key=stage)),
+                MPIComm(comm.mpi.Split(color=stage, key=tp_rank)))
+    if type(comm).__name__ != "TorchComm":
+        raise ValueError(f"rank {comm.rank}: tp={tp} needs processes (torchrun or mpiexec), "
+                         f"not {type(comm).__name__}")
+    from tp_from_scratch.comm import TorchComm
+    from tp_from_scratch.comm.process_group import new_group
+    n_stages = comm.world_size // tp
+    pp_groups = [new_group([s * tp + j for s in range(n_stages)], comm.timeout) for j in range(tp)]
+    tp_groups = [new_group([s * tp + j for j in range(tp)], comm.timeout) for s in range(n_stages)]
+    return TorchComm(group=pp_groups[tp_rank]), tp_groups[stage]
+
+
+def report(comm, tp=1, micro=(1, 4), steps=2):
+    """Every schedule and micro-batch count on this rank; prints the measured bubble on rank 0."""
+    pp_comm, tp_group = split_comm(comm, tp)
+    config = GPTConfig(**CONFIG)
+    batches = global_batches(steps, config)
+    reference = single_device_training(config, batches)
+    p = pp_comm.world_size
+    for schedule in ("gpipe", "1f1b"):
+        for m in micro:
+            result = check_pipeline_training(pp_comm, reference, batches, m, schedule, tp_group)
+            measured = measured_bubble(pp_comm, result.timeline)
+            if comm.rank == 0:
+                print(f"pp={p} tp={tp} {schedule} m={m}: {steps} steps equal to one device; "
+                      f"bubble {measured['fraction']:.2f} measured, {bubble_formula(p, m):.2f} = "
+                      f"(p-1)/(m+p-1); in flight on stage 0: {result.peak_in_flight}", flush=True)
+    if pp_comm is not comm:
+        pp_comm.close()  # wait for its last sends: they go unsent if the comm is dropped first
+    if comm.rank == 0:
+        print(f"pipeline check passed on {type(pp_comm).__name__}", flush=True)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tp", type=int, default=1, help="TP degree inside each stage (processes only)")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--micro", type=int, nargs="+", default=[1, 4], help="micro-batch counts m")
+    args = parser.parse_args(argv)
+    from tp_from_scratch.comm.launch import check_main
+    check_main(lambda comm: report(comm, args.tp, args.micro, args.steps), world_sizes=(2, 3))
+
+
+if __name__ == "__main__":
+    main()
