@@ -186,39 +186,46 @@ def measurements(args, mesh, step, counter, pp_comm, n_steps, warmup=1):
             "step_s": step.times[warmup:] or step.times, "timelines": step.timelines[warmup:]}
 
 
-def run(args, config, mesh):
-    """Build, train with Lesson 6's loop, report; returns 1 if a step differs from one device."""
+def train_once(args, config, mesh):
+    """Build, train with Lesson 6's loop; a dict of what happened (the record on rank 0 only:
+    every rank's measurements, gathered; collective over the world)."""
     counter = CollectiveCounter({mesh.tp_group: "tp", mesh.dp_group: "dp", mesh.pp_group: "pp"})
     group = train.tp_group_for(args, mesh)
     model, optimizer, pp_comm = build(args, config, mesh, group)
     step = Step(args, mesh, model, optimizer)
     compare = (args.compare_single or args.plot) and mesh.rank == 0
     reference = train.single_device_run(config, args) if compare else None
-    if mesh.rank == 0:
-        print(f"mesh dp={mesh.dp} x pp={mesh.pp} x tp={mesh.tp} ({strategy_name(args, mesh)}); "
-              f"rank = (pp_index * dp + dp_index) * tp + tp_index", flush=True)
     start = time.perf_counter()
     losses, ref_losses, bad = train.train_loop(args, config, mesh, model, optimizer, 0, reference, counter,
                                                step_fn=step)
     elapsed = time.perf_counter() - start
-    if args.measure:
-        mine = measurements(args, mesh, step, counter, pp_comm, args.steps)
-        everyone = [None] * mesh.world
-        dist.all_gather_object(everyone, mine)
-        if mesh.rank == 0:
-            Path(args.measure).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.measure).write_text(json.dumps(
-                {"strategy": strategy_name(args, mesh), "dp": mesh.dp, "pp": mesh.pp, "tp": mesh.tp,
-                 "zero": args.zero, "ddp": args.ddp, "sp": args.sp, "schedule": args.schedule,
-                 "micro_batches": args.micro_batches, "config": config.to_dict(),
-                 "batch_size": args.batch_size, "dtype": args.dtype, "steps": args.steps,
-                 "losses": losses, "ranks": everyone}))
+    everyone = [None] * mesh.world
+    dist.all_gather_object(everyone, measurements(args, mesh, step, counter, pp_comm, args.steps))
+    record = {"strategy": strategy_name(args, mesh), "dp": mesh.dp, "pp": mesh.pp, "tp": mesh.tp,
+              "zero": args.zero, "ddp": args.ddp, "sp": args.sp, "schedule": args.schedule,
+              "micro_batches": args.micro_batches, "config": config.to_dict(),
+              "batch_size": args.batch_size, "dtype": args.dtype, "steps": args.steps,
+              "losses": losses, "ranks": everyone}
+    return {"losses": losses, "ref_losses": ref_losses, "bad": bad, "elapsed": elapsed, "group": group,
+            "counter": counter, "pp_comm": pp_comm, "record": record}
+
+
+def run(args, config, mesh):
+    """Train and report; returns 1 if a step differs from one device."""
     if mesh.rank == 0:
-        train.report(args, mesh, group, counter, 0, losses, ref_losses, bad, elapsed)
-        if pp_comm is not None:
-            print(f"pipeline point-to-point: {pp_comm.meter.bytes_sent / max(args.steps, 1):,.0f} "
+        print(f"mesh dp={mesh.dp} x pp={mesh.pp} x tp={mesh.tp} ({strategy_name(args, mesh)}); "
+              f"rank = (pp_index * dp + dp_index) * tp + tp_index", flush=True)
+    out = train_once(args, config, mesh)
+    if mesh.rank == 0:
+        if args.measure:
+            Path(args.measure).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.measure).write_text(json.dumps(out["record"]))
+        train.report(args, mesh, out["group"], out["counter"], 0, out["losses"], out["ref_losses"],
+                     out["bad"], out["elapsed"])
+        if out["pp_comm"] is not None:
+            print(f"pipeline point-to-point: {out['pp_comm'].meter.bytes_sent / max(args.steps, 1):,.0f} "
                   f"bytes sent per step by rank 0")
-    return 1 if bad else 0
+    return 1 if out["bad"] else 0
 
 
 def main(argv=None):
