@@ -29,6 +29,7 @@ What you will see:
 3. the sequence-parallel block equal to the single-device block, t = 1..4, T not divisible by t;
 4. the meter: 2 all-gathers + 2 reduce-scatters each way, exactly the TP block's bytes;
 5. the torch GPT trained sequence-parallel, equal to one device, with the TP model's state dict;
+   its collectives next to PyTorch's own `SequenceParallel` plan's, counted by `CommDebugMode`;
 6. the bytes autograd saves for backward, **measured** per block, next to a formula for this model:
    measured / formula = 1.000 in every configuration; then the formula for the paper's 22B-1T models.
 
@@ -245,6 +246,53 @@ for name, build in (("TP", gpt_to_tp), ("TP+SP", gpt_to_sp)):
     total = sum(b for _, b in traffic.values())
     print(f"{name:<6} rank 0: " + ", ".join(f"{k} {c} calls {b:,} B" for k, (c, b) in traffic.items())
           + f";  total {total:,} B")"""),
+    new_markdown_cell(r"""### Ours next to PyTorch's `SequenceParallel`, call by call
+
+`sequence_parallel/dtensor_plan.py` builds the same GPT with PyTorch's styles: `SequenceParallel`
+on the LayerNorms, `PrepareModuleInput` Shard(1) -> Replicate in front of attention and the MLP
+(the paper's g), `RowwiseParallel(output_layouts=Shard(1))` for o and proj (g-bar). On real
+processes it trains to the single-device losses (float64, difference 0), and
+`torch.distributed.tensor.debug.CommDebugMode` counts its collectives in one forward and one
+backward, while `gpt.traffic.CollectiveCounter` counts ours on the same batch. A torchrun launch
+takes longer than this notebook may, so the counts come from a committed file, written by the
+command printed below (a test reruns it and checks the file is still what it gives)."""),
+    new_code_cell("""import json
+ROOT = Path.cwd() if (Path.cwd() / "tp_from_scratch").is_dir() else Path.cwd().parent
+counts = json.loads((ROOT / "lessons" / "measurements" / "sp_collectives.json").read_text())
+c = counts["config"]
+print(f"GPT {c['layers']} layers, H={c['hidden']}, V={c['vocab']}, B={c['batch']}, T={c['seq_len']}, t={c['tp']}, "
+      f"{c['dtype']}\\nmeasured with: {counts['command']}\\n")
+print(f"{'calls':<15} {'ours fwd':>9} {'DTensor fwd':>12} {'ours bwd':>9} {'DTensor bwd':>12}")
+for kind in ("all-gather", "reduce-scatter", "all-reduce"):
+    cells = [counts[who][d].get(kind, 0) for d in ("forward", "backward") for who in ("ours", "dtensor")]
+    print(f"{kind:<15} {cells[0]:>9} {cells[1]:>12} {cells[2]:>9} {cells[3]:>12}")
+print("\\nDTensor's gradients still Partial after backward:",
+      ", ".join(counts["dtensor_partial_gradients_after_backward"]))"""),
+    new_markdown_cell(r"""Forward, the two agree where they do the same work: per block 2 all-gathers and 2
+reduce-scatters, plus one all-gather leaving the region (ours in front of the LM head, DTensor's
+after the last block). Our 4 extra all-reduces are the vocabulary sharding DTensor's plan does not
+do: one for the vocab-parallel embedding, three in the vocab-parallel cross-entropy (max, target
+logit, sum of exponentials).
+
+Backward, they differ in three ways, each visible in the counts:
+* **Re-gathering.** Ours has 4 more all-gathers: the column layers' gathered inputs are not kept
+  but gathered again (Korthikanti §4.2.2), which is what makes the activation memory of section 6
+  shrink with t. DTensor keeps them. Ours: 4 re-gathers + 4 for g-bar's backward + 1 for the scatter
+  entering the region = 9; DTensor: 4 + 1 = 5.
+* **g's backward.** Ours reduce-scatters each column group's summed input gradient (one for q, k, v
+  together, one for fc: 2 per block, plus the LM head's: 5). DTensor has *no* reduce-scatter in
+  backward: it all-reduces the Partial input gradient of each colwise layer separately (q, k, v and
+  fc: 4 per block, 8 here) and then keeps its own positions. Same result; but a ring all-reduce
+  sends twice the bytes of a ring reduce-scatter, and there is one per layer instead of one per group.
+* **LayerNorm gradients.** Ours all-reduces every Partial parameter gradient in backward: 5
+  LayerNorms x (weight, bias) + 4 row biases = 14 (Megatron-LM coalesces them into one buffer).
+  DTensor leaves the LayerNorm gradients Partial after backward (listed above) and sums them when
+  an operation needs them Replicate: in the optimizer step, outside what was counted. Its row
+  biases' gradients are not in that list: they come from the all-gathered output gradient, whole.
+  (Ours adds the bias on the sequence shard, so its gradient is Partial and needs the sum.)
+
+On gloo, a reduce-scatter is itself emulated with an all-reduce underneath, so wire bytes on CPU
+are not a ring's; the byte-exact comparison with tensor parallelism is our meter's, section 4."""),
     new_markdown_cell(r"""## 6. Activation memory, measured
 
 `memory.saved_bytes_per_block` runs one forward under `torch.autograd.graph.saved_tensors_hooks`:
@@ -313,14 +361,18 @@ e = 2, F = 4H, term by term:
 
 So our model is sbh(32 + 2as/h) + 8sb + s² bytes per layer on one device, and with TP+SP
 everything but the s² mask divides by t. Their formulas, per layer, for the four models of their
-Table 3 (s = 2048, t = 8; configurations as printed there; check the paper):"""),
-    new_code_cell("""# (name, a heads, h hidden, L layers, b micro-batch); s = 2048, t = 8 (Korthikanti et al. 2022, Table 3)
-paper = [("22B", 64, 6144, 48, 4), ("175B", 96, 12288, 96, 1), ("530B", 128, 20480, 105, 1),
-         ("1T", 160, 25600, 128, 1)]
+Table 3: sequence s = 2048 and tensor-parallel t = 8 for all four; pipeline p = 1, 8, 35, 64;
+global batch 4, 64, 280, 512 (micro-batch 4, 1, 1, 1), i.e. 8, 64, 280, 512 GPUs. (We could not
+open the paper's table itself here; these figures agree with the model and run files that the
+Calculon performance model (Isaev et al. 2023) uses to reproduce the paper's measurements.)"""),
+    new_code_cell("""# (name, a heads, h hidden, L layers, p pipeline, global batch, b micro-batch); s = 2048, t = 8
+# (Korthikanti et al. 2022, Table 3)
+paper = [("22B", 64, 6144, 48, 1, 4, 4), ("175B", 96, 12288, 96, 8, 64, 1),
+         ("530B", 128, 20480, 105, 35, 280, 1), ("1T", 160, 25600, 128, 64, 512, 1)]
 s, t, GiB = 2048, 8, 2**30
 print(f"{'model':<5} {'no parallelism':>15} {'TP':>8} {'TP+SP':>8} {'TP+sel.':>8} {'TP+SP+sel.':>11}   GiB per layer"
       f"   L layers (a 1F1B first stage holds L layers' worth), TP -> TP+SP")
-for name, a, h, L, b in paper:
+for name, a, h, L, p, batch, b in paper:
     k = lambda **kw: memory.korthikanti_bytes(s, b, h, a, **kw) / GiB
     none, tp, sp = k(), k(t=t), k(t=t, sequence_parallel=True)
     tp_sel, sp_sel = k(t=t, selective=True), k(t=t, sequence_parallel=True, selective=True)
@@ -328,7 +380,8 @@ for name, a, h, L, b in paper:
           f"{' ' * 13}{L * tp:7.1f} -> {L * sp:6.1f} GiB (x{tp / sp:.1f} less)")"""),
     new_markdown_cell(r"""With TP alone the replicated 10 sbh (of which our model has 8 sbh + 8 sb) dominates once
 t = 8. Pipeline parallelism does not help here: with the 1F1B schedule the first stage keeps
-its L/p layers' activations for p micro-batches in flight, L layers' worth. For the 530B model
+its L/p layers' activations for p micro-batches in flight, L layers' worth (each of the four runs
+has at least p micro-batches per step: 280 for 530B at p = 35). For the 530B model
 that is about 86 GiB per GPU with TP alone, more than an 80 GB A100 holds in total, hence full
 recomputation before this paper. TP+SP divides every term by t; with selective recomputation
 of the attention core (the 5as/h term) as well, the paper needs no other recomputation.
@@ -338,12 +391,18 @@ of the attention core (the 5as/h term) as well, the paper needs no other recompu
 * `torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.train --tp 2 --compare-single`:
   Lesson 6's trainer with the model run sequence-parallel (`--recompute-attention` for selective
   recomputation, `--collectives scratch` for our ring collectives); every step against one device.
-* `torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.dtensor_plan`:
-  PyTorch's own `SequenceParallel` plan on the same GPT (`sequence_parallel/dtensor_plan.py`), its
-  losses against one device and its collectives counted by `CommDebugMode`. On gloo a
-  reduce-scatter is emulated with an all-reduce, so its bytes are not a ring's: measure ours.
-
-Not here yet: the step-time cost of selective recomputation in `bench`.
+  Add `--impl dtensor` for PyTorch's `SequenceParallel` plan in the same trainer (with dp > 1 too).
+* Checkpoints: the SP model's state dict is the TP model's, so a checkpoint does not know whether
+  SP was on. `... sequence_parallel.train --tp 2 --steps 20 --save runs/sp`, then
+  `torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.gpt.train --tp 4 --steps 50 --load runs/sp`
+  continues it without SP at another t (and the other way round); a test checks such a chain
+  step by step against one uninterrupted single-device run.
+* `torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.dtensor_plan --write FILE`:
+  the plan's losses against one device and the collective counts of the table above.
+* `torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench train --sequence-parallel`: step
+  time of ours, ours with selective recomputation and DTensor's plan, in alternating rounds, and the
+  cost of recomputation as a ratio (one more attention forward per block in backward; measured on a
+  quiet machine in `lessons/measurements/sp_step_time.txt`).
 
 Exercise 7: `exercises/ex07_sequence_parallel.py`, graded by `pytest exercises -m ex07`."""),
     new_code_cell("""print(f"lesson executed in {time.perf_counter() - START:.1f} s")"""),

@@ -235,13 +235,20 @@ def tp_group_for(args, mesh):
                      timeout=args.timeout)
 
 
-def build(args, config, mesh, start, group):
-    """(model, optimizer, first step): fresh from the seed, or resumed from ``start``."""
+def build(args, config, mesh, start, group, parallelize=None):
+    """(model, optimizer, first step): fresh from the seed, or resumed from ``start``.
+
+    parallelize(full, group): a later lesson's way to shard the single-device GPT ``full``
+    (already on this rank's device), e.g. Lesson 7's sequence parallelism; by default
+    gpt_to_tp, or the DTensor plan for --impl dtensor.
+    """
     dtype = getattr(torch, args.dtype)
     full = init_gpt(config, args.seed, dtype)   # the same weights on every rank
     if start is not None:
         full.load_state_dict(start["model"])
-    if args.impl == "dtensor":
+    if parallelize is not None:
+        model = parallelize(full.to(mesh.device), group)
+    elif args.impl == "dtensor":
         from tp_from_scratch.gpt.dtensor_plan import parallelize_gpt
         model = parallelize_gpt(full.to(mesh.device), mesh.device_mesh["tp"])
     else:
@@ -309,15 +316,17 @@ def verdict(loss, ref, step):
         return False, f"DIFFERS: {e}"
 
 
-def run(args, config, mesh):
-    """Set up, train, report; returns the exit status (1 if a step differs from one device)."""
+def run(args, config, mesh, parallelize=None):
+    """Set up, train, report; returns the exit status (1 if a step differs from one device).
+
+    parallelize: see build (a later lesson's trainer passes its own)."""
     start = ckpt.load_full(args.load, config) if args.load else None
     saved_with = start and start["meta"].get("optimizer")
     if saved_with and saved_with != args.optimizer:
         raise ckpt.CheckpointError(f"checkpoint {args.load} holds {saved_with} state, "
                                    f"but this run uses --optimizer {args.optimizer}")
     group = tp_group_for(args, mesh)
-    model, optimizer, first = build(args, config, mesh, start, group)
+    model, optimizer, first = build(args, config, mesh, start, group, parallelize)
     report_memory(args, model, config, mesh)
     compare = (args.compare_single or args.plot) and mesh.rank == 0
     reference = single_device_run(config, args, start) if compare else None

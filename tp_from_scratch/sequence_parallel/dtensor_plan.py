@@ -8,15 +8,19 @@
     blocks.{L-1}             PrepareModuleOutput  Shard(1) -> Replicate: leave the region (all-gather)
 
 The embeddings, the final LayerNorm and the LM head stay replicated (ours shards the
-vocabulary). Run it, and count its collectives with torch's CommDebugMode, with
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.dtensor_plan
+vocabulary). Run it against one device, and count its collectives with torch's CommDebugMode
+next to ours (gpt.traffic.CollectiveCounter), with
+    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.dtensor_plan \
+        [--write lessons/measurements/sp_collectives.json]
+The trainer runs the plan with `python -m tp_from_scratch.sequence_parallel.train --impl dtensor`.
 Note: gloo has no reduce-scatter of its own; torch emulates it with an all-reduce, so on CPU
 DTensor moves twice the bytes our ring reduce-scatter does (Lesson 7 measures ours).
 """
 import torch
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
-                                               RowwiseParallel, SequenceParallel, parallelize_module)
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
+                                               PrepareModuleOutput, RowwiseParallel, SequenceParallel,
+                                               parallelize_module)
 
 
 def sp_plan(n_layers):
@@ -36,9 +40,12 @@ def sp_plan(n_layers):
             plan[f"{b}.{name}"] = ColwiseParallel()
         for name in ("attn.o", "mlp.proj"):
             plan[f"{b}.{name}"] = RowwiseParallel(output_layouts=Shard(1))
-    last = f"blocks.{n_layers - 1}"
-    plan[last] = PrepareModuleOutput(output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),),
-                                     use_local_output=True)
+    leave = dict(output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),), use_local_output=True)
+    if n_layers == 1:  # one block both enters and leaves the region: one style doing both
+        plan["blocks.0"] = PrepareModuleInputOutput(input_layouts=(Replicate(), None),
+                                                    desired_input_layouts=(Shard(1), None), **leave)
+    else:
+        plan[f"blocks.{n_layers - 1}"] = PrepareModuleOutput(**leave)
     return plan
 
 
@@ -50,12 +57,9 @@ def parallelize_gpt_sp(gpt, tp_mesh):
 
 
 def compare_with_single_device(mesh, steps=5, seed=0):
-    """Train the DTensor SP GPT and the single-device GPT side by side (float64); return
-    (max |loss difference|, {"forward"/"backward": {collective: calls}} of the first step,
-    counted by CommDebugMode)."""
+    """Train the DTensor SP GPT and the single-device GPT side by side (float64, the trainer's
+    default GPT and batches); return the largest |loss difference| over ``steps`` steps."""
     import copy
-
-    from torch.distributed.tensor.debug import CommDebugMode
 
     from tp_from_scratch.gpt.data import global_batch
     from tp_from_scratch.gpt.model import GPTConfig, init_gpt
@@ -64,43 +68,112 @@ def compare_with_single_device(mesh, steps=5, seed=0):
     single = init_gpt(config, seed, torch.float64)
     parallel = parallelize_gpt_sp(copy.deepcopy(single), mesh)
     optimizers = [torch.optim.AdamW(m.parameters(), lr=3e-3) for m in (single, parallel)]
-    worst, counts = 0.0, None
+    worst = 0.0
     for step in range(steps):
         x, y = global_batch(step, 8, config.seq_len, config.vocab_size, seed)
         losses = []
         for model, optimizer in zip((single, parallel), optimizers):
             optimizer.zero_grad()
-            if model is parallel and step == 0:  # count forward and backward apart
-                with CommDebugMode() as forward:
-                    _, loss = model(x, y)
-                with CommDebugMode() as backward:
-                    loss.backward()
-                counts = {direction: {str(k).split(".")[-1]: v for k, v in mode.get_comm_counts().items()}
-                          for direction, mode in (("forward", forward), ("backward", backward))}
-            else:
-                _, loss = model(x, y)
-                loss.backward()
+            _, loss = model(x, y)
+            loss.backward()
             optimizer.step()
             losses.append(loss.item())
         worst = max(worst, abs(losses[0] - losses[1]))
-    return worst, counts
+    return worst
 
 
-def main():
+KINDS = (("all_gather", "all-gather"), ("reduce_scatter", "reduce-scatter"), ("all_reduce", "all-reduce"))
+
+
+def kind(name):
+    """'all-gather' / 'reduce-scatter' / 'all-reduce' for a collective's name in either counter
+    (torch.distributed's all_gather, reduce_scatter_single, ...; DTensor's functional
+    all_gather_into_tensor, reduce_scatter_tensor, ...); the name itself otherwise."""
+    return next((label for key, label in KINDS if key in name), name)
+
+
+def by_kind(calls):
+    """{kind: calls} from (collective name, calls) pairs."""
+    totals = {}
+    for name, n in calls:
+        totals[kind(name)] = totals.get(kind(name), 0) + n
+    return totals
+
+
+def count_collectives(mesh, seed=0):
+    """Calls per collective in one forward and one backward of the trainer's default GPT (B=8):
+    {"ours": {"forward": {...}, "backward": {...}}, "dtensor": {...}}. Ours (SequenceParallelGPT
+    on the mesh's native TP group) counted by gpt.traffic.CollectiveCounter, DTensor's by
+    torch.distributed.tensor.debug.CommDebugMode."""
+    import copy
+
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from tp_from_scratch.gpt.data import global_batch
+    from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+    from tp_from_scratch.gpt.traffic import CollectiveCounter
+    from tp_from_scratch.sequence_parallel.model import gpt_to_sp
+
+    config = GPTConfig()
+    single = init_gpt(config, seed, torch.float64)
+    x, y = global_batch(0, 8, config.seq_len, config.vocab_size, seed)
+    counts = {}
+    ours = gpt_to_sp(mesh.get_group(), single)
+    forward, backward = CollectiveCounter(), CollectiveCounter()
+    with forward.counting():
+        _, loss = ours(x, y)
+    with backward.counting():
+        loss.backward()
+    counts["ours"] = {d: by_kind((name, n) for (name, _group), n in c.calls.items())
+                      for d, c in (("forward", forward), ("backward", backward))}
+    theirs = parallelize_gpt_sp(copy.deepcopy(single), mesh)
+    with CommDebugMode() as forward:
+        _, loss = theirs(x, y)
+    with CommDebugMode() as backward:
+        loss.backward()
+    counts["dtensor"] = {d: by_kind((str(op), n) for op, n in mode.get_comm_counts().items())
+                         for d, mode in (("forward", forward), ("backward", backward))}
+    # DTensor does not sum the LayerNorm weights' Partial gradients in backward: they stay
+    # Partial until an operation (the optimizer step) needs them Replicate
+    counts["dtensor_partial_gradients_after_backward"] = sorted(
+        name for name, param in theirs.named_parameters()
+        if any(placement.is_partial() for placement in getattr(param.grad, "placements", ())))
+    return {"config": {"layers": config.n_layers, "hidden": config.hidden, "heads": config.n_heads,
+                       "kv_heads": config.n_kv_heads, "vocab": config.vocab_size, "seq_len": config.seq_len,
+                       "batch": 8, "tp": mesh.size(), "dtype": "float64"},
+            "command": "torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.dtensor_plan "
+                       "--write lessons/measurements/sp_collectives.json",
+            **counts}
+
+
+def main(argv=None):
+    import argparse
+    import json
     import os
 
     import torch.distributed as dist
 
     from tp_from_scratch.gpt.mesh import setup_mesh
 
+    parser = argparse.ArgumentParser(prog="python -m tp_from_scratch.sequence_parallel.dtensor_plan")
+    parser.add_argument("--write", metavar="JSON", help="also write the collective counts to this file")
+    args = parser.parse_args(argv)
     mesh = setup_mesh(int(os.environ["WORLD_SIZE"]), dtensor=True)  # every rank in one TP group
     try:
-        worst, counts = compare_with_single_device(mesh.device_mesh["tp"])
+        tp_mesh = mesh.device_mesh["tp"]
+        worst = compare_with_single_device(tp_mesh)
+        counts = count_collectives(tp_mesh)
         if mesh.rank == 0:
             print(f"DTensor sequence parallel, tp={mesh.tp}: largest |loss - single-device loss| over 5 "
                   f"float64 steps {worst:.1e}")
-            for direction, calls in counts.items():
-                print(f"collectives in one {direction} (CommDebugMode): {calls}")
+            for direction in ("forward", "backward"):
+                for who in ("ours", "dtensor"):
+                    print(f"collectives in one {direction}, {who:<7}: {counts[who][direction]}")
+            if args.write:
+                with open(args.write, "w") as f:
+                    json.dump(counts, f, indent=1, sort_keys=True)
+                    f.write("\n")
+                print(f"counts written to {args.write}")
     finally:
         dist.destroy_process_group()
 

@@ -7,21 +7,26 @@
         --dtype float64 --recompute-attention --compare-single
     # the from-scratch ring collectives (TorchComm) under the same processes
     torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.sequence_parallel.train --tp 4 --collectives scratch
+    # PyTorch's own sequence parallelism (DTensor: SequenceParallel, PrepareModuleInput) on the same GPT
+    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.train --tp 2 --impl dtensor --compare-single
+    # the checkpoint does not know about SP: save with it at tp=2, resume without it at tp=4
+    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.train --tp 2 --steps 20 --save runs/sp
+    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.gpt.train --tp 4 --steps 50 --load runs/sp
 
 The command line is Lesson 6's (``python -m tp_from_scratch.gpt.train --help``) plus
---recompute-attention; the run is Lesson 6's training loop, data, optimizer and report, with
-the model wrapped in SequenceParallelGPT. --impl dtensor, --save and --load are not offered here.
+--recompute-attention, and running it means ``--sequence-parallel``: Lesson 6's run (data,
+optimizer, checkpoints, report) with the model built sequence-parallel. --impl scratch wraps
+the TP model in SequenceParallelGPT (same modules, same state dict, so checkpoints move
+freely between the two trainers and any tp); --impl dtensor applies PyTorch's plan
+(sequence_parallel/dtensor_plan.py; arch gpt, no --save / --load, as in Lesson 6).
 """
 import os
 import sys
-import time
-
-import torch
 
 from tp_from_scratch.gpt import train
 from tp_from_scratch.gpt.mesh import setup_mesh
-from tp_from_scratch.gpt.model import gpt_to_tp, init_gpt
-from tp_from_scratch.gpt.traffic import CollectiveCounter
+from tp_from_scratch.gpt.model import gpt_to_tp
+from tp_from_scratch.sequence_parallel.dtensor_plan import parallelize_gpt_sp
 from tp_from_scratch.sequence_parallel.model import SequenceParallelGPT
 
 
@@ -34,30 +39,28 @@ def build_parser():
 
 
 def validate(args, world_size):
-    """Lesson 6's checks, and what this script does not offer; None if fine."""
-    if args.impl != "scratch" or args.save or args.load:
-        return "sequence_parallel.train runs --impl scratch without --save / --load"
+    """Lesson 6's checks, and what the DTensor plan does not offer; None if fine."""
+    if args.impl == "dtensor" and args.recompute_attention:
+        return "--recompute-attention is ours: run it with --impl scratch"
+    if args.impl == "dtensor" and args.arch != "gpt":
+        return f"the DTensor sequence-parallel plan covers --arch gpt, not {args.arch}"
     return train.validate(args, world_size)
 
 
+def sequence_parallelizer(args, mesh):
+    """parallelize(full, group) for gpt.train.build: this rank's sequence-parallel model."""
+    if args.impl == "dtensor":
+        return lambda full, group: parallelize_gpt_sp(full, mesh.device_mesh["tp"])
+    return lambda full, group: SequenceParallelGPT(gpt_to_tp(group, full),
+                                                   recompute_attention=args.recompute_attention)
+
+
 def run(args, config, mesh):
-    """Build the SP model on this rank, train with Lesson 6's loop, report; 1 if a step differs."""
-    group = train.tp_group_for(args, mesh)
-    full = init_gpt(config, args.seed, getattr(torch, args.dtype))  # the same weights on every rank
-    model = SequenceParallelGPT(gpt_to_tp(group, full).to(mesh.device),
-                                recompute_attention=args.recompute_attention)
-    optimizer = train.make_optimizer(model.parameters(), args)
-    train.report_memory(args, model, config, mesh)
-    compare = (args.compare_single or args.plot) and mesh.rank == 0
-    reference = train.single_device_run(config, args) if compare else None
-    counter = CollectiveCounter({mesh.tp_group: "tp", mesh.dp_group: "dp"})
-    start = time.perf_counter()
-    losses, ref_losses, bad = train.train_loop(args, config, mesh, model, optimizer, 0, reference, counter)
+    """Lesson 6's run with the sequence-parallel model; 1 if a step differs from one device."""
     if mesh.rank == 0:
-        print(f"sequence parallel over tp={mesh.tp}"
-              + (", attention core recomputed in backward" if args.recompute_attention else ""))
-        train.report(args, mesh, group, counter, 0, losses, ref_losses, bad, time.perf_counter() - start)
-    return 1 if bad else 0
+        print(f"sequence parallel over tp={mesh.tp} ({args.impl})"
+              + (", attention core recomputed in backward" if args.recompute_attention else ""), flush=True)
+    return train.run(args, config, mesh, parallelize=sequence_parallelizer(args, mesh))
 
 
 def main(argv=None):
@@ -68,7 +71,7 @@ def main(argv=None):
         if int(os.environ.get("RANK", "0")) == 0:
             parser.error(problem)  # prints usage and the message, exits with status 2
         sys.exit(2)
-    mesh = setup_mesh(args.tp, args.device, args.timeout)
+    mesh = setup_mesh(args.tp, args.device, args.timeout, dtensor=args.impl == "dtensor")
     train.run_and_exit(run, args, train.config_from_args(args), mesh)
 
 

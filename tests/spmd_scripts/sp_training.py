@@ -1,0 +1,115 @@
+"""Lesson 7's trainer under torchrun, everything one mesh size needs checked in ONE launch.
+
+    torchrun --standalone --nproc-per-node 4 -m tests.spmd_scripts.sp_training --tp 4
+    torchrun --standalone --nproc-per-node 4 -m tests.spmd_scripts.sp_training --tp 2 --checkpoint DIR
+
+--tp 4: ours (recomputing the attention core) 50 float32 steps, then PyTorch's DTensor plan
+5 float64 steps, each step against one device by the trainer itself (--compare-single).
+--tp 2 (dp=2 x tp=2): ours 50 float64 steps, saved WITH sequence parallelism; then, on a tp=4
+mesh of the same processes, Lesson 6's trainer loads it WITHOUT sequence parallelism, trains 5
+steps and saves; then ours loads that at tp=2 and trains 5 more. Rank 0 compares every step
+of the three runs with one uninterrupted single-device run (float64: near-bitwise). Then the
+DTensor plan 5 float32 steps. Prints "check <name>: ok" per run; exits 1 if any differs.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.gpt import train as lesson6
+from tp_from_scratch.gpt.mesh import setup_mesh
+from tp_from_scratch.sequence_parallel import train as lesson7
+
+TINY = ["--hidden", "32", "--heads", "8", "--kv-heads", "4", "--layers", "2", "--seq-len", "16",
+        "--vocab-size", "64", "--batch-size", "4", "--no-progress", "--timeout", "60"]
+
+
+def trainer_args(trainer, *extra):
+    return trainer.build_parser().parse_args(TINY + [str(a) for a in extra])
+
+
+def checked(name, status, mesh, failures):
+    """Record a run's verdict (rank 0 holds the single-device comparison)."""
+    if mesh.rank == 0:
+        print(f"check {name}: {'ok' if status == 0 else 'DIFFERS'}", flush=True)
+        if status:
+            failures.append(name)
+
+
+def losses_from(path):
+    return {r["step"]: r["loss"] for r in map(json.loads, Path(path).read_text().splitlines()) if "loss" in r}
+
+
+def checkpoint_round_trip(root, meshes, failures):
+    """SP at tp=2 saves -> no SP at tp=4 loads, trains, saves -> SP at tp=2 loads, trains;
+    every step equal to one uninterrupted single-device run."""
+    root = Path(root)
+    runs = [  # (name, trainer, tp, arguments)
+        ("sp tp=2 saves", lesson7, 2, ["--steps", 50, "--save", root / "sp", "--dtype", "float64",
+                                        "--compare-single"]),
+        ("no sp tp=4 loads", lesson6, 4, ["--steps", 55, "--load", root / "sp", "--save", root / "tp",
+                                           "--dtype", "float64"]),
+        ("sp tp=2 loads", lesson7, 2, ["--steps", 60, "--load", root / "tp", "--dtype", "float64"]),
+    ]
+    for i, (name, trainer, tp, extra) in enumerate(runs):
+        args = trainer_args(trainer, "--tp", tp, "--metrics", root / f"metrics{i}.jsonl", *extra)
+        status = trainer.run(args, lesson6.config_from_args(args), meshes[tp])
+        checked(f"float64 {name}", status, meshes[tp], failures)
+    if meshes[2].rank != 0:
+        return
+    args = trainer_args(lesson6, "--steps", 60, "--dtype", "float64")
+    expected = {step: loss.item() for step, loss in
+                lesson6.single_device_run(lesson6.config_from_args(args), args)}
+    got = {}
+    for i in range(len(runs)):
+        got.update(losses_from(root / f"metrics{i}.jsonl"))
+    try:
+        assert sorted(got) == list(range(60)), sorted(got)
+        for step, loss in got.items():
+            assert_matches_reference(torch.tensor(loss, dtype=torch.float64),
+                                     torch.tensor(expected[step], dtype=torch.float64),
+                                     name=f"loss at step {step} of the save/load chain")
+        print("check checkpoint chain against one uninterrupted single-device run: ok", flush=True)
+    except AssertionError as e:
+        print(f"check checkpoint chain: DIFFERS: {e}", flush=True)
+        failures.append("checkpoint chain")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--tp", type=int, required=True)
+    p.add_argument("--checkpoint", help="a directory for the save/load chain (runs it when given)")
+    opts = p.parse_args()
+    world = int(__import__("os").environ["WORLD_SIZE"])
+    failures = []
+    try:
+        meshes = {opts.tp: setup_mesh(opts.tp, timeout=60, dtensor=True)}
+        if opts.checkpoint:
+            meshes.setdefault(4, setup_mesh(4, timeout=60, dtensor=True))
+            meshes.setdefault(2, setup_mesh(2, timeout=60, dtensor=True))
+        mesh = meshes[opts.tp]
+        ours, theirs = ("float32", "float64") if opts.tp == world else ("float64", "float32")
+        if opts.checkpoint:
+            checkpoint_round_trip(opts.checkpoint, meshes, failures)
+        else:
+            args = trainer_args(lesson7, "--tp", opts.tp, "--steps", 50, "--dtype", ours,
+                                "--recompute-attention", "--compare-single")
+            checked(f"{ours} ours (recomputed attention), 50 steps",
+                    lesson7.run(args, lesson6.config_from_args(args), mesh), mesh, failures)
+        args = trainer_args(lesson7, "--tp", opts.tp, "--steps", 5, "--dtype", theirs, "--impl", "dtensor",
+                            "--compare-single")
+        checked(f"{theirs} dtensor, 5 steps", lesson7.run(args, lesson6.config_from_args(args), mesh),
+                mesh, failures)
+    finally:
+        dist.destroy_process_group()
+    if failures:
+        print(f"failed: {failures}", flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
