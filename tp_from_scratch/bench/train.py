@@ -53,9 +53,6 @@ def parse(argv):
     p.add_argument("--sequence-parallel", action="store_true",
                    help="Lesson 7 instead: ours with and without selective recomputation against "
                         "DTensor's SequenceParallel plan (bench/sequence_parallel.py)")
-    p.add_argument("--sequence-parallel", action="store_true",
-                   help="Lesson 7 instead: ours with and without selective recomputation against "
-                        "DTensor's SequenceParallel plan (bench/sequence_parallel.py)")
     p.add_argument("--losses", help="write {version: [loss of every step, in order]} here (rank 0)")
     return p.parse_args(argv)
 
@@ -104,10 +101,6 @@ def run(args):
     config.validate(tp)
     world = dist.group.WORLD
     group = world if args.collectives == "native" else TorchComm(world, timeout=args.timeout)
-    if args.sequence_parallel:
-        from tp_from_scratch.bench.sequence_parallel import race
-        race(args, config, group, init_device_mesh("cpu", (tp,)))
-        return 0
     if args.sequence_parallel:
         from tp_from_scratch.bench.sequence_parallel import race
         race(args, config, group, init_device_mesh("cpu", (tp,)))
