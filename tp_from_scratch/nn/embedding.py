@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tp_from_scratch.nn.mappings import reduce_from_tp_region, tp_rank, tp_world_size
+from tp_from_scratch.nn.mappings import reduce_from_tp_region_, tp_rank, tp_world_size
 from tp_from_scratch.sharding import shard_range, shard_sizes
 
 
@@ -68,7 +68,7 @@ class VocabParallelEmbedding(nn.Module):
             local_padding = self.padding_idx - self.vocab_start
         rows = F.embedding(local_ids, self.weight, local_padding)     # (B, T, H)
         rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)           # (B, T, H), Partial
-        return reduce_from_tp_region(self.group, rows)                # (B, T, H), Replicated
+        return reduce_from_tp_region_(self.group, rows)               # (B, T, H), Replicated (in place)
 
     def extra_repr(self):
         return (f"{self.num_embeddings}, {self.embedding_dim}, "

@@ -24,7 +24,7 @@ from torch.nn import functional as F
 from tp_from_scratch.nn.mappings import (
     copy_to_tp_region,
     gather_from_tp_region,
-    reduce_from_tp_region,
+    reduce_from_tp_region_,
     scatter_to_tp_region,
     sum_over_replicas,
     tp_rank,
@@ -180,7 +180,7 @@ class RowParallelLinear(nn.Module):
             # x: (..., in), Replicated -> this rank's block (..., in/t)
             x = scatter_to_tp_region(self.group, x, self.input_sizes)
         y = F.linear(x, self.weight)           # (..., out), Partial: one term of the sum
-        y = reduce_from_tp_region(self.group, y)  # (..., out), Replicated
+        y = reduce_from_tp_region_(self.group, y)  # (..., out), Replicated; summed in place (y is ours)
         if self.bias is not None:
             y = y + self.bias  # after g: added once, not once per rank
         return y

@@ -157,6 +157,23 @@ class ReduceFromTensorParallelRegion(torch.autograd.Function):
         return None, grad
 
 
+class ReduceInPlaceFromTensorParallelRegion(torch.autograd.Function):
+    """g on a temporary the caller gives up: forward all-reduces x in place (no copy, on a
+    ProcessGroup; a Comm's collective makes a new array anyway); backward: identity."""
+
+    @staticmethod
+    def forward(ctx, group, x):
+        if isinstance(group, Comm) or not x.is_contiguous():
+            return all_reduce(group, x)
+        dist.all_reduce(x, group=group)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, grad
+
+
 class ScatterToTensorParallelRegion(torch.autograd.Function):
     """forward: keep this rank's chunk of the last dim; backward: all-gather the gradient chunks."""
 
@@ -226,6 +243,13 @@ def reduce_from_tp_region(group, x):
     return ReduceFromTensorParallelRegion.apply(check_group(group), x)
 
 
+def reduce_from_tp_region_(group, x):
+    """g written into ``x`` itself: for a partial sum the caller never reads again (a row-parallel
+    matmul's output), it saves reduce_from_tp_region's copy of (B, T, H) per call. Returns x,
+    now the sum; the gradient passes through unchanged."""
+    return ReduceInPlaceFromTensorParallelRegion.apply(check_group(group), x)
+
+
 def scatter_to_tp_region(group, x, sizes=None):
     """(..., n) -> (..., n_r), this rank's chunk; backward all-gathers the gradient."""
     return ScatterToTensorParallelRegion.apply(check_group(group), x, sizes)
@@ -241,7 +265,8 @@ f = copy_to_tp_region
 g = reduce_from_tp_region
 
 __all__ = ["check_group", "tp_rank", "tp_world_size", "all_reduce", "all_gather", "split",
-           "CopyToTensorParallelRegion", "ReduceFromTensorParallelRegion",
+           "CopyToTensorParallelRegion", "ReduceFromTensorParallelRegion", "ReduceInPlaceFromTensorParallelRegion",
            "ScatterToTensorParallelRegion", "GatherFromTensorParallelRegion", "SumOverReplicas",
-           "sum_over_replicas", "copy_to_tp_region", "reduce_from_tp_region", "scatter_to_tp_region",
+           "sum_over_replicas", "copy_to_tp_region", "reduce_from_tp_region", "reduce_from_tp_region_",
+           "scatter_to_tp_region",
            "gather_from_tp_region", "f", "g"]
