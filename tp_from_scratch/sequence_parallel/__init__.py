@@ -11,6 +11,10 @@
   model.py      SequenceParallelGPT: the tensor-parallel GPT's modules, run sequence-parallel
   memory.py     bytes saved for backward per block, measured with saved_tensors_hooks, and
                 the formula that predicts them exactly; Korthikanti et al.'s formulas
+  train.py      Lesson 6's trainer run sequence-parallel: ours, or --impl dtensor; its
+                checkpoints are the TP model's (load them with or without SP, at any tp)
+  dtensor_plan.py  PyTorch's SequenceParallel plan on the same GPT, and the collective counts
+                of ours next to its (CommDebugMode)
 
 Every function takes the communicator (numpy) or group (torch) first, as in Lessons 2-5.
 """
