@@ -81,3 +81,16 @@ def test_fused_equals_the_single_device_product():
         assert_matches_reference(y, xs[0] @ w, name="all_gather_matmul", rank=r)
         assert_matches_reference(scattered, np.array_split(total, 3, axis=1)[r], name="matmul_reduce_scatter",
                                  rank=r)
+
+
+def test_the_lesson_picture_is_drawn_from_the_real_loops():
+    from tp_from_scratch.overlap.figures import trace_collective_matmul
+    from tp_from_scratch.plots import decode
+    for r, trace in enumerate(trace_collective_matmul(3)):
+        multiplied, sent = trace["all-gather"]
+        assert [decode(v, 3) for v in multiplied] == [((r - s) % 3, {(r - s) % 3}) for s in range(3)]
+        assert sent == multiplied[:2]  # the chunk in hand is the one on its way to rank r+1
+        _, partials = trace["reduce-scatter"]
+        # after step s rank r holds chunk r-s-1 summed over ranks r-s-1 .. r
+        assert [decode(v, 3) for v in partials] == [((r - s - 1) % 3, {(r - k) % 3 for k in range(s + 1)})
+                                                    for s in range(3)]

@@ -169,3 +169,12 @@ def test_the_benchmark_turns_measured_winners_into_size_rules():
     # one size won by another algorithm by a hair is noise, judged with its neighbours
     rows[4] = row(32768, "segmented_ring", noise=1.9)
     assert rules_from_rows(rows) == [[1448, "recursive_doubling"], [None, "ring"]]
+
+
+def test_the_committed_table_covers_p_2_3_4_and_unmeasured_p_takes_the_nearest():
+    table = A.load_table()
+    for backend in ("MPIComm", "TorchComm"):
+        assert {"2", "3", "4"} <= set(table["rules"][backend]), f"{backend}: measured p {sorted(table['rules'][backend])}"
+        for n in (8, 2 ** 16, 2 ** 26):
+            # p = 5..8 are not measured: they take p = 4's rules
+            assert A.select_algorithm(table, backend, 7, n) == A.select_algorithm(table, backend, 4, n)

@@ -5,9 +5,10 @@
 
 The measured numbers come from two files in lessons/measurements/:
     allreduce_algorithms.json  written by the commands listed in it (bench algorithms --write-table,
-                               mpiexec and torchrun, 2 and 4 ranks)
+                               mpiexec and torchrun, 2, 3 and 4 ranks)
     overlap.json               torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench overlap
-                               --json lessons/measurements/overlap.json
+                               --json lessons/measurements/overlap.json (the backward overlap and
+                               the collective matmul; /work/notes/quiet/15.sh re-measures it)
 """
 from pathlib import Path
 
@@ -27,11 +28,15 @@ one algorithm: the ring. Production TP does two more things:
    carry tuning tables for this choice; we measure ours;
 2. it **hides** communication behind computation that does not depend on it: Megatron-LM
    starts the all-reduce of a column-parallel layer's input gradient and computes the weight
-   gradient while it is in flight.
+   gradient while it is in flight;
+3. it **decomposes** a collective and the matmul that needs it into p steps, so that each step's
+   chunk travels while the previous one is multiplied: the *collective matmul* (Wang et al. 2022,
+   PyTorch's async TP, TransformerEngine).
 
 Everything here is in `tp_from_scratch/overlap/`: `algorithms.py` (four all-reduces and the
 selector), `nonblocking.py` (an all-reduce you start and wait for), `linear.py` (the
-overlapping layer). Exercise 9 (`exercises/ex09_recursive_halving_doubling.py`) asks you to
+overlapping layer), `collective_matmul.py` and `collective_matmul_nn.py` (the fused loops, numpy
+and torch). Exercise 9 (`exercises/ex09_recursive_halving_doubling.py`) asks you to
 write one of the algorithms.
 
 Legend: p ranks, N bytes of the array, alpha seconds per message, beta seconds per byte."""),
@@ -46,8 +51,11 @@ import matplotlib.pyplot as plt
 
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.overlap import algorithms as A
-from tp_from_scratch.overlap.figures import algorithm_times, backward_timeline, fit_alpha_beta_gamma
+from tp_from_scratch.overlap.figures import (algorithm_times, backward_timeline, draw_collective_matmul,
+                                             fit_alpha_beta_gamma)
 from tp_from_scratch.overlap.linear import predicted_backward
+from tp_from_scratch.overlap.collective_matmul import predicted_all_gather_matmul
+from tp_from_scratch.plots import step_time_bars
 from tp_from_scratch.testing import random_array, rank_rng"""),
     new_markdown_cell(r"""## 1. Four all-reduces
 
@@ -93,13 +101,19 @@ the fastest of its calls). Solid lines: measured; dashed: the alpha-beta-gamma p
 (`algorithms.predicted_seconds`: alpha per message, beta per byte sent, gamma per byte
 added) with alpha, beta and gamma **fitted** to these measurements (`figures.fit_alpha_beta_gamma`)."""),
     new_code_cell("""table = json.loads((REPO / "lessons/measurements/allreduce_algorithms.json").read_text())
-runs = [(backend, int(p)) for backend in table["measured"] for p in sorted(table["measured"][backend], key=int)]
-fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.6), sharey=True)
+backends = sorted(table["measured"])
+world_sizes = sorted({int(p) for backend in backends for p in table["measured"][backend]})
+fig, axes = plt.subplots(len(backends), len(world_sizes), figsize=(4.2 * len(world_sizes), 3.4 * len(backends)),
+                         sharey=True, squeeze=False)
 fits = {}
-for ax, (backend, p) in zip(np.atleast_1d(axes), runs):
-    rows = table["measured"][backend][str(p)]
-    fits[backend, p] = fit_alpha_beta_gamma(rows, p)
-    algorithm_times(ax, rows, p, *fits[backend, p], title=f"{backend}, p={p}")
+for i, backend in enumerate(backends):
+    for j, p in enumerate(world_sizes):
+        if str(p) not in table["measured"][backend]:
+            axes[i][j].axis("off")
+            continue
+        rows = table["measured"][backend][str(p)]
+        fits[backend, p] = fit_alpha_beta_gamma(rows, p)
+        algorithm_times(axes[i][j], rows, p, *fits[backend, p], title=f"{backend}, p={p}")
 fig.tight_layout()
 for (backend, p), (alpha, beta, gamma) in fits.items():
     print(f"{backend:<10} p={p}: fitted alpha = {alpha * 1e6:7.1f} us per message, "
@@ -136,8 +150,17 @@ for (backend, p), fit in fits.items():
 print()
 print("the commands that measured them:", *table["command"], sep="\\n  ")"""),
     new_markdown_cell(r"""`algorithms.all_reduce(comm, x)` is the selector: it looks up the measured rules for the
-communicator's backend (the simulator uses MPI's) and the nearest measured p, and calls the
-winner. Every rank makes the same choice because it depends only on N, p and the backend."""),
+communicator's backend (the simulator uses MPI's) and p, and calls the winner. Every rank makes
+the same choice because it depends only on N, p and the backend. Measured here: p = 2, 3 and 4
+(more ranks than 4 oversubscribe two cores so far that the timings say more about the scheduler
+than the algorithm). An unmeasured p takes the rules of the **nearest measured p** (the larger
+one on a tie): p = 5, 6, 7, 8... use p = 4's. That is a guess with a reason: what decides the
+crossover is the number of rounds (log2 p against 2(p-1)) and whether p is a power of two
+(folding costs two whole-array messages), and p = 4 is the measured case closest in both; an
+MPICH or NCCL tuning table is measured per p and per machine for the same reason. On a shared
+machine the small sizes are noisy: the rules may switch between algorithms whose times differ
+by less than the noise (judging each size with its neighbours, as `bench algorithms` does, only
+damps this)."""),
     new_code_cell("""for nbytes in (8, 4096, 2 ** 20, 64 * 2 ** 20):
     print(f"{nbytes:>9} B:", {f"{backend} p={p}": A.select_algorithm(table, backend, p, nbytes)[0]
                                for backend, p in fits})"""),
@@ -167,12 +190,13 @@ dX all-reduce of 8 MiB) forward and backward, blocking and overlapped, taking tu
 timeline is rank 0's last backward of each; "exposed" is the time backward spends in the
 all-reduce (blocking) or in starting and waiting for it (overlap)."""),
     new_code_cell("""bench = json.loads((REPO / "lessons/measurements/overlap.json").read_text())
+backward_rows = [row for row in bench["rows"] if row.get("technique", "overlap in backward") == "overlap in backward"]
 print(f"{'group':>22} {'variant':>9} {'step ms':>8} {'dW ms':>7} {'exposed ms':>10}")
-for row in bench["rows"]:
+for row in backward_rows:
     print(f"{row['group']:>22} {row['variant']:>9} {row['step_ms']:>8.2f} {row['dw_ms']:>7.2f} {row['exposed_ms']:>10.2f}"
           + (f"   hidden {row['hidden']:.0%}" if "hidden" in row else ""))
 fig, ax = plt.subplots(figsize=(11, 2.8))
-backward_timeline(ax, {f"{r['group']}, {r['variant']}": r["backward_timeline_ms"] for r in bench["rows"]},
+backward_timeline(ax, {f"{r['group']}, {r['variant']}": r["backward_timeline_ms"] for r in backward_rows},
                   title="one backward, rank 0")
 fig.tight_layout()"""),
     new_markdown_cell(r"""### What overlap can and cannot buy on a 2-core CPU
@@ -219,6 +243,108 @@ F = 28672, t = 8, 4096-token sequences, batch 8) with vendor peak numbers: a pre
 measurement. Megatron-LM and PyTorch's async TP report gains of a few percent end to end
 from overlaps like this one: large when the all-reduce and the matmul it hides behind take
 similar times, nothing when either dominates.
+
+## 4. The collective matmul: decompose, then overlap
+
+With sequence parallelism (Lesson 7) a column-parallel layer **all-gathers** its input along T
+and then multiplies; a row-parallel layer multiplies and then **reduce-scatters** along T. Here
+no independent work waits to hide the collective behind: the matmul needs the gathered input.
+But both collectives are Lesson 2's rings of p - 1 steps, and each step carries one sequence
+chunk, which is all the matmul of *that chunk's rows* needs. So interleave them:
+
+* **all-gather -> matmul**: at step s, rank r multiplies chunk (r - s) mod p (its own first)
+  while sending that chunk on to rank r+1 and receiving chunk (r - s - 1) from rank r-1;
+* **matmul -> reduce-scatter**: rank r multiplies the chunk whose partial sum is on its way from
+  rank r-1, adds the partial when it arrives, and sends it on; after p - 1 steps chunk r is
+  complete on rank r, exactly as in `collectives.reduce_scatter`.
+
+The picture is drawn from a real run of both loops on 3 simulated ranks with tagged data (as in
+Lesson 2: 'a0' is rank a's chunk 0, 'ac1' is chunk 1 summed over ranks a and c, 'Σ2' the whole sum):"""),
+    new_code_cell("""draw_collective_matmul(3);"""),
+    new_markdown_cell(r"""The fused loops send **exactly** the un-fused collectives' messages, so the meter shows the
+same messages and bytes, and they add in the ring's order, so every sum is the ring's. One
+thing does change: BLAS multiplies p blocks of rows instead of one (B, T) block, and it picks
+its kernel and blocking by matrix shape, so an element of X[c] @ W can differ from the same
+element of X @ W in the last bits. On integer-valued data (exact in any order) fused and
+un-fused are bit-identical; on gaussian data they agree within the tolerance policy. The
+check below does both for the column and the row layer (forward and backward, against Lesson 7's
+`sequence_parallel.linear`), for sequence lengths divisible by t, uneven (array_split) and
+shorter than t, and compares the meters:"""),
+    new_code_cell("""from tp_from_scratch.overlap.check_collective_matmul import check_collective_matmul
+from tp_from_scratch.overlap import collective_matmul as CM
+from tp_from_scratch.sequence_parallel.mappings import gather_from_sequence_parallel_region_forward
+run_spmd(check_collective_matmul, 3)  # raises on any difference beyond what is stated above
+
+def bytes_moved(comm, fused):
+    x_shard = np.ones((2, [4, 3, 3][comm.rank], 16))  # T = 10 over 3 ranks: uneven shards
+    comm.meter.reset()
+    if fused:
+        CM.all_gather_matmul(comm, x_shard, np.ones((16, 8)), sizes=[4, 3, 3])
+    else:
+        gather_from_sequence_parallel_region_forward(comm, x_shard) @ np.ones((16, 8))
+    return comm.meter.messages_sent, comm.meter.bytes_sent
+print("(messages, bytes) sent per rank, un-fused:", run_spmd(bytes_moved, 3, False))
+print("(messages, bytes) sent per rank, fused:   ", run_spmd(bytes_moved, 3, True))"""),
+    new_markdown_cell(r"""The torch version, `collective_matmul_nn.all_gather_linear(group, x_shard, weight, bias, sizes)`
+and `linear_reduce_scatter(group, x_local, weight, bias)`, is a pair of autograd Functions whose
+backward is the other loop (the column layer's dX is a matmul -> reduce-scatter, the row layer's
+dX an all-gather -> matmul). It runs on a `Comm` (isend/irecv of numpy views of the tensors) or on
+a torch ProcessGroup (`dist.isend`/`dist.irecv`); `tests/test_collective_matmul.py` and
+`python -m tp_from_scratch.overlap.check` compare it with `sequence_parallel.nn` on both.
+
+### Measured: exposed communication, fused vs un-fused (torchrun, 2 ranks, 2 cores)
+
+The same `bench overlap` invocation times both loops' forward: X of 1024 positions x 2048
+features, 128 output columns per rank, so each collective moves 8 MiB. "exposed" is the time not
+covered by a matmul: the whole collective (un-fused) or the sends and waits (fused). The native
+group's un-fused collective is gloo's own all-gather / reduce-scatter, its fused loop gloo's
+isend/irecv: there the difference includes the algorithm, not only the overlap; the scratch rows
+run the same ring both ways, so their difference is the overlap alone."""),
+    new_code_cell("""cm_rows = [row for row in bench["rows"] if row.get("technique") == "collective matmul"]
+print(f"{'group':>22} {'op':>22} {'variant':>9} {'op ms':>7} {'matmul ms':>9} {'exposed ms':>10}  exposed/op")
+for row in cm_rows:
+    print(f"{row['group']:>22} {row['op']:>22} {row['variant']:>9} {row['op_ms']:>7.2f} {row['matmul_ms']:>9.2f} "
+          f"{row['exposed_ms']:>10.2f}  {row['exposed_ms'] / row['op_ms']:>9.0%}"
+          + (f"   hidden {row['hidden']:.0%}" if "hidden" in row else ""))
+fig, ax = plt.subplots(figsize=(11, 3.4))
+step_time_bars(ax, [f"{r['group'].split(' ')[0]}\\n{'AG->mm' if 'gather' in r['op'] else 'mm->RS'}\\n{r['variant']}"
+                    for r in cm_rows],
+               [(r["op_ms"] - r["exposed_ms"]) / 1e3 for r in cm_rows], [r["exposed_ms"] / 1e3 for r in cm_rows],
+               measured_s=[r["op_ms"] / 1e3 for r in cm_rows], title="collective matmul forward, slowest rank (median)")
+fig.tight_layout()"""),
+    new_markdown_cell(r"""On two CPU cores the same limit holds as for the backward overlap: moving a chunk is a copy
+that needs the rank's core, so the fused loop hides only the time a rank would spend *waiting*
+for its neighbour, and repeated runs move by as much as the gain. On a GPU node the chunk moves
+over NVLink while the tensor cores multiply the previous one. The alpha-beta-gamma model
+(`collective_matmul.predicted_all_gather_matmul`) of one all-gather -> matmul, for the measured
+shape on the CPU (alpha and beta fitted in section 2, one core doing both) next to a
+Llama-3-70B-like layer on 8 H100s (bf16, the planner's NVLink profile, an engine of its own):"""),
+    new_code_cell("""measured = {row["variant"]: row for row in cm_rows
+            if row["op"] == "all-gather->matmul" and row["group"].startswith("scratch")}
+gpu_cases = {
+    "CPU, 2 ranks (model, 1 core does both)": dict(tokens=1024, in_features=2048, out_per_rank=128, t=2, flops=20e9,
+                                                    alpha=alpha_cpu, beta=beta_cpu, itemsize=4, own_engine=False),
+    "H100 NVLink, t=8 (model, own engine)": dict(tokens=8 * 4096, in_features=8192, out_per_rank=28672 // 8, t=8,
+                                                  flops=h100["matmul_flops"]["1"], alpha=gpu_link["alpha_s"],
+                                                  beta=gpu_link["beta_s_per_byte"], itemsize=2, own_engine=True),
+}
+print(f"{'':<46} {'un-fused ms':>11} {'fused ms':>9} {'exposed/op un-fused':>19} {'fused':>6}")
+for label, case in gpu_cases.items():
+    m = predicted_all_gather_matmul(**case)
+    print(f"{label:<46} {m['unfused'] * 1e3:>11.3f} {m['fused'] * 1e3:>9.3f} "
+          f"{m['exposed_unfused'] / m['unfused']:>19.0%} {m['exposed_fused'] / m['fused']:>6.0%}")
+if measured:
+    u, f = measured["un-fused"], measured["fused"]
+    print(f"{'CPU, 2 ranks, measured (scratch ring, above)':<46} {u['op_ms']:>11.3f} {f['op_ms']:>9.3f} "
+          f"{u['exposed_ms'] / u['op_ms']:>19.0%} {f['exposed_ms'] / f['op_ms']:>6.0%}")"""),
+    new_markdown_cell(r"""The GPU line is a prediction from vendor peak numbers, not a measurement: each step's chunk
+(4096 positions x 8192 features in bf16, 64 MiB) crosses NVLink in less time than its matmul
+takes, so the model hides all of the all-gather; it ignores the SMs NCCL borrows and the
+lower efficiency of eight smaller matmuls, which is why real systems report less (PyTorch's
+async TP: a forward pass up to about 29 % faster for Llama-3-class models, about 8 % end to
+end). On the CPU, where one core both copies and multiplies, the model predicts no gain at
+all; what a measurement shows beyond that is waiting for the neighbour that the fused loop
+filled with work, and the noise of a shared machine is as large.
 
 ## Exercise 9
 

@@ -106,6 +106,15 @@ def crossover_lines(rows):
                      f"smallest {min(fine)} B, largest {max(fine)} B")
     else:
         lines.append(f"fastest from-scratch slower than native at every one of {len(rows)} sizes")
+    # what the selector would call with these rules, against native, size by size
+    rules = rules_from_rows(rows)
+    picked = {r["size"]: next(name for bound, name in rules if bound is None or r["size"] <= bound) for r in rows}
+    fine = [r["size"] for r in rows if r[f"{picked[r['size']]}_min_time_us"] <= r["native_min_time_us"]]
+    if fine:
+        lines.append(f"selected (these rules) >= native at {len(fine)} of {len(rows)} sizes, "
+                     f"smallest {min(fine)} B, largest {max(fine)} B")
+    else:
+        lines.append(f"selected (these rules) slower than native at every one of {len(rows)} sizes")
     return lines
 
 

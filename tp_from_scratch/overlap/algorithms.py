@@ -351,7 +351,8 @@ def select_algorithm(table, backend, p, nbytes):
     table["rules"][backend][str(p)] is a list of [largest nbytes, algorithm] rows in
     increasing order, the last row's bound being null (no limit), as measured by the
     benchmark. An unmeasured backend uses table["default_backend"]; an unmeasured p uses
-    the nearest measured world size (the larger one on a tie).
+    the nearest measured world size (the larger one on a tie): with p = 2, 3 and 4 measured,
+    every p >= 5 takes p = 4's rules (the closest in rounds and, for 8, in being a power of two).
     """
     if p == 1:
         return "ring", {}

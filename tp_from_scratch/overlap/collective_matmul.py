@@ -265,3 +265,31 @@ def row_linear_backward(comm, dy_shard, cache):
     dy, dx = all_gather_matmul(comm, dy_shard, w.T, shard_sizes(length, comm.world_size))
     x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
     return dx, x2.T @ dy2, dy2.sum(axis=0) if has_bias else None
+
+
+# ---------------------------------------------------------------------------------------
+# What the overlap can buy: the alpha-beta-gamma model of one all-gather -> matmul
+# ---------------------------------------------------------------------------------------
+
+def predicted_all_gather_matmul(tokens, in_features, out_per_rank, t, flops, alpha, beta, itemsize=4,
+                                own_engine=True):
+    """{unfused, fused, exposed_unfused, exposed_fused, matmul, all_gather} seconds of
+    x (tokens/t, in) --all-gather--> (tokens, in) @ W (in, out/t) on one rank.
+
+    Each ring step moves one chunk of tokens/t rows (alpha + chunk bytes * beta) and the
+    matmul of one chunk takes 2 (tokens/t) in out/t / flops. Un-fused: the p-1 ring steps, then
+    the whole matmul. Fused: p steps, each as long as the longer of its chunk's matmul and its
+    transfer when the interconnect has an engine of its own (own_engine=True: a GPU's NVLink
+    and copy engines; NCCL still borrows a few SMs, ignored here), or the sum of the two when
+    one core does both (own_engine=False: a CPU rank with one core, where the copy needs the
+    core the matmul runs on). The last step has nothing left to receive. The same numbers
+    hold for matmul -> reduce-scatter (the same chunks, the other direction, plus the additions).
+    """
+    chunk_matmul = 2 * tokens / t * in_features * out_per_rank / flops
+    chunk_send = alpha + tokens / t * in_features * itemsize * beta
+    all_gather = (t - 1) * chunk_send
+    fused_step = max(chunk_matmul, chunk_send) if own_engine else chunk_matmul + chunk_send
+    fused = (t - 1) * fused_step + chunk_matmul
+    matmul = t * chunk_matmul
+    return {"matmul": matmul, "all_gather": all_gather, "unfused": all_gather + matmul, "fused": fused,
+            "exposed_unfused": all_gather, "exposed_fused": fused - matmul}

@@ -1,8 +1,9 @@
-"""Lesson 10's pictures: all-reduce time by size (measured and predicted), and a backward timeline."""
+"""Lesson 10's pictures: all-reduce time by size (measured and predicted), a backward timeline,
+and the collective-matmul loops step by step (drawn from a real run on simulated ranks)."""
 import numpy as np
 
 from tp_from_scratch.overlap.algorithms import ALGORITHMS, predicted_seconds
-from tp_from_scratch.plots import device_color
+from tp_from_scratch.plots import decode, device_color, draw_holdings, tagged_blocks
 
 COLORS = {name: device_color(i) for i, name in enumerate([*ALGORITHMS, "native"])}
 PIECES = {"dX matmul": 0, "start all-reduce": 1, "all-reduce (blocking)": 1, "dW, db matmul": 2,
@@ -56,3 +57,85 @@ def backward_timeline(ax, timelines, title=None):
     ax.set_yticks(range(len(timelines)), list(timelines))
     ax.invert_yaxis()
     ax.set(xlabel="ms from the start of backward", title=title)
+
+
+class _RecordingLink:
+    """A CommLink that also notes the tagged value of every chunk it sends."""
+
+    def __init__(self, link):
+        self.link, self.rank, self.world_size, self.sent = link, link.rank, link.world_size, []
+
+    def send(self, chunk, dst):
+        self.sent.append(float(chunk.reshape(-1)[0]))
+        self.link.send(chunk, dst)
+
+    def recv(self, src, out):
+        return self.link.recv(src, out)
+
+    def finish(self):
+        self.link.finish()
+
+
+def trace_collective_matmul(p):
+    """Run both collective-matmul loops on p simulated ranks with one tagged position per chunk
+    (plots.tagged_blocks: the value says whose chunk it is and which ranks' products it sums)
+    and a 1x1 identity weight. Returns, per rank, {"all-gather": (multiplied, sent),
+    "reduce-scatter": (multiplied, partial after each step)}: what the real loops did."""
+    from tp_from_scratch.comm import run_spmd
+    from tp_from_scratch.overlap.collective_matmul import (CommLink, all_gather_matmul_loop,
+                                                           matmul_reduce_scatter_loop)
+
+    def rank_fn(comm):
+        multiplied = []
+
+        def matmul(piece):  # the identity: the product keeps the chunk's tag
+            multiplied.append(float(piece.reshape(-1)[0]))
+            return piece.copy()
+        link = _RecordingLink(CommLink(comm))
+        own = np.full((1, 1, 1), tagged_blocks(comm.rank, p)[comm.rank])  # chunk r of rank r's x
+        all_gather_matmul_loop(link, own, [1] * p, lambda c: np.empty((1, 1, 1)), matmul)
+        gather = (multiplied[:], link.sent[:])
+        multiplied.clear()
+        link.sent.clear()
+        x = tagged_blocks(comm.rank, p).reshape(1, p, 1)  # chunk c of rank r's Partial product
+        result = matmul_reduce_scatter_loop(link, np.array_split(x, p, axis=1), matmul)
+        return {"all-gather": gather, "reduce-scatter": (multiplied[:], link.sent + [float(result.reshape(-1)[0])])}
+    return run_spmd(rank_fn, p)
+
+
+def draw_collective_matmul(p=3):
+    """The two collective-matmul loops step by step, from a real run (trace_collective_matmul).
+
+    Top row, all-gather -> matmul: the output rows (T chunks) each rank has computed so far;
+    outlined in red, the chunk multiplied at this step, which is also the one on its way to
+    the next rank. Bottom row, matmul -> reduce-scatter: the partial sum each rank holds after
+    the step (grey darkens as more ranks are summed in; 'Σc' is complete); outlined in red,
+    the chunk just multiplied and added, sent on at the next step. Returns the figure.
+    """
+    import matplotlib.pyplot as plt
+    traces = trace_collective_matmul(p)
+    fig, axes = plt.subplots(2, p, figsize=(3.1 * p + 0.8, 2 * (0.5 * p + 0.8)), squeeze=False)
+    for step in range(p):
+        holdings, edges = [[None] * p for _ in range(p)], {}
+        for rank, trace in enumerate(traces):
+            for value in trace["all-gather"][0][:step + 1]:
+                holdings[rank][decode(value, p)[0]] = value
+            edges[rank, decode(trace["all-gather"][0][step], p)[0]] = "red"
+        what = "multiply the red chunk,\nsend it to rank r+1 meanwhile" if step < p - 1 else "multiply the\nlast chunk received"
+        draw_holdings(axes[0][step], holdings, p, f"step {step}: {what}", p, edges)
+        holdings, edges = [[None] * p for _ in range(p)], {}
+        for rank, trace in enumerate(traces):
+            value = trace["reduce-scatter"][1][step]
+            holdings[rank][decode(value, p)[0]] = value
+            edges[rank, decode(value, p)[0]] = "red"
+        what = ("multiply chunk r-1" if step == 0 else "multiply, add the\npartial from r-1") + (
+            ", send it" if step < p - 1 else ":\nchunk r is complete")
+        draw_holdings(axes[1][step], holdings, p, f"step {step}: {what}", p, edges)
+    fig.tight_layout()
+    fig.subplots_adjust(left=0.06)
+    for row, label in enumerate(("all-gather -> matmul\n(output rows computed)",
+                                 "matmul -> reduce-scatter\n(partial sum held)")):
+        box = axes[row][0].get_position()
+        fig.text(0.015, (box.y0 + box.y1) / 2, label, rotation=90, ha="center", va="center", fontsize=9,
+                 fontweight="bold")
+    return fig
