@@ -1,0 +1,129 @@
+"""Lesson 11: ZeRO-1/2 against unsharded AdamW step by step (simulated ranks), the dp x pp x tp
+rank layout, and under torchrun: hand-written averaging, DDP, ZeRO-1/2 on dp=2 x tp=2 and
+GPipe / 1F1B on pp=2 x tp=2, each equal to one device, with memory and bytes equal to the
+cost model's (one launch per mesh; parallelisms/check_mesh.py checks everything inside it).
+(The pipeline's own tests are the pipeline engineer's: tests/test_pipeline*.py.)
+"""
+import copy
+
+import pytest
+import torch
+
+from tp_from_scratch.comm import SPMDError, run_spmd
+from tp_from_scratch.comm.launchers import run_command, torchrun_command
+from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.gpt.model import GPTConfig
+from tp_from_scratch.parallelisms import cost
+from tp_from_scratch.parallelisms.mesh import coordinates, groups, rank_of
+from tp_from_scratch.parallelisms.zero import ZeroOptimizer, chunk_bounds, optimizer_state_bytes
+from tp_from_scratch.testing import random_array, rank_rng
+
+
+def small_model():
+    """58 parameters (7*5 + 5 + 5*3 + 3): uneven over dp = 3 and 4, float64."""
+    gen = torch.Generator().manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
+    return model
+
+
+def batch(rank, step):
+    rng = rank_rng(100 + step, rank)
+    return torch.from_numpy(random_array(rng, (4, 7))), torch.from_numpy(random_array(rng, (4, 3)))
+
+
+def adamw(params):
+    return torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, foreach=False)
+
+
+def zero_rank(comm, model, stage, steps):
+    """One DP rank: its own data, ZeRO's step; the parameters after every step and its state bytes."""
+    model = copy.deepcopy(model)
+    opt = ZeroOptimizer(comm, model.parameters(), stage, adamw)
+    after = []
+    for s in range(steps):
+        x, y = batch(comm.rank, s)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        after.append([p.detach().clone() for p in model.parameters()])
+    return after, opt.state_bytes(), opt.gradient_bytes()
+
+
+@pytest.mark.parametrize("dp", [2, 3, 4])
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero_equals_unsharded_adamw_every_step_with_a_third_of_the_state(dp, stage):
+    steps, model = 3, small_model()
+    results = run_spmd(zero_rank, dp, model, stage, steps)
+    ref = copy.deepcopy(model)
+    opt = adamw(ref.parameters())
+    for s in range(steps):   # one device: the mean loss over every rank's rows
+        opt.zero_grad()
+        loss = sum(torch.nn.functional.mse_loss(ref(x), y) for x, y in (batch(r, s) for r in range(dp))) / dp
+        loss.backward()
+        opt.step()
+        for r in range(dp):
+            for (name, p), got in zip(ref.named_parameters(), results[r][0][s]):
+                assert_matches_reference(got, p.detach(), name=f"{name} after step {s} (ZeRO-{stage}, dp={dp})",
+                                         rank=r)
+    whole = optimizer_state_bytes(opt)          # m and v of all 58: 928 bytes
+    assert whole == 2 * 58 * 8
+    shards = [results[r][1] for r in range(dp)]
+    assert sum(shards) == whole and max(shards) == 2 * 8 * -(-58 // dp), shards
+    grads = [results[r][2] for r in range(dp)]  # ZeRO-2 keeps only its chunk's gradient
+    n = [chunk_bounds(58, dp, r)[1] - chunk_bounds(58, dp, r)[0] for r in range(dp)]
+    assert grads == [8 * (k if stage == 2 else 58 + k) for k in n], grads
+
+
+def test_zero_rejects_a_stage_it_does_not_have():
+    with pytest.raises(SPMDError, match="ZeRO stage must be 1 or 2, got 3"):
+        run_spmd(lambda comm: ZeroOptimizer(comm, small_model().parameters(), 3), 1)
+
+
+def test_chunks_cover_every_element_once_even_when_dp_exceeds_n():
+    for n, dp in [(58, 3), (58, 4), (3, 5), (0, 2)]:
+        bounds = [chunk_bounds(n, dp, r) for r in range(dp)]
+        assert bounds[0][0] == 0 and bounds[-1][1] == n
+        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:])), bounds
+
+
+def test_mesh_layout_puts_tp_innermost_and_pp_outermost():
+    dp, pp, tp = 2, 2, 2
+    g = groups(dp, pp, tp)
+    assert sorted(g["tp"]) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert sorted(g["dp"]) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert sorted(g["pp"]) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    for r in range(8):
+        assert rank_of(*coordinates(r, dp, pp, tp), dp, pp, tp) == r
+    # pp = 1 is Lesson 6's dp x tp mesh: rank = dp_index * tp + tp_index
+    assert [rank_of(d, 0, i, 3, 1, 2) for d in range(3) for i in range(2)] == list(range(6))
+    with pytest.raises(ValueError, match="pp_index 2 is outside 0..1"):
+        rank_of(0, 2, 0, dp, pp, tp)
+
+
+def test_cost_model_stage_parameters_add_up_to_the_model():
+    config = GPTConfig(n_layers=4)
+    from tp_from_scratch.gpt.model import count_parameters, init_gpt
+    whole = count_parameters(init_gpt(config, 0))[0]
+    tied_copy = config.vocab_size * config.hidden   # the last stage's LM head copy of wte
+    assert sum(cost.stage_parameter_count(config, 4, s) for s in range(4)) == whole + tied_copy
+    assert sum(cost.stage_parameter_count(config, 1, 0, 2, r) for r in range(2)) > whole / 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mesh, variants", [
+    # dp=2 x pp=1 x tp=2: the hand-written average, DDP, ZeRO-1, ZeRO-2 (same losses as each other)
+    (["--dp", "2", "--tp", "2"], ["--variant=", "--variant=--ddp", "--variant=--zero 1", "--variant=--zero 2"]),
+    # dp=1 x pp=2 x tp=2: GPipe over 2 micro-batches, 1F1B over 3 (uneven: 8 = 3 + 3 + 2)
+    (["--pp", "2", "--tp", "2"], ["--variant=--schedule gpipe --micro-batches 2",
+                                  "--variant=--schedule 1f1b --micro-batches 3"]),
+])
+def test_mesh_training_equals_one_device_and_the_cost_model(mesh, variants):
+    result = run_command(torchrun_command(4, "tp_from_scratch.parallelisms.check_mesh", *mesh, "--steps", "2",
+                                          *variants), timeout=220)
+    lines = [l for l in result.stdout.splitlines() if l.startswith("variant ")]
+    assert result.returncode == 0 and len(lines) == len(variants), result.stdout[-3000:]
+    assert all(": OK (" in l for l in lines), "\n".join(lines)
