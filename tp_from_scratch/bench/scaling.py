@@ -51,6 +51,10 @@ def parse(argv):
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--profile", default="runs/profile.json", help="from plan --calibrate; skipped if absent")
     p.add_argument("--json", help="write every row here (rank 0)")
+    p.add_argument("--trace", metavar="DIR",
+                   help="instead of the table: profile tp=1 (1 thread) and tp=world steps with torch.profiler, "
+                        "write Chrome/Perfetto traces to DIR and print where each step's time goes")
+    p.add_argument("--summary", help="with --trace: write the breakdown and one step's timeline here (JSON)")
     return p.parse_args(argv)
 
 
@@ -122,7 +126,7 @@ def main(argv=None):
     try:
         if dist.get_world_size() < 2:
             raise SystemExit("bench scaling runs on 2 (or more) processes: torchrun --standalone --nproc-per-node 2 ...")
-        return run(args)
+        return trace(args) if args.trace else run(args)
     finally:
         dist.destroy_process_group()
 
@@ -175,3 +179,202 @@ def run(args):
         Path(args.json).write_text(json.dumps(report, indent=1))
         say(f"# wrote {args.json}")
     return 0
+
+
+# ---------------------------------------------------------------------------------------
+# --trace: where one step's time goes (torch.profiler)
+# ---------------------------------------------------------------------------------------
+
+# what each kind of time is, by the profiler's event names, in the order a moment is claimed:
+# a moment inside a gloo collective counts as communication even though an op encloses it
+KINDS = ("communication", "matmul", "copy", "other ops")
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
+COPIES = ("aten::copy_", "aten::clone", "aten::contiguous", "aten::cat", "aten::repeat_interleave",
+          "aten::zeros_like", "aten::new_zeros")
+
+
+def kind_of(name):
+    """The kind (KINDS) of a profiler event, or None for events that are not work (ranges, views)."""
+    if name.startswith("gloo:"):
+        return "communication"
+    if name in MATMULS:
+        return "matmul"
+    if name in COPIES:
+        return "copy"
+    return "other ops" if name.startswith("aten::") else None
+
+
+def paint(intervals, start, stop):
+    """[(t0, t1, kind)] covering [start, stop): each moment the first KIND of the intervals that
+    cover it, "python" where none does (the interpreter, autograd's bookkeeping, the optimizer's loop)."""
+    edges = []
+    for t0, t1, kind in intervals:
+        t0, t1 = max(t0, start), min(t1, stop)
+        if t1 > t0:
+            edges += [(t0, 1, kind), (t1, -1, kind)]
+    edges.sort(key=lambda e: (e[0], e[1]))
+    depth = dict.fromkeys(KINDS, 0)
+    segments, now = [], start
+    for t, change, kind in edges + [(stop, 0, None)]:
+        if t > now:
+            current = next((k for k in KINDS if depth[k] > 0), "python")
+            if segments and segments[-1][2] == current and segments[-1][1] == now:
+                segments[-1] = (segments[-1][0], t, current)
+            else:
+                segments.append((now, t, current))
+            now = t
+        if kind:
+            depth[kind] += change
+    return segments
+
+
+def step_windows(events):
+    """(start, end) in microseconds of every range named "step", in order, and its thread."""
+    steps = sorted((e.time_range.start, e.time_range.end, e.thread) for e in events if e.name == "step")
+    return [(a, b) for a, b, _ in steps], (steps[0][2] if steps else None)
+
+
+def breakdown(events):
+    """Per profiled step: seconds of each kind, the step's wall time, the collectives' durations
+    (in call order, for matching with the other ranks) and the painted timeline (ms from the step's start).
+
+    Communication is the gloo worker threads' collectives (the main thread waits for them: our
+    collectives block); the other kinds are the main thread's ops."""
+    windows, main = step_windows(events)
+    out = []
+    for start, stop in windows:
+        inside = [(e.time_range.start, e.time_range.end, kind_of(e.name)) for e in events
+                  if e.time_range.start < stop and e.time_range.end > start and kind_of(e.name)
+                  and (e.thread == main or e.name.startswith("gloo:"))]
+        segments = paint(inside, start, stop)
+        seconds = dict.fromkeys(KINDS + ("python",), 0.0)
+        for t0, t1, kind in segments:
+            seconds[kind] += (t1 - t0) * 1e-6
+        collectives = [(t1 - t0) * 1e-6 for t0, t1, k in sorted(inside) if k == "communication"]
+        out.append({"step_s": (stop - start) * 1e-6, "seconds": seconds, "collectives_s": collectives,
+                    "timeline_ms": coarse([((a - start) / 1e3, (b - start) / 1e3, k) for a, b, k in segments])})
+    return out
+
+
+def coarse(segments, shortest_ms=0.05):
+    """The timeline for a picture: a segment shorter than ``shortest_ms`` joins the one before it
+    (the seconds of each kind are counted before this, exactly)."""
+    out = []
+    for a, b, k in segments:
+        if out and (b - a < shortest_ms or out[-1][2] == k):
+            out[-1][1] = round(b, 2)
+        else:
+            out.append([round(a, 2), round(b, 2), k])
+    return out
+
+
+def profiled_steps(model, optimizer, batches, solo, rank):
+    """torch.profiler over ``batches`` (each step a "step" range). Returns (profiler, events) or
+    (None, []) on a rank that sits a solo run out."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    if model is None:
+        dist.barrier()
+        return None, []
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for x, y in batches:
+            if not solo:
+                dist.barrier()
+            with record_function("step"):
+                step(model, optimizer, x, y)
+    if solo:
+        dist.barrier()
+    return prof, prof.events()
+
+
+def trace(args):
+    """Profile tp=1 (rank 0, one thread) and tp=world steps, alternating ``--rounds`` times; keep
+    each setup's fastest step; write the traces of the last round and print the breakdown."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tp = f"tp{world}"
+    torch.set_num_threads(1)
+    out_dir = Path(args.trace)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    say = print if rank == 0 else (lambda *a, **k: None)
+    profile = plan.load_profile(args.profile) if Path(args.profile).exists() else None
+    say(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; GPT layers={args.layers} "
+        f"T={args.seq_len} V={args.vocab_size} B={args.batch_size}; fastest of {args.rounds} rounds x "
+        f"{args.steps_per_round} profiled steps; ms per step on rank 0")
+    sizes, report = [int(h) for h in args.sizes.split(",")], []
+    for hidden in sizes:
+        config = config_for(hidden, args)
+        single = init_gpt(config, 0) if rank == 0 else None
+        models = {"tp1": (single, True), tp: (gpt_to_tp(dist.group.WORLD, init_gpt(config, 0)), False)}
+        opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=False) if m is not None else None
+                for k, (m, _) in models.items()}
+        batches = [global_batch(s, args.batch_size, config.seq_len, config.vocab_size, 0)
+                   for s in range(args.steps_per_round)]
+        for name, (model, solo) in models.items():
+            timed(model, opts[name], batches[:args.warmup], 1, solo)
+        best = {}
+        for r in range(args.rounds):
+            for name, (model, solo) in models.items():
+                prof, events = profiled_steps(model, opts[name], batches, solo, rank)
+                steps = breakdown(events)
+                if solo or name == "tp1":
+                    mine = steps
+                else:  # the collectives' durations on every rank, to split transfer from waiting
+                    everyone = [None] * world
+                    dist.all_gather_object(everyone, [s["collectives_s"] for s in steps])
+                    mine = [dict(s, collectives_all_ranks_s=[e[i] for e in everyone]) for i, s in enumerate(steps)]
+                for s in mine:
+                    if name not in best or s["step_s"] < best[name]["step_s"]:
+                        best[name] = s
+                if prof is not None and r == args.rounds - 1:
+                    prof.export_chrome_trace(str(out_dir / f"step_H{hidden}_{name}_rank{rank}.json"))
+        if tp in best:
+            split_waiting(best[tp])
+        everyone = [None] * world
+        dist.all_gather_object(everyone, best)
+        if rank == 0:
+            row = {"hidden": hidden, "config": config.to_dict(), "batch_size": args.batch_size,
+                   "ranks": everyone, "load_average": os.getloadavg()}
+            if profile:
+                row["predicted"] = {"tp1": plan.predict_step(config, profile, 1, args.batch_size, threads=1),
+                                    tp: plan.predict_step(config, profile, world, args.batch_size, threads=1)}
+            report.append(row)
+            print_breakdown(row, tp)
+    if rank == 0:
+        say(f"# Chrome/Perfetto traces: {out_dir}/step_H<H>_<setup>_rank<r>.json "
+            f"(open in https://ui.perfetto.dev or chrome://tracing)")
+        if args.summary:
+            summary = {"command": "torchrun --standalone --nproc-per-node "
+                                  f"{world} -m tp_from_scratch.bench scaling --trace {args.trace} --sizes {args.sizes} "
+                                  f"--rounds {args.rounds} --steps-per-round {args.steps_per_round}",
+                       "kinds": list(KINDS) + ["python"], "rows": report}
+            Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.summary).write_text(json.dumps(summary))
+            say(f"# wrote {args.summary}")
+    return 0
+
+
+def split_waiting(step):
+    """Split the step's communication into transfer and waiting for a later rank.
+
+    A blocking all-reduce on two ranks lasts, on the rank that arrives first, the time it waits
+    for the other plus the transfer; on the last to arrive, the transfer alone. So per call the
+    shortest duration over the ranks is the transfer and the rest of this rank's is waiting."""
+    per_rank = step.pop("collectives_all_ranks_s", None)
+    if not per_rank or len({len(c) for c in per_rank}) != 1:
+        return
+    transfer = sum(min(call) for call in zip(*per_rank))
+    mine = sum(step["collectives_s"])
+    step["seconds"]["communication: transfer"] = transfer
+    step["seconds"]["communication: waiting for the other rank"] = max(mine - transfer, 0.0)
+
+
+def print_breakdown(row, tp):
+    """One line per setup: step ms and each kind's ms and share, rank 0; plus the prediction."""
+    best = row["ranks"][0]
+    print(f"H={row['hidden']}:")
+    for name, s in best.items():
+        parts = "  ".join(f"{k} {v * 1e3:.1f} ({v / s['step_s']:.0%})" for k, v in s["seconds"].items() if v)
+        print(f"  {name:<4} step {s['step_s'] * 1e3:8.1f}   {parts}")
+    if "predicted" in row:
+        p = row["predicted"]
+        print("  predicted: " + "   ".join(f"{k} compute {v['compute_s'] * 1e3:.1f} + comm "
+                                          f"{v['communication_s'] * 1e3:.1f}" for k, v in p.items()))

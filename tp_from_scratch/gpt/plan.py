@@ -19,7 +19,8 @@ size hs, F ffn, with t TP ranks, B sequences per DP rank:
 * memory per rank for each t: weights, gradients, AdamW state and activations;
 * the collectives our trainer makes per step, with the bytes each one sends per rank;
 * FLOPs per step (backward = 2x forward, so a step is 3x forward) and a predicted step time
-  compute / (FLOP/s) + sum over collectives of (messages * alpha + bytes * beta);
+  compute / (FLOP/s) + sum over collectives of (messages * alpha + bytes * beta)
+  + a measured per-step overhead (fixed + per layer: Python, autograd, the optimizer's loop);
 * the TP degree at which one layer's communication takes longer than its compute.
 
 The predicted time assumes no overlap of compute and communication: our trainer has none.
@@ -334,7 +335,12 @@ def predict_step(config, profile, t, batch, dp=1, itemsize=4, arch=None, threads
     for c in collective_calls(config, t, batch, dp, arch):
         p = t if c.group == "tp" else dp
         comm += c.calls * all_reduce_seconds(profile, collectives, c.elements * itemsize, p)
-    return {"flops": flops, "compute_s": compute, "communication_s": comm, "step_s": compute + comm}
+    # what a step costs beyond its FLOPs and bytes: the interpreter, autograd's bookkeeping and
+    # the optimizer's loop over parameters, measured by --calibrate on a model too small to compute
+    cost = profile.get("step_overhead")
+    overhead = (cost["fixed_s"] + cost["per_layer_s"] * config.n_layers) * max(1.0, busy) if cost else 0.0
+    return {"flops": flops, "compute_s": compute, "communication_s": comm, "overhead_s": overhead,
+            "step_s": compute + comm + overhead}
 
 
 def valid_tp_degrees(config, arch=None, largest=64):
@@ -396,6 +402,43 @@ def measure_matmul_flops(threads, sizes=((1024, 512, 2048), (1024, 1024, 1024), 
     finally:
         torch.set_num_threads(before)
     return sorted(rates)[len(rates) // 2]
+
+
+def measure_step_overhead(depths=(1, 4), repeats=15):
+    """{"fixed_s", "per_layer_s"}: a training step's time that is not arithmetic, one thread.
+
+    Times full steps (forward, backward, AdamW without foreach, as bench scaling runs them) of
+    GPTs too small for their FLOPs to matter (H=16, T=4, B=1) at two depths, fastest of
+    ``repeats`` each, and fits time = fixed + per_layer * L: the Python, autograd and optimizer
+    bookkeeping that a FLOP count misses, and what dominates the smallest models.
+    """
+    import time
+
+    import torch
+
+    from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    seconds = []
+    try:
+        for layers in depths:
+            config = GPTConfig(vocab_size=16, seq_len=4, n_layers=layers, hidden=16, n_heads=4, n_kv_heads=2)
+            model = init_gpt(config, 0)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+            x = torch.zeros(1, 4, dtype=torch.long)
+            times = []
+            for _ in range(repeats + 2):
+                start = time.perf_counter()
+                optimizer.zero_grad(set_to_none=True)
+                _, loss = model(x, x)
+                loss.backward()
+                optimizer.step()
+                times.append(time.perf_counter() - start)
+            seconds.append(min(times[2:]))
+    finally:
+        torch.set_num_threads(before)
+    fixed, per_layer = fit_line(list(depths), seconds)
+    return {"fixed_s": max(fixed, 0.0), "per_layer_s": max(per_layer, 0.0)}
 
 
 def calibrate_worker(out_path, repeats=30):
@@ -461,7 +504,8 @@ def calibrate(out_path, timeout=300):
 
     from tp_from_scratch.comm.launchers import run_command, torchrun_command
     profile = {"source": "measured here by plan --calibrate", "cores": os.cpu_count(),
-               "matmul_flops": {str(k): measure_matmul_flops(k) for k in (1, 2)}}
+               "matmul_flops": {str(k): measure_matmul_flops(k) for k in (1, 2)},
+               "step_overhead": measure_step_overhead()}
     with tempfile.TemporaryDirectory() as tmp:
         part = Path(tmp) / "all_reduce.json"
         out = run_command(torchrun_command(2, "tp_from_scratch.gpt.plan", "--calibrate-worker", str(part)),
@@ -567,13 +611,14 @@ def report(args, config, profile, say=print):
     say(f"{'total':<46} {'':<5} {sum(r['calls'] for r in rows):>5} "
         f"{sum(r['payload_bytes'] for r in rows):>14,} {sum(r['ring_bytes'] for r in rows):>14,}")
     say(f"\nprofile {profile['name']}: {profile['source']}")
-    say(f"{'t':>3} {'GFLOP/rank':>12} {'compute ms':>11} {'comm ms':>10} {'step ms':>10} {'speedup':>8}")
+    say(f"{'t':>3} {'GFLOP/rank':>12} {'compute ms':>11} {'comm ms':>10} {'overhead ms':>11} {'step ms':>10} "
+        f"{'speedup':>8}")
     base = None
     for d in degrees:
         p = predict_step(config, profile, d, B, args.dp, itemsize, arch, collectives=args.collectives)
         base = base or p["step_s"]
         say(f"{d:>3} {p['flops'] / 1e9:>12.2f} {p['compute_s'] * 1e3:>11.3f} {p['communication_s'] * 1e3:>10.3f} "
-            f"{p['step_s'] * 1e3:>10.3f} {base / p['step_s']:>7.2f}x")
+            f"{p['overhead_s'] * 1e3:>11.3f} {p['step_s'] * 1e3:>10.3f} {base / p['step_s']:>7.2f}x")
     cross = crossover_tp(config, profile, B // args.dp, itemsize, arch, args.collectives)
     if cross is None:
         say(f"\nadvice: communication stays below compute up to t={degrees[-1]} on this profile.")
