@@ -13,6 +13,7 @@ BENCHMARKS = {
     "overlap": "exposed all-reduce time and step time of a column-parallel layer, with and without overlap",
     "train": "tensor-parallel GPT training throughput (torchrun)",
     "scaling": "strong scaling: tp=1 (1 and 2 threads) against tp=2, and the planner's prediction (torchrun)",
+    "parallelisms": "DP, DDP, ZeRO-1/2, PP (GPipe, 1F1B), TP, TP+SP and hybrids at 4 ranks: memory, bytes, time, bubble",
 }
 
 
