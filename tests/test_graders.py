@@ -33,6 +33,7 @@ EXPECTED_TESTS = {
     "ex08": 27,
     "ex09": 37,
     "ex10": 15,
+    "ex11": 67,
 }
 
 # known-wrong implementations whose first failure must carry a targeted hint (a substring of it)

@@ -34,6 +34,7 @@ EXERCISES = {
     "ex08": ("ex08_partial_sync", ["tp_from_scratch.partial_sync.autograd"]),
     "ex09": ("ex09_recursive_halving_doubling", ["tp_from_scratch.overlap.algorithms"]),
     "ex10": ("ex10_training_step", ["tp_from_scratch.gpt.step"]),
+    "ex11": ("ex11_one_f_one_b", ["tp_from_scratch.parallelisms.schedules"]),
 }
 
 
