@@ -106,3 +106,19 @@ def test_seeded_sampling_equals_transformers_generate_step_by_step(tmp_path):
             kept = ~hf_scores.isinf()
             assert_matches_reference(scores[kept], hf_scores[kept], name=f"{name} sampling scores", rank=rank)
             assert torch.equal(ids, want), f"{name} rank {rank}: {ids.tolist()} != transformers' {want.tolist()}"
+
+
+def test_text_prompts_from_the_command_line(tmp_path, capsys):
+    # make demo's last step: a byte-level checkpoint, several --text prompts, each compared
+    from tp_from_scratch.gpt import checkpoint as ckpt
+    from tp_from_scratch.gpt.generate import main
+    from tp_from_scratch.gpt.model import GPTConfig
+    ckpt.save_single_device(init_gpt(GPTConfig(vocab_size=256, seq_len=16, hidden=16, n_heads=4, n_kv_heads=2), 0),
+                            tmp_path / "bytes.pt")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--load", str(tmp_path / "bytes.pt"), "--text", "def ", "--text", "import", "--new-tokens", "5",
+              "--sample", "--top-k", "10", "--compare-single"])
+    lines = capsys.readouterr().out.splitlines()
+    assert exit_.value.code == 0, lines
+    assert [line.startswith(want) for line, want in zip(lines[::2], ["tp=1: 'def ", "tp=1: 'import"])] == [True] * 2, lines
+    assert lines[1::2] == ["single device: identical token ids"] * 2

@@ -139,23 +139,28 @@ def parse_prompt(text, config, seed, as_text=None):
 def run_generate(args, group, rank, tp):
     config, full = load_model(args)
     config.validate(tp)
-    prompt = parse_prompt(args.prompt, config, args.seed, args.text)
     model = (gpt_to_tp(group, full, config) if tp > 1 else single_device(config, full)).eval()
+    reference = single_device(config, full) if args.compare_single and rank == 0 else None
     kw = dict(sample=args.sample, seed=args.seed, temperature=args.temperature, top_k=args.top_k)
-    ids = generate(model, prompt, args.new_tokens, **kw)
-    if rank == 0:
-        print(f"{config.arch}, tp={tp}, {args.dtype}, {'sampled' if args.sample else 'greedy'}: "
-              f"{','.join(map(str, ids[0].tolist()))}", flush=True)
-        if args.text is not None:
+    status = 0
+    for text in args.text or [None]:           # one generation per --text prompt
+        prompt = parse_prompt(args.prompt, config, args.seed, text)
+        ids = generate(model, prompt, args.new_tokens, **kw)
+        if rank != 0:
+            continue
+        if text is None:
+            print(f"{config.arch}, tp={tp}, {args.dtype}, {'sampled' if args.sample else 'greedy'}: "
+                  f"{','.join(map(str, ids[0].tolist()))}", flush=True)
+        else:  # a byte-level model: show the text
             from tp_from_scratch.gpt.text import decode
-            print(decode(ids[0].tolist()), flush=True)
-    if args.compare_single and rank == 0:
-        ref = generate(single_device(config, full), prompt, args.new_tokens, **kw)
-        same = torch.equal(ids, ref)
-        print(f"single device: {'identical token ids' if same else 'DIFFERENT token ids: ' + str(ref[0].tolist())}",
-              flush=True)
-        return 0 if same else 1
-    return 0
+            print(f"tp={tp}: {decode(ids[0].tolist())!r}", flush=True)
+        if reference is not None:
+            ref = generate(reference, prompt, args.new_tokens, **kw)
+            same = torch.equal(ids, ref)
+            print(f"single device: {'identical token ids' if same else 'DIFFERENT token ids: ' + str(ref[0].tolist())}",
+                  flush=True)
+            status |= not same
+    return int(status)
 
 
 def run_bench(args, group, rank, tp):
@@ -196,7 +201,8 @@ def build_parser():
     src.add_argument("--load", help="our checkpoint root or single-device .pt (convert.py import writes both)")
     src.add_argument("--hf", help="a Hugging Face save_pretrained directory (GPT-2 or Llama)")
     p.add_argument("--prompt", help="comma-separated token ids (default: 8 random ids from --seed)")
-    p.add_argument("--text", help="a text prompt, as UTF-8 bytes (a model trained with --data text)")
+    p.add_argument("--text", action="append",
+                   help="a text prompt, as UTF-8 bytes (a model trained with --data text); repeat for more")
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--sample", action="store_true", help="seeded sampling instead of greedy")
     p.add_argument("--temperature", type=float, default=1.0)
