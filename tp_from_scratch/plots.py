@@ -7,6 +7,8 @@
     step_time_bars(ax, labels, compute_s, communication_s)  a step's compute and communication, stacked
     draw_layouts(steps, t, title)                           where each tensor of a layer lives, rank by rank
     tagged_blocks / decode / draw_before_after / draw_ring_steps   Lesson 2's collective pictures
+    draw_attention_backward(rank, t)                        one head's backward, and where f and g sit
+    draw_cross_entropy_all_reduces(t)                       the vocab-parallel loss's three all-reduces
 
 Device i is always drawn in ``device_color(i)``, in every lesson, so a learner can follow a
 shard from picture to picture. Shards are contiguous blocks as cut by
@@ -210,6 +212,34 @@ def step_time_bars(ax, labels, compute_s, communication_s, *, measured_s=None, t
     return bars
 
 
+# what each moment of a profiled step was spent on (bench scaling --trace's kinds)
+TIMELINE_COLORS = {"matmul": "#0072b2", "other ops": "#56b4e9", "copy": "#009e73",
+                   "communication": "#d55e00", "python": "#bbbbbb"}
+
+
+def step_timeline(ax, rows, *, title=None):
+    """One training step drawn as a band per row, coloured by what each moment was spent on.
+
+    rows: [(label, [(start_ms, stop_ms, kind), ...])], e.g. one row per rank from the timelines
+    tp_from_scratch.bench.scaling --trace writes (kinds: TIMELINE_COLORS). Returns ``ax``.
+    """
+    from matplotlib.patches import Patch
+    for i, (label, segments) in enumerate(rows):
+        spans = {}
+        for start, stop, kind in segments:
+            spans.setdefault(kind, []).append((start, stop - start))
+        for kind, pieces in spans.items():
+            ax.broken_barh(pieces, (i - 0.4, 0.8), color=TIMELINE_COLORS.get(kind, "black"))
+    ax.set_yticks(range(len(rows)), [label for label, _ in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms from the start of the step")
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in TIMELINE_COLORS.items()], fontsize=8,
+              ncol=len(TIMELINE_COLORS), loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    if title:
+        ax.set_title(title, fontsize=10)
+    return ax
+
+
 # ---------------------------------------------------------------------------------------
 # Lessons 3-4: where each tensor of a layer lives
 # ---------------------------------------------------------------------------------------
@@ -339,3 +369,132 @@ def draw_ring_steps(states, sends, titles, p):
         draw_holdings(ax, states[k], p, titles[k], p, edges)
     fig.tight_layout()
     plt.show()
+
+
+# ---------------------------------------------------------------------------------------
+# Dataflow pictures: boxes for tensors, arrows for operations, collectives in crimson
+# ---------------------------------------------------------------------------------------
+
+COLLECTIVE_COLOR = "crimson"
+
+
+def _node(ax, xy, text, face="white", edge="0.35", fontsize=9):
+    """A tensor: text in a rounded box at data coordinates ``xy``; returns the text artist."""
+    return ax.text(*xy, text, ha="center", va="center", fontsize=fontsize, zorder=3,
+                   bbox=dict(boxstyle="round,pad=0.4", fc=face, ec=edge, lw=1.2))
+
+
+def _edge(ax, start, end, sides=("right", "left"), color="0.35", lw=1.4):
+    """An arrow from one box (a _node) to another, between the named sides of their boxes."""
+    anchor = {"right": (1, 0.5), "left": (0, 0.5), "bottom": (0.5, 0), "top": (0.5, 1)}
+    ax.annotate("", xy=anchor[sides[1]], xycoords=end, xytext=anchor[sides[0]], textcoords=start,
+                zorder=2, arrowprops=dict(arrowstyle="-|>", color=color, lw=lw, shrinkA=4, shrinkB=4))
+
+
+def draw_attention_backward(rank=0, t=2):
+    """One attention head on rank ``rank`` of ``t``, forward (top) and backward (bottom).
+
+    Everything between f and g belongs to the heads this rank holds and never leaves it;
+    the only communication is g's all-reduce in forward (the row-parallel o projection's
+    Partial sum) and f's all-reduce in backward (dx, a Partial sum over the ranks' heads).
+    Returns the figure.
+    """
+    head = device_color(rank)
+    light = plt.matplotlib.colors.to_rgba(head, 0.18)
+    fig, ax = plt.subplots(figsize=(16, 5.6))
+    fwd, bwd, out = 3.0, 1.0, -0.6
+    xs = [0, 2.7, 5.3, 7.7, 9.8, 12.0, 15.2]
+    forward = ["x  (B, T, H)\nReplicated",
+               "$q = x W_q$, $k = x W_k$\n$v = x W_v$\n(B, T, hs): this head",
+               "$S = q k^\\top / \\sqrt{hs}$\n(B, T, T), masked\nabove the diagonal",
+               "$P = \\mathrm{softmax}(S)$\nrow by row",
+               "$o = P v$\n(B, T, hs)",
+               "$o\\, W_o^{(i)}$  (B, T, H)\nPartial: one term\nof the sum",
+               "y  (B, T, H)\nReplicated"]
+    top = [_node(ax, (x, fwd), text, face="#eeeeee" if i in (0, 6) else light)
+           for i, (x, text) in enumerate(zip(xs, forward))]
+    labels = ["f: identity", "", "", "", "$\\cdot W_o^{(i)}$\n(row-parallel)", "g: ALL-REDUCE\n(B, T, H)"]
+    for i, label in enumerate(labels):
+        color = COLLECTIVE_COLOR if i == 5 else "0.35"
+        _edge(ax, top[i], top[i + 1], color=color, lw=2.2 if i == 5 else 1.4)
+        ax.text((xs[i] + xs[i + 1]) / 2 + 0.25 * (i == 5), fwd + (0.62 if i < 5 else 0.1), label,
+                ha="center", va="bottom", fontsize=8.5, color=color, fontweight="bold" if i == 5 else "normal")
+    backward = ["$dx_i = dq\\,W_q^\\top + dk\\,W_k^\\top$\n$ + dv\\,W_v^\\top$\nPartial: this rank's heads",
+                "$dq = dS\\, k / \\sqrt{hs}$\n$dk = dS^\\top q / \\sqrt{hs}$\n$dW_q = x^\\top dq$, ...",
+                "$dS = P \\odot (dP - \\mathrm{rowsum}(P \\odot dP))$\nmasked: $P = 0$, so $dS = 0$",
+                "$dP = do\\, v^\\top$\n$dv = P^\\top do$",
+                "$do = dy\\, W_o^{(i)\\top}$\n$dW_o^{(i)} = o^\\top dy$",
+                "dy, unchanged\n(g backward:\nidentity)",
+                "dy  (B, T, H)\nReplicated"]
+    bottom = [_node(ax, (x, bwd), text, face="#eeeeee" if i == 6 else light, fontsize=8.5)
+              for i, (x, text) in enumerate(zip(xs, backward))]
+    for i in range(6, 0, -1):
+        _edge(ax, bottom[i], bottom[i - 1], ("left", "right"))
+    dx = _node(ax, (xs[2], out), "dx  (B, T, H)\nReplicated", face="#eeeeee")
+    _edge(ax, bottom[0], dx, ("bottom", "left"), color=COLLECTIVE_COLOR, lw=2.2)
+    ax.text(xs[0] + 0.4, out - 0.05, "f backward:\nALL-REDUCE (B, T, H)", ha="center", va="top",
+            fontsize=8.5, color=COLLECTIVE_COLOR, fontweight="bold")
+    for x in xs[1:6]:  # forward results that backward reads (saved activations)
+        ax.plot([x, x], [fwd - 0.62, bwd + 0.62], ls=":", color="0.6", zorder=1)
+    ax.text(-1.5, fwd, "forward", ha="right", va="center", fontsize=10, fontweight="bold")
+    ax.text(-1.5, bwd, "backward", ha="right", va="center", fontsize=10, fontweight="bold")
+    ax.add_patch(Rectangle((1.35, 0.2), 11.6, 4.05, fc="none", ec=head, lw=1.5, ls="--", zorder=0))
+    ax.text(10.4, -0.6, f"dashed: rank {rank} of t = {t}, its own heads only;\nno communication inside "
+            "the box\ndotted: forward tensors that backward reads", ha="center", va="center", fontsize=9,
+            color=head)
+    ax.set_xlim(-2.6, 16.3)
+    ax.set_ylim(-1.4, 4.5)
+    ax.axis("off")
+    ax.set_title("One attention head, forward and backward: g's all-reduce after the row-parallel "
+                 "$W_o$, f's all-reduce of dx", fontsize=11)
+    return fig
+
+
+def draw_cross_entropy_all_reduces(t=3, tokens=4, vocab=13):
+    """The vocabulary-parallel cross-entropy on ``t`` ranks: its three all-reduces of N = B*T numbers.
+
+    Left: the logits (N, V), each rank holding a block of the vocabulary (uneven when t does
+    not divide V). Right, one row per all-reduce: what each rank contributes (an N-vector in
+    its colour), the reduction, what every rank gets, and why the loss needs it.
+    Returns the figure.
+    """
+    fig = plt.figure(figsize=(14, 4.6))
+    grid = fig.add_gridspec(1, 2, width_ratios=[1, 3.6], wspace=0.05)
+    left, right = fig.add_subplot(grid[0]), fig.add_subplot(grid[1])
+    draw_matrix(left, (tokens, vocab), 1, t, dims=("N", "V"), title="logits z: vocabulary blocks")
+    steps = [("max", "max over ranks", "$m_i = \\max_v z_{n,v}$\n(own block)", "m  (N,)",
+              "shift by the GLOBAL max: every\n$e^{z - m} \\leq 1$, no overflow, and every\nrank shifts by the same m"),
+             ("sum", "sum", "$z_{n,y_n} - m_n$ if rank i\nowns $y_n$, else 0",
+              "$z_y - m$  (N,)", "only one rank holds the target's\ncolumn: the sum hands it to all"),
+             ("sum", "sum", "$S_i = \\sum_v e^{z_{n,v} - m_n}$\n(own block)", "S  (N,)",
+              "the softmax denominator runs\nover the whole vocabulary")]
+    bar_w, gap = 0.22, 0.08
+    for row, (op, name, local, result, why) in enumerate(steps):
+        y = 2 - row * 1.15
+        for r in range(t):  # every rank's N-vector
+            right.add_patch(Rectangle((r * (bar_w + gap), y - 0.4), bar_w, 0.8, fc=device_color(r), ec="black"))
+        right.text(t * (bar_w + gap) + 0.15, y, local, va="center", fontsize=8.5)
+        start = 2.35
+        right.annotate("", xy=(start + 1.5, y), xytext=(start, y),
+                       arrowprops=dict(arrowstyle="-|>", color=COLLECTIVE_COLOR, lw=2))
+        right.text(start + 0.75, y + 0.08, f"{row + 1}. all-reduce\n({name})", ha="center", va="bottom",
+                   fontsize=8.5, color=COLLECTIVE_COLOR, fontweight="bold")
+        right.text(start + 0.75, y - 0.1, "N numbers", ha="center", va="top", fontsize=8, color=COLLECTIVE_COLOR)
+        right.add_patch(Rectangle((start + 1.65, y - 0.4), bar_w, 0.8, fc="#bdbdbd", ec="black"))
+        right.text(start + 1.65 + bar_w + 0.12, y, f"{result}\non every rank", va="center", fontsize=8.5)
+        right.text(5.7, y, why, va="center", fontsize=8.5)
+    for x, header in ((0, "each rank's (N,)"), (2.35, "the collective"), (3.9, "the result"),
+                      (5.7, "why the loss needs it")):
+        right.text(x, 2.65, header, fontsize=9, fontweight="bold")
+    for r in range(t):
+        right.text(r * (bar_w + gap) + bar_w / 2, -0.85, f"r{r}", ha="center", fontsize=8, color=device_color(r))
+    right.text(0, -1.3, "loss$_n = \\log S_n - (z_{n,y_n} - m_n)$, the same on every rank.   Backward: "
+               "$\\partial\\,$loss$/\\partial z = (e^{z-m}/S - \\mathrm{onehot}(y)) / N$ on each rank's own "
+               "block: no communication.\nEach all-reduce carries N = B*T numbers (4 B*T bytes in float32); "
+               "gathering the logits instead would move N*V.", fontsize=9)
+    right.set_xlim(-0.1, 8.6)
+    right.set_ylim(-1.8, 2.9)
+    right.axis("off")
+    fig.suptitle(f"Vocabulary-parallel cross-entropy on t = {t} ranks: three all-reduces of one number "
+                 "per token", fontsize=11)
+    return fig

@@ -94,6 +94,16 @@ draw_layouts([
     ("o_i @ Wo_i  (B, T, H)", "Partial", "g:\\nall-reduce", H_),
     ("y = sum + bo", "Replicated", "", H_),
 ], t=4, title="attention forward: one all-reduce (g); backward: one (f)")"""),
+    new_markdown_cell(r"""The same head, forward on top and backward underneath, each box a tensor of this rank's
+head and each arrow one line of the derivation above. Read the bottom row right to left: $dy$
+arrives Replicated, g's backward hands it on unchanged, and from $do$ to $dx_i$ every product uses
+only this head's $q$, $k$, $v$, $P$ (kept from forward, dotted lines). The two all-reduces sit at
+the edges of the dashed box: g's after the row-parallel $W_o$ in forward, and f's in backward,
+which turns the Partial $dx_i$ (this rank's heads only) into the Replicated $dx$."""),
+    new_code_cell("""from tp_from_scratch.plots import draw_attention_backward
+
+draw_attention_backward(rank=0, t=2)
+plt.show()"""),
     new_markdown_cell(r"""## 2. Grouped-query attention: sharded or replicated KV heads
 
 With GQA, nh/nkv query heads share one KV head. Query heads always split evenly (t must divide nh).

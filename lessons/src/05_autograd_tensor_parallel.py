@@ -221,7 +221,16 @@ vocabulary rows:
   (only its owner has it), and the sum of exponentials. The gradient, softmax minus one-hot,
   needs none. The full logits are never gathered.
 
+The drawing: each row is one all-reduce, what every rank puts in (one number per token, in its
+colour), what comes out on every rank, and why the loss cannot do without it. Each carries
+N = B·T numbers whatever V is, so the three together cost 3·B·T floats per step against the
+B·T·V of gathering the logits.
+
 V = 13 does not divide by t = 3 or 4: the blocks are 5, 4, 4 and 4, 3, 3, 3."""),
+    new_code_cell("""from tp_from_scratch.plots import draw_cross_entropy_all_reduces
+
+draw_cross_entropy_all_reduces(t=3, tokens=4, vocab=13)
+plt.show()"""),
     new_code_cell("""V, D = 13, 6
 
 def vocabulary(comm, scale):
