@@ -2,7 +2,7 @@
 (tests/spmd_scripts/sp_training.py prints one "check ...: ok" line per run and exits 1 on a
 difference):
 
-- tp=4: ours with selective recomputation, 50 float32 steps, and PyTorch's DTensor
+- tp=4, one block: ours with selective recomputation, 50 float32 steps, and PyTorch's DTensor
   sequence-parallel plan through the trainer (--impl dtensor), float64, each step against one device;
 - dp=2 x tp=2: ours 50 float64 steps (near-bitwise) saved WITH sequence parallelism, loaded by
   Lesson 6's trainer WITHOUT it at tp=4, saved again, loaded with it at tp=2: all 60 steps equal

@@ -43,7 +43,8 @@ def sp_plan(n_layers):
     leave = dict(output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),), use_local_output=True)
     if n_layers == 1:  # one block both enters and leaves the region: one style doing both
         plan["blocks.0"] = PrepareModuleInputOutput(input_layouts=(Replicate(), None),
-                                                    desired_input_layouts=(Shard(1), None), **leave)
+                                                    desired_input_layouts=(Shard(1), None), use_local_input=True,
+                                                    **leave)
     else:
         plan[f"blocks.{n_layers - 1}"] = PrepareModuleOutput(**leave)
     return plan
