@@ -225,7 +225,7 @@ config = GPTConfig(**{k: v for k, v in big["config"].items() if k in GPTConfig._
 preds = [plan.predict_step(config, prof, 1, big["batch_size"], threads=1),
          plan.predict_step(config, prof, 1, big["batch_size"], threads=2),
          plan.predict_step(config, prof, 2, big["batch_size"], threads=1)]
-step_time_bars(b, ["tp1 1thr", "tp1 2thr", "tp2"], [p["compute_s"] for p in preds],
+step_time_bars(b, ["tp1 1thr", "tp1 2thr", "tp2"], [p["compute_s"] + p.get("overhead_s", 0) for p in preds],
                [p["communication_s"] for p in preds],
                measured_s=[big["min_s"][k] for k in ("tp1-1thread", "tp1-2threads", "tp2")],
                title=f"H={big['hidden']}: predicted (bars) and measured (dash)")
@@ -242,6 +242,70 @@ with two BLAS threads collapses (its threads wait for each other at every parall
 while the scheduler hands their cores to other programs), which is why tp1 2thr is the
 slowest column here, the opposite of the quiet machine. Ratios outside ±25 % are reported as
 measured, not tuned away; rerun the two commands on a quiet machine to see your own.
+
+### Where a tp=2 step's time goes
+
+`bench scaling --trace` runs the same steps under `torch.profiler` (tp = 1 on one process with
+one thread, then tp = 2, alternating) and sorts every moment of the fastest step into one kind:
+**matmul** (`aten::mm`, `addmm`, `bmm`), **copy** (`copy_`, `clone`, `cat`, `repeat_interleave`),
+**other ops** (every other aten op: LayerNorm, GeLU, softmax, masks, AdamW's element-wise
+updates), **communication** (gloo's all-reduces, which our main thread waits for: no overlap),
+and **python**, the rest (the interpreter, autograd's bookkeeping, the optimizer's loop). Two
+ranks make the same all-reduces in the same order, so each call's shortest duration over the
+ranks is the transfer itself; the rest of a rank's time in that call is **waiting for the other
+rank** to arrive. The Chrome/Perfetto traces go to `runs/scaling/trace/` (open them in
+https://ui.perfetto.dev); the committed summary holds the breakdown and one step's timeline."""),
+    new_code_cell("""from tp_from_scratch.plots import step_timeline
+
+steps = json.loads((REPO / "lessons/measurements/step_profile.json").read_text())
+print(steps["command"])
+for row in steps["rows"]:
+    print()
+    print(f"H={row['hidden']} (load average {row['load_average'][0]:.1f}): ms per step on rank 0, and each kind's share")
+    for setup, s in row["ranks"][0].items():
+        parts = "  ".join(f"{k} {v * 1e3:.0f} ({v / s['step_s']:.0%})" for k, v in s["seconds"].items() if v)
+        print(f"  {setup:<4} {s['step_s'] * 1e3:7.0f}   {parts}")
+    for setup, p in row.get("predicted", {}).items():
+        print(f"  {setup} predicted: matmul {p['compute_s'] * 1e3:.0f}, communication {p['communication_s'] * 1e3:.0f}, "
+              f"overhead {p.get('overhead_s', 0) * 1e3:.0f} ms")
+rows = steps["rows"]
+fig, axes = plt.subplots(len(rows), 1, figsize=(12, 2.3 * len(rows)), squeeze=False)
+for ax, row in zip(axes[:, 0], rows):
+    tp = [k for k in row["ranks"][0] if k != "tp1"][0]
+    lanes = [("tp1, 1 thread", row["ranks"][0]["tp1"]["timeline_ms"])]
+    lanes += [(f"{tp} rank {r}", ranks[tp]["timeline_ms"]) for r, ranks in enumerate(row["ranks"])]
+    step_timeline(ax, lanes, title=f"one training step, H={row['hidden']}")
+fig.tight_layout()"""),
+    new_markdown_cell(r"""How to read it. The matmuls halve: each rank multiplies by half of every weight, so the
+blue of a tp = 2 rank is about half of tp = 1's. What tp = 1 never pays is orange: the 13
+all-reduces of a step (the embedding's, two per layer forward and two backward, the head's, and
+the loss's three small ones), each a blocking call the rank sits out. On a quiet machine the
+transfer is a few milliseconds per (B, T, H) all-reduce, a few per cent of the step; under load,
+a rank that the scheduler pauses makes the other **wait**, and waiting then costs as much as the
+transfers. The replicated work (LayerNorms, residual adds, the position embedding, AdamW on the
+replicated parameters) does not shrink with t, and each parallel layer adds Python (autograd
+Functions, the collective calls).
+
+What we changed after reading these traces: a row-parallel layer's partial sum and the
+vocab-parallel embedding's rows are temporaries nobody reads again, so their g all-reduces them
+in place (`nn.mappings.reduce_from_tp_region_`) instead of copying each (B, T, H) first: 2L + 1
+fewer copies per step. It is a small gain (a copy of 2 MiB takes about half a millisecond here),
+too small to see through this shared machine's noise; the traces show where the rest goes, and
+none of it is a copy or an extra collective. What would help further is not more trimming but
+**overlap**: starting a backward all-reduce and computing the weight gradient while it travels
+(Lesson 10) hides the transfer and the waiting, if a core is free to drive it.
+
+### The fair race against PyTorch's own TP
+
+`bench train` times our GPT against PyTorch's DTensor TP on the same weights and batches, in
+alternating rounds, and prints two ratios: against `dtensor_plan.tp_plan` (blocks sharded,
+embedding and LM head **replicated**: every rank computes all V logits) and against
+`dtensor_plan.vocab_plan`, the same sharding as ours (embedding
+`RowwiseParallel(input_layouts=Replicate())`, the head's weight `Shard(0)` so the logits stay
+`Shard(-1)`, and `loss_parallel`'s cross-entropy). Only the second is a fair race; both train
+the same losses as one device (tests/test_plan_dtensor.py).
+
+    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench train
 
 ## 5. On a CPU laptop
 
