@@ -171,6 +171,27 @@ act = B * T * H * 4  # one float32 (B, T, H) activation, in bytes
 expected = (4 * L + 2) * act + 3 * B * T * 4   # 4 per block + embedding + head, and the loss
 print(f"formula: {expected:,} bytes/step; meter: {per_step['all_reduce']['bytes_sent']:,.0f}")
 assert expected == per_step["all_reduce"]["bytes_sent"]"""),
+    new_markdown_cell(r"""### Exercise 10: assemble the block, and account for every all-reduce
+
+`exercises/ex10_training_step.py` asks for two functions:
+
+* `tp_block(group, block, config)`: this rank's tensor-parallel copy of a single-device
+  `gpt.model.Block`, built from your Exercise 5 layers (`ColumnParallelLinear.from_linear` for q,
+  k, v and fc, `RowParallelLinear.from_linear` for o and proj, ONE f in front of q, k and v, the
+  LayerNorms copied whole). The graders train it for one step on t = 1, 2, 3 and 4 simulated
+  ranks and compare the output, every gradient and every updated weight with the single-device
+  block; the meter must count 2 all-reduces forward and 2 backward, and the single-device block
+  must not move (your parameters are copies).
+* `all_reduces_of_a_step(config, batch_size, t, rank)`: one `(phase, where, elements, bytes_sent)`
+  per all-reduce of a whole `TensorParallelGPT` step, the table above written out call by call.
+  The graders run that step with your blocks inside and compare your list with what the meter
+  counted on every rank, forward and backward. Mind the bytes: the ring cuts N numbers into t
+  chunks like `numpy.array_split`, and B·T = 10 tokens do not split evenly over 3 or 4 ranks,
+  so at t = 3 the loss's all-reduces make the ranks send different amounts (rank r sends
+  `2N - chunk_r - chunk_{r+1}` numbers: see `tp_from_scratch/collectives.py`). At t = 2
+  above, every rank sent exactly the payload.
+
+Grade it with `make grade EX=ex10` (or `.venv/bin/python -m pytest exercises -m ex10`)."""),
     new_markdown_cell(r"""## 4. The real thing: torchrun, gloo, separate processes
 
 The same training script that `make demo` runs, launched from here on 2 processes with a free
