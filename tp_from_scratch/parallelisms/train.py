@@ -201,6 +201,8 @@ def train_once(args, config, mesh):
     elapsed = time.perf_counter() - start
     everyone = [None] * mesh.world
     dist.all_gather_object(everyone, measurements(args, mesh, step, counter, pp_comm, args.steps))
+    if pp_comm is not None:
+        pp_comm.close()   # waits for its last sends (a TorchComm over a subgroup must be closed)
     record = {"strategy": strategy_name(args, mesh), "dp": mesh.dp, "pp": mesh.pp, "tp": mesh.tp,
               "zero": args.zero, "ddp": args.ddp, "sp": args.sp, "schedule": args.schedule,
               "micro_batches": args.micro_batches, "config": config.to_dict(),

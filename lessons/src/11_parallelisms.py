@@ -1,0 +1,314 @@
+"""Generate lessons/11_parallelisms.ipynb (without outputs; `make lessons` executes it).
+
+    .venv/bin/python lessons/src/11_parallelisms.py
+    .venv/bin/jupyter nbconvert --to notebook --execute --inplace lessons/11_parallelisms.ipynb
+
+The measured table comes from lessons/measurements/parallelisms.json, written by
+    python -m tp_from_scratch.bench parallelisms --json lessons/measurements/parallelisms.json
+(one torchrun launch of 4 processes, every strategy in turn; /work/notes/quiet/17.sh re-measures it).
+Everything else runs live in a few seconds: ZeRO on simulated ranks, the cost model, the pictures.
+"""
+from pathlib import Path
+
+from nbformat.v4 import new_code_cell, new_markdown_cell
+from lesson_notebook import write_notebook
+
+HERE = Path(__file__).resolve().parent
+
+cells = [
+    new_markdown_cell(r"""# Lesson 11: tensor parallelism among the parallelisms
+
+The document this course grew from spends a whole section telling tensor parallelism apart
+from its neighbours. In short: pipeline parallelism cuts the network **by depth**, and the
+stages wait on each other (the *pipeline bubble*); tensor parallelism cuts **each layer**, so
+no stage waits, but it talks in every layer and needs far more bandwidth; data parallelism,
+through PyTorch's `DistributedDataParallel`, is the default for any model that fits on one
+device. Large vision transformers combine TP with pipelining.
+
+Lesson 1 said this in words. Here we build the other three, train the same GPT with each of
+them (every step's loss equal to one device's), and **measure** them side by side: memory per
+rank, bytes per step, step time and bubble. Then we ask the question learners ask after TP:
+*why not FSDP, and when do I add a pipeline?*
+
+Where things are:
+* `tp_from_scratch/parallelisms/mesh.py`: the dp x pp x tp mesh and its rank layout;
+* `zero.py`: ZeRO-1 and ZeRO-2 from scratch; `train.py`: the trainer
+  (`python -m tp_from_scratch.parallelisms.train --dp D --pp P --tp T [--ddp] [--zero 1|2]
+  [--schedule gpipe|1f1b --micro-batches M]`), which reuses Lesson 6's loop;
+* `pipeline.py`, `schedules.py`: the pipeline (GPipe and 1F1B from send/recv);
+* `cost.py`: Lesson 9's cost model extended to dp x pp x tp; `memory.py`: what we count;
+* `python -m tp_from_scratch.bench parallelisms`: the comparison.
+
+Legend: B global batch, T sequence, H hidden, L layers, N parameters (of a rank's stage and TP
+shard), p pipeline stages, m micro-batches, t TP degree, dp data-parallel degree."""),
+    new_code_cell("""import sys, json
+from pathlib import Path
+if not (Path.cwd() / "tp_from_scratch").is_dir():  # run from lessons/: make the package importable
+    sys.path.insert(0, str(Path.cwd().parent))
+REPO = Path.cwd() if (Path.cwd() / "tp_from_scratch").is_dir() else Path.cwd().parent
+
+import copy
+import matplotlib.pyplot as plt
+import torch
+
+from tp_from_scratch.comm import run_spmd
+from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.gpt.model import GPTConfig
+from tp_from_scratch.gpt.plan import load_profile, parameter_count
+from tp_from_scratch.parallelisms import cost
+from tp_from_scratch.parallelisms.compare import table
+from tp_from_scratch.parallelisms.figures import draw_holdings
+from tp_from_scratch.parallelisms.mesh import coordinates, groups
+from tp_from_scratch.parallelisms.schedules import bubble, bubble_formula, format_schedule, one_f_one_b, gpipe, simulate
+from tp_from_scratch.parallelisms.zero import ZeroOptimizer, optimizer_state_bytes
+from tp_from_scratch.testing import random_array, rank_rng
+
+MEASURED = json.loads((REPO / "lessons/measurements/parallelisms.json").read_text())
+config = GPTConfig(n_layers=4)     # the comparison's model: the trainer's --layers 4, other flags default
+print(f"the comparison's GPT: {parameter_count(config):,} parameters, L={config.n_layers}, H={config.hidden}, "
+      f"V={config.vocab_size}, T={config.seq_len}; global batch B=8; {MEASURED['ranks']} ranks")"""),
+    new_markdown_cell(r"""## 1. Four ways to cut one training step
+
+| | what a rank holds | what it sends per step | who waits |
+|---|---|---|---|
+| **DP** (DDP) | the whole model, its gradients and optimizer state; B/dp of the batch | one all-reduce of all N gradients (bucketed, overlapped with backward) | nobody, if the all-reduce hides behind backward |
+| **ZeRO-1 / 2** | the whole model; 1/dp of the optimizer state (ZeRO-2: of the gradients too) | reduce-scatter (or all-reduce) of the gradients + all-gather of the parameters | as DP |
+| **PP** | L/p blocks, whole | one activation (B/m, T, H) per micro-batch to the next stage, one gradient back | the other stages, during the fill and drain: the bubble |
+| **TP** | 1/t of every layer | all-reduces of (B, T, H) in every layer, forward and backward | every rank, at every all-reduce |
+
+FSDP (ZeRO-3) goes one step further than ZeRO-2: it shards the weights too and all-gathers
+each layer just before using it (forward and again in backward). We stop at ZeRO-2.
+
+## 2. The mesh: TP innermost
+
+Four processes can be dp=4, pp=4, tp=4, or a product. The trainer numbers them as Megatron-LM
+does by default (order "tp-dp-pp", read from the inside out):
+
+    rank = (pp_index * dp + dp_index) * tp + tp_index
+
+TP varies fastest, so a TP group is consecutive ranks, which `torchrun` puts on one node: TP
+talks in every layer and gets NVLink. DP groups are ranks tp apart inside a pipeline stage;
+pipeline stages are dp*tp apart, across nodes, where the traffic is smallest (one activation
+per micro-batch, point to point). With pp = 1 this is exactly Lesson 6's dp x tp mesh."""),
+    new_code_cell("""dp, pp, tp = 2, 2, 2
+for kind, members in groups(dp, pp, tp).items():
+    print(f"{kind} groups: {members}")
+print("rank -> (dp_index, pp_index, tp_index):", {r: coordinates(r, dp, pp, tp) for r in range(8)})"""),
+    new_markdown_cell(r"""## 3. Data parallelism, the real way
+
+Lesson 6 averaged gradients by hand after backward: one `all_reduce` of every gradient,
+flattened. PyTorch's `DistributedDataParallel` does the same arithmetic, but it groups the
+gradients into **buckets** (25 MiB by default) in reverse order of use, and starts each
+bucket's all-reduce from an autograd hook as soon as its last gradient is ready, while backward
+carries on with the earlier layers: communication overlapped with computation (Li et al. 2020,
+"PyTorch Distributed"). `--ddp` wraps the (tensor-parallel) model in DDP over the DP group;
+the losses are the hand-written average's, step for step (tests/test_parallelisms.py checks
+both, and ZeRO's, against one device and each other in one launch):
+
+    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.train --dp 2 --tp 2 --ddp --compare-single
+
+Our model is small enough to fit into one bucket, so DDP sends exactly what the hand-written
+average sends; the difference is *when* (during backward instead of after it).
+
+## 4. ZeRO: shard what every DP rank duplicates
+
+AdamW keeps two numbers per parameter (m and v; with mixed precision also a float32 master
+copy: 12 bytes per parameter, against 2 for the bf16 weights). Every DP rank keeps the same
+copy. Rajbhandari et al. (2020) shard it: flatten the N parameters, cut them into dp chunks,
+and let rank r update only chunk r:
+
+    ZeRO-1:  all-reduce the gradients (N)  -> AdamW on chunk r -> all-gather the chunks
+    ZeRO-2:  reduce-scatter the gradients  -> AdamW on chunk r -> all-gather the chunks
+
+A ring all-reduce *is* a reduce-scatter plus an all-gather, so ZeRO-2 costs DP's bytes; it only
+moves parameters in the second half instead of gradients. Below: ZeRO on 3 simulated ranks
+(58 parameters do not split evenly into 3) against unsharded `torch.optim.AdamW`, every step."""),
+    new_code_cell("""gen = torch.Generator().manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).double()
+with torch.no_grad():
+    for p in model.parameters():
+        p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
+
+def batch(rank, step):  # rank-distinct data
+    rng = rank_rng(100 + step, rank)
+    return torch.from_numpy(random_array(rng, (4, 7))), torch.from_numpy(random_array(rng, (4, 3)))
+
+def adamw(params):
+    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+
+def zero_rank(comm, stage, steps=3):
+    mine = copy.deepcopy(model)
+    opt = ZeroOptimizer(comm, mine.parameters(), stage, adamw)
+    for s in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(mine(batch(comm.rank, s)[0]), batch(comm.rank, s)[1]).backward()
+        opt.step()
+    return [p.detach() for p in mine.parameters()], opt.state_bytes(), comm.meter.by_collective
+
+reference = copy.deepcopy(model)
+opt = adamw(reference.parameters())
+for s in range(3):
+    opt.zero_grad()
+    (sum(torch.nn.functional.mse_loss(reference(x), y) for x, y in (batch(r, s) for r in range(3))) / 3).backward()
+    opt.step()
+for stage in (1, 2):
+    results = run_spmd(zero_rank, 3, stage)
+    for r, (params, state, traffic) in enumerate(results):
+        for (name, p), got in zip(reference.named_parameters(), params):
+            assert_matches_reference(got, p.detach(), name=f"{name} after 3 steps, ZeRO-{stage}", rank=r)
+    print(f"ZeRO-{stage}: parameters equal to AdamW's on all 3 ranks; optimizer state per rank "
+          f"{[s for _, s, _ in results]} bytes, unsharded {optimizer_state_bytes(opt)}; rank 0 sent "
+          + ", ".join(f"{k} {v.bytes_sent} B" for k, v in sorted(results[0][2].items())))"""),
+    new_markdown_cell(r"""The optimizer state splits 320 + 320 + 288 = 928 bytes, the 928 of unsharded AdamW (58
+parameters x 2 states x 8 bytes). What each rank holds, drawn for the comparison's GPT at dp=4:
+every rank holds all weights (W); ZeRO-1 keeps 1/4 of the optimizer state (O); ZeRO-2 also
+keeps only that quarter of the gradients (G) after the step. The chunks follow the flattened
+parameter order, so a chunk boundary falls wherever it falls, inside a block."""),
+    new_code_cell("""for zero in (1, 2):
+    draw_holdings(config, dp=4, zero=zero)
+plt.show()"""),
+    new_markdown_cell(r"""## 5. Pipeline parallelism
+
+(The pipeline engineer's section: `tp_from_scratch/parallelisms/pipeline.py` and
+`schedules.py`.) Stage s holds blocks L*s/p to L*(s+1)/p; the batch is cut into m
+micro-batches; activations go forward with `send`/`recv`, their gradients come back. A
+*schedule* is each stage's list of actions. GPipe runs all forwards, then all backwards; 1F1B
+starts backwards as early as possible, so a stage keeps at most p - s micro-batches in flight
+instead of m. Both leave the same idle time at the start and the end: with equal slots, a
+fraction (p-1)/(m+p-1) of every stage's time."""),
+    new_code_cell("""print("1F1B, p=4 stages, m=8 micro-batches (F forward, B backward, sa/ra send/recv activation, sg/rg gradient):")
+print(format_schedule(one_f_one_b(4, 8)))
+for name, make in (("GPipe", gpipe), ("1F1B", one_f_one_b)):
+    for m in (1, 4, 8):
+        ideal = bubble(simulate(make(4, m)))["fraction"]
+        print(f"{name:5} p=4 m={m}: bubble on an ideal clock {ideal:.3f}, (p-1)/(m+p-1) = {bubble_formula(4, m):.3f}")"""),
+    new_markdown_cell(r"""With a pipeline inside, TP inside each stage, and DP across copies, each rank holds a
+block of the model by depth and a slice by width:"""),
+    new_code_cell("""draw_holdings(config, pp=2, tp=2)
+draw_holdings(config, dp=2, tp=2)
+plt.show()"""),
+    new_markdown_cell(r"""## 6. Measured side by side
+
+One model (the trainer's `--layers 4`: 4 blocks, H=64, V=67, T=32), one global batch (B=8), 4
+CPU processes, float32, AdamW, for every strategy. The trainer measured each rank; the row
+shows the rank holding the most memory and the rank sending the most bytes:
+
+* **weights, grads, optim**: KiB of tensors held after a step (ZeRO's weights include the flat
+  copy of its chunk); **act**: the most KiB autograd kept for backward at once (saved-tensor
+  hooks, weights excluded), **act\***: Korthikanti et al.'s formula for the same layers in 16-bit
+  with dropout, for its trend only;
+* **TP / DP KiB**: bytes per step handed to the collectives of the TP and DP groups; **p2p**:
+  bytes sent point to point between stages; **model**: the cost model's total for that rank
+  (`parallelisms/cost.py`; the test suite checks every rank's bytes and weight, gradient and
+  optimizer bytes against it exactly);
+* **step ms**: median step time; **bubble**: idle share of the stages' time from their
+  timestamps, beside (p-1)/(m+p-1)."""),
+    new_code_cell("""print(f"measured {MEASURED['date']} on {MEASURED['cores']} cores, torch {MEASURED['torch']}: "
+      f"{MEASURED['command']}")
+print(table(MEASURED["rows"]))"""),
+    new_code_cell("""rows = MEASURED["rows"]
+labels = [r["strategy"] for r in rows]
+fig, (a, b) = plt.subplots(1, 2, figsize=(14, 4.2))
+bottom = [0.0] * len(rows)
+for part in ("weights", "gradients", "optimizer", "activations"):
+    h = [r["memory"][part] / 2**10 for r in rows]
+    a.bar(labels, h, bottom=bottom, label=part)
+    bottom = [x + y for x, y in zip(bottom, h)]
+a.set_ylabel("KiB on the fullest rank"); a.set_title("memory per rank"); a.legend(fontsize=8)
+bottom = [0.0] * len(rows)
+for kind in ("tp", "dp", "p2p"):
+    h = [r["bytes"][kind] / 2**10 for r in rows]
+    b.bar(labels, h, bottom=bottom, label={"tp": "TP collectives", "dp": "DP collectives", "p2p": "pipeline send"}[kind])
+    bottom = [x + y for x, y in zip(bottom, h)]
+b.set_ylabel("KiB per step, busiest rank"); b.set_title("bytes sent per step"); b.legend(fontsize=8)
+for ax in (a, b):
+    ax.tick_params(axis="x", rotation=60, labelsize=8)
+fig.tight_layout(); plt.show()"""),
+    new_markdown_cell(r"""What the table says, for this model (bytes: what a ring algorithm sends, KiB per step):
+
+* **DP** holds everything on every rank (weights + gradients + 2x optimizer state = 4N floats)
+  and sends one all-reduce of the N gradients per step: 2(p-1)/p N = 1.5 N at p = 4.
+* **ZeRO-1/2** keep the weights and cut the optimizer column to a quarter (plus the chunk's flat
+  master copy, counted under weights); ZeRO-2 also keeps a quarter of the gradients. ZeRO-2's
+  bytes equal DP's exactly (reduce-scatter + all-gather = an all-reduce); ZeRO-1 (all-reduce,
+  then all-gather) sends 1.5x as much.
+* **PP** holds about a quarter of the weights (the first stage the embeddings, the last a copy
+  of the tied embedding for its head) and sends only activations and their gradients: the
+  fewest bytes of all, and no collective at all. Activations: GPipe's first stage keeps all 8
+  sequences of its block whatever m is; 1F1B with m = 8 keeps at most p = 4 micro-batches of 1,
+  half of it. The bubble: see below.
+* **TP** holds a quarter of every layer and sends the most: every block all-reduces (B, T, H)
+  four times per step, whatever the batch split, and every rank sees the whole batch, so its
+  activations are the largest here (the LayerNorm and residual regions are not split). **SP**
+  splits those over T too: the activations drop by almost half, for 25 % more bytes in our
+  implementation, whose column layers keep only their sequence shard and all-gather it again in
+  backward (as Megatron-LM does), instead of all-reducing once.
+* The **hybrids** sit in between: dp2xtp2 has TP groups of 2 ranks (ring factor 1 instead of 1.5)
+  on half the batch, a third of tp4's TP bytes, plus a DP all-reduce of half the model;
+  pp2xtp2 sends TP all-reduces inside each stage and a few activations between the two.
+* **Bubble**: on the pipelines the stages' timestamps show most of the time idle, far above
+  (p-1)/(m+p-1). That is this machine, not the schedule: 4 processes on 2 shared cores, and
+  micro-batches so small (one sequence of 32 tokens) that a send and a receive through gloo cost
+  as much as a block's forward. The schedules themselves leave exactly the formula's bubble on
+  an ideal clock (section 5). A pipeline pays when a micro-batch's compute dwarfs a message.
+
+Step times on 4 CPU processes tell you about gloo on a laptop, not about a GPU cluster: use the
+cost model with a link profile (Lesson 9) to predict those.
+
+## 7. When each is the right tool
+
+* **The model, its gradients and AdamW state fit on one device: use DDP.** It sends N
+  gradients per step once, overlapped with backward, and never waits inside a layer. That is
+  the default for a reason.
+* **They do not fit, but the weights do (the optimizer state is the 12 of 16 bytes per
+  parameter in mixed precision): shard the state, ZeRO-1/2, or FSDP/ZeRO-3 for the weights too.**
+  Same bytes as DDP (ZeRO-2), dp times less optimizer memory.
+* **One layer's activations are too big, or a single step must be fast (latency, inference):
+  TP, inside a node.** Only TP cuts the activations of one layer and the time of one matmul,
+  and it pays for it with all-reduces in every layer; Lesson 9's crossover says how large t
+  can be before communication dominates, and it is within NVLink reach.
+* **The model is deep and must span nodes: PP across nodes**, with enough micro-batches to make
+  the bubble small (m >= 4p keeps it under 20 %) and 1F1B to bound the activations.
+* Big models use all three: TP inside the node, PP across nodes, DP (or ZeRO/FSDP) over the
+  copies: the 3-D mesh of section 2.
+
+## 8. The ViT case: TP inside a node, PP across
+
+Large vision transformers (ViT-H, ViT-22B) are the same blocks on image patches
+(`tp_from_scratch/gpt/vit.py` trains one with TP:
+`torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.vit --compare-single`).
+Take a ViT-Huge-sized stack of GPT blocks (H=1280, 32 layers, 16 heads, 257 patch tokens, a
+1000-class head in place of the vocabulary) on two 8-GPU nodes, and ask the cost model what
+each rank sends per step, and how long that takes over NVLink and over InfiniBand (the
+Lesson 9 presets; bf16, 32 images per pipeline):"""),
+    new_code_cell("""vit_h = GPTConfig(vocab_size=1000, seq_len=257, n_layers=32, hidden=1280, n_heads=16, n_kv_heads=16, causal=False)
+nvlink, ib = (load_profile(n)["all_reduce"]["native"]["beta_s_per_byte"] for n in ("h100-nvlink", "h100-infiniband"))
+print(f"ViT-H-sized stack: {parameter_count(vit_h) / 1e6:.0f}M parameters; bytes per step on the busiest rank (bf16)")
+print(f"{'layout on 16 GPUs':<36} {'TP bytes':>10} {'p2p bytes':>10} {'TP time':>17} {'p2p time':>9}")
+for name, kw, tp_link, p2p_link in (
+        ("tp=16 (TP across both nodes)", dict(t=16, pp=1), ib, nvlink),
+        ("tp=8 inside, pp=2 across (m=8)", dict(t=8, pp=2, micro_batches=8), nvlink, ib),
+        ("pp=2 inside, tp=8 across (m=8)", dict(t=8, pp=2, micro_batches=8), ib, nvlink)):
+    rows = [cost.step_bytes(vit_h, 32, itemsize=2, stage=s, **kw) for s in range(kw["pp"])]
+    tp_bytes = max(r["all_reduce/tp"]["bytes"] for r in rows)
+    p2p = max(r["p2p"]["bytes"] for r in rows)
+    print(f"{name:<36} {tp_bytes / 1e9:>8.2f}GB {p2p / 1e6:>8.1f}MB {tp_bytes * 2 * tp_link * 1e3:>12.0f} ms "
+          f"{p2p * p2p_link * 1e3:>6.1f} ms")"""),
+    new_markdown_cell(r"""(TP time: a ring all-reduce sends about twice its payload; latency terms left out; no
+overlap.) TP's traffic is gigabytes per step, the pipeline's megabytes: put TP across the
+nodes and it costs about ten times more time than on NVLink, while the pipeline's messages
+barely notice InfiniBand. TP on NVLink, the pipeline's small messages across nodes. This is why the layout of section 2 puts TP innermost.
+
+## Exercise 11
+
+`exercises/ex11_*.py` (written with the pipeline): see its docstring and run
+`make grade EX=ex11`.
+
+## What we did not build
+
+FSDP / ZeRO-3 (weights sharded and gathered per layer), interleaved (virtual-stage) 1F1B,
+DDP's overlap measured on its own (our buckets: one, the model is small), and pipelines on
+the ViT (the pipeline splits the GPT's embedding / blocks / head)."""),
+]
+
+write_notebook(cells, HERE.parent / "11_parallelisms.ipynb")
