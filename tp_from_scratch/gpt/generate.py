@@ -141,9 +141,9 @@ def run_generate(args, group, rank, tp):
     config.validate(tp)
     model = (gpt_to_tp(group, full, config) if tp > 1 else single_device(config, full)).eval()
     reference = single_device(config, full) if args.compare_single and rank == 0 else None
-    kw = dict(sample=args.sample, seed=args.seed, temperature=args.temperature, top_k=args.top_k)
     status = 0
-    for text in args.text or [None]:           # one generation per --text prompt
+    for i, text in enumerate(args.text or [None]):     # one generation per --text prompt, seed + i
+        kw = dict(sample=args.sample, seed=args.seed + i, temperature=args.temperature, top_k=args.top_k)
         prompt = parse_prompt(args.prompt, config, args.seed, text)
         ids = generate(model, prompt, args.new_tokens, **kw)
         if rank != 0:

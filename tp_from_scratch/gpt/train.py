@@ -65,6 +65,9 @@ def build_parser():
                    help="resume from a checkpoint (any tp), or start from an exported single-device .pt")
     p.add_argument("--compare-single", action="store_true",
                    help="rank 0 also trains the single-device GPT and prints each loss next to it")
+    p.add_argument("--equal-steps", type=int, default=None, metavar="N",
+                   help="with --compare-single: exit 1 only if one of the first N steps differs (default: "
+                        "any step); two long runs part once training has amplified their roundoff")
     p.add_argument("--plot", metavar="PNG", help="loss curves, TP against single-device (implies --compare-single)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds any collective may wait")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -338,7 +341,20 @@ def run(args, config, mesh, parallelize=None):
         save(args, config, mesh, model, optimizer, args.steps)
     if mesh.rank == 0:
         report(args, mesh, group, counter, first, losses, ref_losses, bad, elapsed)
-    return 1 if bad else 0
+    return 1 if bad and differs_too_early(args, first, losses, ref_losses) else 0
+
+
+def differs_too_early(args, first, losses, ref_losses):
+    """Rank 0: print the first step whose loss differs from one device's; True if it is one of
+    the steps that must be equal (every step, or the first --equal-steps)."""
+    dtype = getattr(torch, args.dtype)
+    step = next(first + i for i, (a, b) in enumerate(zip(losses, ref_losses))
+                if not verdict(torch.tensor(a, dtype=dtype), torch.tensor(b, dtype=dtype), first + i)[0])
+    limit = getattr(args, "equal_steps", None) or args.steps
+    print(f"steps {first}..{step - 1} equal to one device; step {step} differs: training amplifies the "
+          f"roundoff of the two summation orders step after step until the runs part"
+          f"{f' (allowed by --equal-steps {limit})' if step >= limit else ''}")
+    return step < limit
 
 
 def train_loop(args, config, mesh, model, optimizer, first, reference, counter, step_fn=None):
@@ -369,6 +385,8 @@ def train_loop(args, config, mesh, model, optimizer, first, reference, counter, 
             if reference is not None:
                 _, ref = next(reference)
                 ok, text = verdict(loss.cpu(), ref, step)
+                if not ok and step >= (getattr(args, "equal_steps", None) or args.steps):
+                    text = "apart: roundoff amplified by training (past --equal-steps)"
                 bad += not ok
                 record.update(single_loss=ref.item(), abs_diff=abs(loss.item() - ref.item()), equal=ok)
                 ref_losses.append(ref.item())
