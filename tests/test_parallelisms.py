@@ -127,3 +127,39 @@ def test_mesh_training_equals_one_device_and_the_cost_model(mesh, variants):
     lines = [l for l in result.stdout.splitlines() if l.startswith("variant ")]
     assert result.returncode == 0 and len(lines) == len(variants), result.stdout[-3000:]
     assert all(": OK (" in l for l in lines), "\n".join(lines)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dp", "2", "--tp", "1"], "dp=2 x pp=1 x tp=1 = 2 ranks, but 4 processes were launched"),
+    (["--dp", "4", "--ddp", "--zero", "1"], "--ddp and --zero are two ways of syncing DP: choose one"),
+    (["--pp", "2", "--tp", "2", "--ddp"], "--ddp and --sp run with pp = 1"),
+    (["--pp", "4", "--layers", "2"], "pp=4 stages for 2 layers"),
+    (["--pp", "4", "--layers", "4", "--micro-batches", "9"], "--micro-batches 9: each DP rank has 8 sequences"),
+])
+def test_the_trainer_refuses_a_mesh_it_cannot_run_and_says_why(monkeypatch, capsys, argv, message):
+    from tp_from_scratch.parallelisms import train
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_holdings_tile_every_part_and_zero_chunks_split_each_slice_over_dp():
+    from tp_from_scratch.parallelisms.figures import holdings
+    config = GPTConfig(n_layers=4)
+    for kw in (dict(dp=4, zero=1), dict(dp=4, zero=2), dict(pp=2, tp=2), dict(dp=2, tp=2, zero=2)):
+        dp, pp, tp = kw.get("dp", 1), kw.get("pp", 1), kw.get("tp", 1)
+        held = holdings(config, **kw)
+        for j in range(config.n_layers + 2):
+            weights = sorted({rows[j][1] for rows in held.values() if rows[j][1] is not None})
+            assert weights[0][0] == 0 and weights[-1][1] == 1, (kw, j, weights)      # the TP slices tile [0, 1]
+            assert all(a[1] == b[0] for a, b in zip(weights, weights[1:])), (kw, j, weights)
+            for s in range(pp):
+                for i in range(tp):
+                    mine = [held[rank_of(d, s, i, dp, pp, tp)][j] for d in range(dp)]
+                    if mine[0][1] is None:
+                        continue
+                    width = mine[0][1][1] - mine[0][1][0]
+                    chunks = sum(o[1] - o[0] for *_, o in mine if o is not None)   # O over the DP group
+                    assert abs(chunks - width * (dp if not kw.get("zero") else 1)) < 1e-9, (kw, j, s, i)
