@@ -80,8 +80,8 @@ def block_step(comm, impl):
     # the single-device block was only read: the TP step must not have moved it
     for name, p in single.named_parameters():
         assert torch.equal(p.detach(), source[name]), (
-            f"rank {comm.rank}: training your block changed the single-device block's {name}: "
-            f"tp_block must copy every parameter (LayerNorms too), not share them")
+            f"rank {comm.rank}: the single-device block's {name} changed (in tp_block, or when your "
+            f"block trained): tp_block must copy every parameter (LayerNorms too), never share or edit them")
     assert torch.equal(x, x_given), f"rank {comm.rank}: the block's input x was modified"
     return dict(y=y.detach(), y_ref=y_ref.detach(), dx=xt.grad, dx_ref=x_ref.grad, grads=grads,
                 grads_ref=grads_ref, weights={n: p.detach() for n, p in tp.named_parameters()},
