@@ -3,8 +3,9 @@
     torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.check_mesh \\
         --dp 2 --tp 2 --variant= --variant=--ddp --variant="--zero 1" --variant="--zero 2"
 
-For every --variant (extra trainer flags), on the same processes and groups: train a few steps
-with Lesson 11's trainer and check, on rank 0,
+For every --variant (extra trainer flags, which may change the mesh too: --variant="--pp 2
+--tp 2 --dp 1"), on the same processes, each on its own groups: train a few steps with
+Lesson 11's trainer and check, on rank 0,
 
 * every step's loss equals the single-device loss (tp_from_scratch.compare's tolerance);
 * every variant's losses equal the first variant's (e.g. DDP's and ZeRO's equal the
@@ -69,14 +70,14 @@ def main(argv=None):
         if problem:
             p.error(f"variant {v!r}: {problem}")
         parsed.append(args)
-    mesh = setup_mesh3d(ours.dp, ours.pp, ours.tp, parsed[0].device, parsed[0].timeout)
-    lesson6.run_and_exit(check, parsed, lesson6.config_from_args(parsed[0]), mesh)
+    meshes = [setup_mesh3d(*train.degrees(args, world), args.device, args.timeout) for args in parsed]
+    lesson6.run_and_exit(check, list(zip(parsed, meshes)), lesson6.config_from_args(parsed[0]), meshes[0])
 
 
 def check(variants, config, mesh):
-    """Run every variant on ``mesh``; returns 1 if any check fails (decided on rank 0)."""
+    """Run every (args, mesh) variant; returns 1 if any check fails (decided on rank 0)."""
     failures, first_losses = 0, None
-    for args in variants:
+    for args, mesh in variants:
         out = train.train_once(args, config, mesh)
         if mesh.rank != 0:
             continue
