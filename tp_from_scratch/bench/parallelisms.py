@@ -3,6 +3,7 @@
     python -m tp_from_scratch.bench parallelisms                       # every strategy, prints the table
     python -m tp_from_scratch.bench parallelisms --json lessons/measurements/parallelisms.json
     python -m tp_from_scratch.bench parallelisms --only "pp4 1f1b m8" --only tp4
+    python -m tp_from_scratch.bench parallelisms --markdown lessons/measurements/parallelisms.json  # README table
 
 One torchrun launch of 4 CPU processes (gloo) trains every strategy in turn with Lesson 11's
 trainer (tp_from_scratch.parallelisms.train.train_once), each on its own dp x pp x tp groups
@@ -29,7 +30,7 @@ import time
 from pathlib import Path
 
 from tp_from_scratch.comm.launchers import run_command, torchrun_command
-from tp_from_scratch.parallelisms.compare import summarise, table
+from tp_from_scratch.parallelisms.compare import markdown, summarise, table
 
 RANKS = 4
 MODEL = ["--layers", "4", "--batch-size", "8"]   # defaults otherwise: V=67, T=32, H=64, nh=8, nkv=4
@@ -90,7 +91,11 @@ def main(argv=None):
     p.add_argument("--json", metavar="PATH", help="write the rows (and the command) as JSON")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)
+    p.add_argument("--markdown", metavar="JSON", help="print a written --json file's rows as a Markdown table")
     args = p.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(Path(args.markdown).read_text())["rows"]))
+        return 0
     labels = [l for l, _ in STRATEGIES if not args.only or l in args.only]
     if not labels:
         p.error(f"no strategy called {args.only}; the labels are {[l for l, _ in STRATEGIES]}")

@@ -92,3 +92,18 @@ def table(rows):
               "  p2p: pipeline sends, metered; model '=': every rank's payload bytes and weight, gradient",
               "  and optimizer bytes equal the cost model's (parallelisms/cost.py), '-': not modelled (SP)"]
     return "\n".join(lines)
+
+
+def markdown(rows):
+    """The comparison as a Markdown table (KiB; bytes as a ring sends them; step time; bubble)."""
+    kib = 2 ** 10
+    lines = ["| strategy | weights | grads | AdamW | activations | TP KiB/step | DP KiB/step | p2p KiB/step "
+             "| step ms | bubble: measured / (p-1)/(m+p-1) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        m, b = r["memory"], r["bytes"]
+        bub = "" if r["bubble"] is None else f"{100 * r['bubble']:.0f}% / {100 * r['bubble_formula']:.0f}%"
+        lines.append(f"| {r['strategy']} | {m['weights'] / kib:.0f} | {m['gradients'] / kib:.0f} | "
+                     f"{m['optimizer'] / kib:.0f} | {m['activations'] / kib:.0f} | {b['tp'] / kib:.0f} | "
+                     f"{b['dp'] / kib:.0f} | {b['p2p'] / kib:.0f} | {r['step_ms']:.0f} | {bub} |")
+    return "\n".join(lines)
