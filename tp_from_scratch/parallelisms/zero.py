@@ -18,7 +18,9 @@ pipeline stage), flattened in parameter order and cut into dp chunks of S = ceil
 A ring all-reduce is a reduce-scatter followed by an all-gather (Lesson 2), so ZeRO-2 sends
 what DDP sends (2 (dp-1)/dp N per rank), only the all-gather moves parameters instead of
 gradients; ZeRO-1 as written here sends 1.5 times that (the all-reduce, then the all-gather).
-Optimizer state per rank: 1/dp of the unsharded optimizer's. (ZeRO-3 = FSDP also shards the
+Optimizer state per rank: 1/dp of the unsharded optimizer's. This ZeRO-2 reduce-scatters once,
+after backward, so the full gradient still exists for a moment at the end of backward; DeepSpeed
+reduce-scatters bucket by bucket during backward and frees each, never holding all of it. (ZeRO-3 = FSDP also shards the
 weights and gathers each layer's just in time; not built here.)
 
 The update itself is any element-wise optimizer (``torch.optim.AdamW`` by default) run on the
