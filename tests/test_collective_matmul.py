@@ -44,10 +44,9 @@ def test_the_loop_multiplies_while_the_next_chunk_travels():
 
 
 def test_a_shard_that_breaks_the_array_split_rule_is_refused():
-    def rank_fn(comm):  # T = 5 over 2 ranks is [3, 2]; rank 0 holds 2
-        x = np.ones((1, 2 if comm.rank == 0 else 3, 4))
-        CM.all_gather_matmul(comm, x, np.ones((4, 2)), sizes=[2, 3])
-    with pytest.raises(SPMDError, match=r"rank 0: sequence shard of length 2 .*gives \[3, 2\]"):
+    def rank_fn(comm):  # T = 5 over 2 ranks is [3, 2]; rank 0 holds 2 (rank 1 is right)
+        CM.all_gather_matmul(comm, np.ones((1, 2, 4)), np.ones((4, 2)), sizes=[3, 2])
+    with pytest.raises(SPMDError, match=r"rank 0: sequence shard of length 2 with shard sizes \[3, 2\]"):
         run_spmd(rank_fn, 2)
 
 
