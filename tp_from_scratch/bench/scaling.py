@@ -195,7 +195,7 @@ COPIES = ("aten::copy_", "aten::clone", "aten::contiguous", "aten::cat", "aten::
 
 def kind_of(name):
     """The kind (KINDS) of a profiler event, or None for events that are not work (ranges, views)."""
-    if name.startswith("gloo:"):
+    if name.startswith(("gloo:", "c10d::")):  # the transfer (gloo's threads) and the call that starts it
         return "communication"
     if name in MATMULS:
         return "matmul"
@@ -250,7 +250,9 @@ def breakdown(events):
         seconds = dict.fromkeys(KINDS + ("python",), 0.0)
         for t0, t1, kind in segments:
             seconds[kind] += (t1 - t0) * 1e-6
-        collectives = [(t1 - t0) * 1e-6 for t0, t1, k in sorted(inside) if k == "communication"]
+        collectives = [(e.time_range.end - e.time_range.start) * 1e-6 for e in sorted(
+            (e for e in events if e.name.startswith("gloo:") and start <= e.time_range.start < stop),
+            key=lambda e: e.time_range.start)]
         out.append({"step_s": (stop - start) * 1e-6, "seconds": seconds, "collectives_s": collectives,
                     "timeline_ms": coarse([((a - start) / 1e3, (b - start) / 1e3, k) for a, b, k in segments])})
     return out
@@ -365,6 +367,8 @@ def split_waiting(step):
     mine = sum(step["collectives_s"])
     step["seconds"]["communication: transfer"] = transfer
     step["seconds"]["communication: waiting for the other rank"] = max(mine - transfer, 0.0)
+    # the rest: the c10d call on the main thread before gloo's thread takes over
+    step["seconds"]["communication: starting the call"] = max(step["seconds"]["communication"] - mine, 0.0)
 
 
 def print_breakdown(row, tp):

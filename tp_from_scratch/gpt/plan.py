@@ -323,12 +323,16 @@ def predict_step(config, profile, t, batch, dp=1, itemsize=4, arch=None, threads
                  collectives="native"):
     """{"compute_s", "communication_s", "step_s"} predicted for one training step.
 
-    compute: this rank's FLOPs / the profile's matmul FLOP/s for ``threads`` BLAS threads,
-    stretched by processes / cores when more processes than cores share the machine.
+    compute: this rank's FLOPs / the profile's matmul FLOP/s for ``threads`` BLAS threads (with
+    t * dp > 1 processes, the rate of one process while the others multiply too, when the profile
+    has it), stretched by processes / cores when more processes than cores share the machine.
     communication: every all-reduce of the step, alpha-beta, not overlapped with compute.
     """
     flops = step_flops(config, arch, batch // dp, t, 0)
     rate = profile["matmul_flops"][str(threads)]
+    together = profile.get("matmul_flops_concurrent", {}).get(str(threads))
+    if together and t * dp > 1:  # several processes multiply at once: each at the concurrent rate
+        rate = together
     busy = t * dp * threads / profile.get("cores", t * dp * threads)
     compute = flops / rate * max(1.0, busy)
     comm = 0.0
@@ -473,6 +477,12 @@ def calibrate_worker(out_path, repeats=30):
 
     result = {}
     try:
+        # every rank multiplies at once: the rate of one process while the other cores are busy too
+        # (shared caches, memory bandwidth, clock); a step waits for the slowest, so keep the lowest
+        dist.barrier()
+        rates = [None] * p
+        dist.all_gather_object(rates, measure_matmul_flops(1))
+        result["matmul_flops_concurrent"] = {"1": min(rates), "processes": p}
         for name, call in [("native", native), ("scratch", scratch)]:
             seconds = []
             for n in sizes:
@@ -498,7 +508,8 @@ def calibrate_worker(out_path, repeats=30):
 
 
 def calibrate(out_path, timeout=300):
-    """Measure matmul FLOP/s (1 and 2 threads) here and gloo all-reduce alpha, beta on 2 processes."""
+    """Measure matmul FLOP/s (1 and 2 threads; 1 thread on each of 2 processes at once), the step
+    overhead, and gloo all-reduce alpha, beta on 2 processes."""
     import os
     import tempfile
 
@@ -512,7 +523,9 @@ def calibrate(out_path, timeout=300):
                           timeout=timeout)
         if out.returncode != 0:
             raise RuntimeError(f"the all-reduce calibration failed:\n{out.stdout[-3000:]}")
-        profile["all_reduce"] = json.loads(part.read_text())
+        measured = json.loads(part.read_text())
+        profile["matmul_flops_concurrent"] = measured.pop("matmul_flops_concurrent")
+        profile["all_reduce"] = measured
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     Path(out_path).write_text(json.dumps(profile, indent=1))
     return profile
