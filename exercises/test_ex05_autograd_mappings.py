@@ -171,7 +171,9 @@ def run_layer(comm, seed, dtype, make_layer, x_of, dy_of):
     grads = (x.grad, layer.weight.grad, layer.bias.grad)
     # one SGD step on the parallel layer only: the single-device layer it was built from
     # must not move (a from_linear that shares storage with it would drag it along)
-    torch.optim.SGD(layer.parameters(), lr=0.1).step()
+    with torch.no_grad():  # SGD by hand, in place as torch.optim.SGD does (whose first step costs seconds)
+        for p in layer.parameters():
+            p -= 0.1 * p.grad
     for name, p in reference.named_parameters():
         assert torch.equal(p.detach(), source[name]), (
             f"rank {comm.rank}: an optimizer step on the parallel layer changed the source nn.Linear's "
