@@ -130,3 +130,15 @@ def test_pipeline_equals_one_device_under_mpiexec():
     for schedule in ("gpipe", "1f1b"):
         assert f"pp=2 tp=1 {schedule} m=4: 2 steps equal to one device" in result.stdout, result.stdout[-3000:]
     assert "pipeline check passed on MPIComm" in result.stdout
+
+
+def test_the_timeline_picture_draws_one_box_per_forward_and_backward():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from tp_from_scratch.parallelisms.figures_pipeline import draw_schedules, draw_timeline
+    fig, ax = plt.subplots()
+    draw_timeline(ax, simulate(one_f_one_b(3, 4)), "1F1B")
+    assert len(ax.patches) == 2 * 3 * 4 and ax.get_title() == "1F1B: bubble 33%"
+    assert len(draw_schedules(2, 3).axes) == 2
+    plt.close("all")
