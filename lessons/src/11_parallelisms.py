@@ -3,6 +3,8 @@
     .venv/bin/python lessons/src/11_parallelisms.py
     .venv/bin/jupyter nbconvert --to notebook --execute --inplace lessons/11_parallelisms.ipynb
 
+Section 5 (the pipeline) is the pipeline engineer's (their proposal: /work/notes/lesson11_pipeline_section.md);
+its measured bubble reads lessons/measurements/pipeline_bubble.json (measure_pipeline, their quiet script).
 The measured table comes from lessons/measurements/parallelisms.json, written by
     python -m tp_from_scratch.bench parallelisms --json lessons/measurements/parallelisms.json
 (one torchrun launch of 4 processes, every strategy in turn; /work/notes/quiet/17.sh re-measures it).
@@ -55,9 +57,11 @@ from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.gpt.model import GPTConfig
 from tp_from_scratch.gpt.plan import load_profile, parameter_count
-from tp_from_scratch.parallelisms import cost
+from tp_from_scratch.parallelisms import check_pipeline, cost
 from tp_from_scratch.parallelisms.compare import table
 from tp_from_scratch.parallelisms.figures import draw_holdings
+from tp_from_scratch.parallelisms.figures_pipeline import draw_schedules, draw_timeline
+from tp_from_scratch.parallelisms.pipeline import PipelineStage, forward_backward, stage_layers
 from tp_from_scratch.parallelisms.mesh import coordinates, groups
 from tp_from_scratch.parallelisms.schedules import bubble, bubble_formula, format_schedule, one_f_one_b, gpipe, simulate
 from tp_from_scratch.parallelisms.zero import ZeroOptimizer, optimizer_state_bytes
@@ -167,21 +171,91 @@ parameter order, so a chunk boundary falls wherever it falls, inside a block."""
     new_code_cell("""for zero in (1, 2):
     draw_holdings(config, dp=4, zero=zero)
 plt.show()"""),
+    # section 5 is the pipeline engineer's (/work/notes/lesson11_pipeline_section.md, cells A-I)
     new_markdown_cell(r"""## 5. Pipeline parallelism
 
-(The pipeline engineer's section: `tp_from_scratch/parallelisms/pipeline.py` and
-`schedules.py`.) Stage s holds blocks L*s/p to L*(s+1)/p; the batch is cut into m
-micro-batches; activations go forward with `send`/`recv`, their gradients come back. A
-*schedule* is each stage's list of actions. GPipe runs all forwards, then all backwards; 1F1B
-starts backwards as early as possible, so a stage keeps at most p - s micro-batches in flight
-instead of m. Both leave the same idle time at the start and the end: with equal slots, a
-fraction (p-1)/(m+p-1) of every stage's time."""),
-    new_code_cell("""print("1F1B, p=4 stages, m=8 micro-batches (F forward, B backward, sa/ra send/recv activation, sg/rg gradient):")
-print(format_schedule(one_f_one_b(4, 8)))
+A pipeline cuts the network **by depth**: stage s of p holds a run of consecutive blocks
+(numpy's `array_split` rule: the first `L % p` stages get one block more), the first stage
+also the embedding, the last the final norm, the LM head and the loss. Between stages only
+one tensor moves, point to point: the activations `(B/m, T, H)` of a micro-batch forward
+(`send`/`recv`), their gradient backward. No collective at all.
+
+The batch is cut into m **micro-batches** so that stages can work at the same time. Micro-batch
+i holds B_i of the B sequences; its mean loss counts with weight B_i/B, so the summed losses
+and the gradients accumulated over the micro-batches are exactly those of the whole batch.
+With tied embeddings, the last stage keeps a copy of `wte` for the head; the first and last
+stage add each other's gradient of it after the backwards (Megatron-LM's "embedding group").
+
+A **schedule** says, for each stage, in which order it runs its actions: receive
+activations (`ra`), forward (`F`), send activations (`sa`), receive the output gradient
+(`rg`), backward (`B`), send the input gradient (`sg`). It is plain data:
+`tp_from_scratch/parallelisms/schedules.py`."""),
+    new_code_cell("""print("stage blocks for L=5, p=2:", [list(stage_layers(5, s, 2)) for s in range(2)])
+print("GPipe, p=3, m=4:")
+print(format_schedule(gpipe(3, 4)))
+print("1F1B, p=3, m=4:")
+print(format_schedule(one_f_one_b(3, 4)))"""),
+    new_markdown_cell(r"""**GPipe** runs all forwards, then all backwards: every stage keeps the saved activations of
+all m micro-batches until its first backward. **1F1B** ("one forward, one backward"): stage s
+runs a warm-up of min(p-1-s, m) forwards (the micro-batches that must pass it before the first
+comes back from the last stage), then alternates one forward and one backward, then drains
+the remaining backwards; it never holds more than min(p-s, m) micro-batches. Sends return at
+once, receives wait; `check_schedule` verifies every rule (each micro-batch forwarded before
+its backward, each send matched by the neighbour's receive in order, no deadlock).
+
+Now the real thing: the GPT on 3 simulated stages, 1F1B over 4 micro-batches, three AdamW
+steps. Every stage compares every step's loss, each of its gradients and its parameters
+after the last step with the same GPT trained on one device (`assert_matches_reference`),
+and counts the micro-batches whose saved activations are alive."""),
+    new_code_cell("""pp_config = GPTConfig(**check_pipeline.CONFIG)        # 5 blocks: 2 + 2 + 1 over 3 stages
+batches = check_pipeline.global_batches(3, pp_config)
+single = check_pipeline.single_device_training(pp_config, batches)
+for schedule in ("gpipe", "1f1b"):
+    results = run_spmd(check_pipeline.check_pipeline_training, 3, single, batches, 4, schedule)
+    print(f"{schedule:5}: 3 steps equal to one device on every stage; micro-batches in flight per stage "
+          f"{[r.peak_in_flight for r in results]}, saved activations per stage "
+          f"{[f'{r.peak_activation_bytes / 1024:.0f} KiB' for r in results]}")"""),
+    new_markdown_cell(r"""GPipe holds all 4 micro-batches on every stage; 1F1B holds 3, 2, 1: the activation memory of
+1F1B no longer grows with m, which is why every large-scale pipeline uses it. The idle time is
+the same for both: at the start the later stages wait for the first micro-batch to arrive, at
+the end the earlier stages wait for the last gradient. On an ideal clock (messages free,
+every forward and backward the same length) each stage idles p-1 slots out of m+p-1:
+the **bubble** (p-1)/(m+p-1). More micro-batches shrink it; each box below is one
+micro-batch's forward (light) or backward (dark), the white is the bubble:"""),
+    new_code_cell("""draw_schedules(4, 8)
+plt.show()
 for name, make in (("GPipe", gpipe), ("1F1B", one_f_one_b)):
     for m in (1, 4, 8):
         ideal = bubble(simulate(make(4, m)))["fraction"]
         print(f"{name:5} p=4 m={m}: bubble on an ideal clock {ideal:.3f}, (p-1)/(m+p-1) = {bubble_formula(4, m):.3f}")"""),
+    new_markdown_cell(r"""Measured on real processes (`torchrun --nproc-per-node 2 -m tp_from_scratch.parallelisms.measure_pipeline`:
+2 stages of 4 blocks, H=256, batch 16 x 64 tokens, float32, one process per core). Each
+action is timed on each stage; the bubble is the idle share between the first start and the
+last end. Measured on a quiet machine it follows the formula, a little above it: a stage's
+backward is not exactly twice its forward, the last stage also computes the head and loss,
+and every message costs a copy through gloo."""),
+    new_code_cell("""PIPE = json.loads((REPO / "lessons/measurements/pipeline_bubble.json").read_text())
+print(f"{'schedule':8} {'m':>2} {'bubble':>7} {'(p-1)/(m+p-1)':>14}  in flight per stage  saved activations per stage (MiB)")
+for r in PIPE:
+    mib = ", ".join(f"{b / 2**20:.1f}" for b in r["activation_bytes_per_stage"])
+    print(f"{r['schedule']:8} {r['m']:2} {r['bubble_measured']:7.2f} {r['bubble_formula']:14.2f}  "
+          f"{str(r['in_flight_per_stage']):19}  {mib}")
+fig, axes = plt.subplots(2, 1, figsize=(10, 3.6))
+for ax, name in zip(axes, ("gpipe", "1f1b")):
+    row = next(r for r in PIPE if r["schedule"] == name and r["m"] == 4)
+    draw_timeline(ax, [[tuple(t) for t in tl] for tl in row["timelines"]], f"{name}, p=2, m=4, measured (seconds)")
+fig.tight_layout()
+plt.show()"""),
+    new_markdown_cell(r"""The pipeline composes with TP: build each stage from a `TensorParallelGPT` on the stage's TP
+group, and ranks lay out as rank = stage * t + tp_rank (TP innermost, inside a node). The same
+check runs pp=2 x tp=2 on 4 processes, on both process backends:
+
+    torchrun --nproc-per-node 4 -m tp_from_scratch.parallelisms.check_pipeline --tp 2
+    mpiexec -n 4 python -m tp_from_scratch.parallelisms.check_pipeline --tp 2
+
+**Exercise 11** asks you to write `one_f_one_b(n_stages, n_micro)`: each stage's ordered list
+of actions. The graders check its rules, its in-flight bound, its bubble on the ideal clock,
+and then train the pipeline with it: `make grade EX=ex11` (or `pytest exercises -m ex11`)."""),
     new_markdown_cell(r"""With a pipeline inside, TP inside each stage, and DP across copies, each rank holds a
 block of the model by depth and a slice by width:"""),
     new_code_cell("""draw_holdings(config, pp=2, tp=2)
@@ -250,7 +324,8 @@ fig.tight_layout(); plt.show()"""),
   (p-1)/(m+p-1). That is this machine, not the schedule: 4 processes on 2 shared cores, and
   micro-batches so small (one sequence of 32 tokens) that a send and a receive through gloo cost
   as much as a block's forward. The schedules themselves leave exactly the formula's bubble on
-  an ideal clock (section 5). A pipeline pays when a micro-batch's compute dwarfs a message.
+  an ideal clock, and section 5's 2-process pipeline (one process per core, H=256, 64 tokens per
+  sequence) measured close to it. A pipeline pays when a micro-batch's compute dwarfs a message.
 
 Step times on 4 CPU processes tell you about gloo on a laptop, not about a GPU cluster: use the
 cost model with a link profile (Lesson 9) to predict those.
@@ -298,11 +373,6 @@ for name, kw, tp_link, p2p_link in (
 overlap.) TP's traffic is gigabytes per step, the pipeline's megabytes: put TP across the
 nodes and it costs about ten times more time than on NVLink, while the pipeline's messages
 barely notice InfiniBand. TP on NVLink, the pipeline's small messages across nodes. This is why the layout of section 2 puts TP innermost.
-
-## Exercise 11
-
-`exercises/ex11_*.py` (written with the pipeline): see its docstring and run
-`make grade EX=ex11`.
 
 ## What we did not build
 
