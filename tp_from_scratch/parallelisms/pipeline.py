@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tp_from_scratch.gpt.model import GPT, embed
+from tp_from_scratch.gpt.model import GPT, TensorParallelGPT, embed
 from tp_from_scratch.nn import copy_to_tp_region, vocab_parallel_cross_entropy
 from tp_from_scratch.sharding import shard_range
 
@@ -57,6 +57,9 @@ class PipelineStage(nn.Module):
 
     def __init__(self, comm, model):
         super().__init__()
+        if not isinstance(model, (GPT, TensorParallelGPT)):
+            raise TypeError(f"rank {comm.rank}: a pipeline stage splits a GPT or a TensorParallelGPT, "
+                            f"got {type(model).__name__} (its forward is not the blocks' in order)")
         self.comm, self.config = comm, model.config
         self.stage, self.n_stages = comm.rank, comm.world_size
         self.is_first, self.is_last = self.stage == 0, self.stage == self.n_stages - 1
