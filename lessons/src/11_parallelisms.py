@@ -256,10 +256,14 @@ check runs pp=2 x tp=2 on 4 processes, on both process backends:
 **Exercise 11** asks you to write `one_f_one_b(n_stages, n_micro)`: each stage's ordered list
 of actions. The graders check its rules, its in-flight bound, its bubble on the ideal clock,
 and then train the pipeline with it: `make grade EX=ex11` (or `pytest exercises -m ex11`)."""),
-    new_markdown_cell(r"""With a pipeline inside, TP inside each stage, and DP across copies, each rank holds a
-block of the model by depth and a slice by width:"""),
-    new_code_cell("""draw_holdings(config, pp=2, tp=2)
+    new_markdown_cell(r"""What each rank holds under each strategy of the comparison below (GPipe and 1F1B hold the
+same weights; TP+SP the same as TP): DP copies everything, PP cuts by depth, TP by width, and
+the hybrids do both: each rank holds a block of the model by depth and a slice by width."""),
+    new_code_cell("""draw_holdings(config, dp=4, title="dp4 (DDP or the hand-written average)")
+draw_holdings(config, pp=4, title="pp4 (GPipe or 1F1B)")
+draw_holdings(config, tp=4, title="tp4 (with or without SP)")
 draw_holdings(config, dp=2, tp=2)
+draw_holdings(config, pp=2, tp=2)
 plt.show()"""),
     new_markdown_cell(r"""## 6. Measured side by side
 
