@@ -110,6 +110,11 @@ def test_a_batch_smaller_than_the_micro_batch_count_is_refused():
         run_spmd(rank, 2)
 
 
+def test_only_a_gpt_is_split_into_stages():
+    with pytest.raises(Exception, match="a pipeline stage splits a GPT or a TensorParallelGPT, got Linear"):
+        run_spmd(lambda comm: PipelineStage(comm, torch.nn.Linear(2, 2)), 2)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_pipeline_with_tensor_parallel_stages_equals_one_device_under_torchrun():
