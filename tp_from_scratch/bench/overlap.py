@@ -165,31 +165,34 @@ def measure_collective_matmul(comm, label, group, args):
     return rows
 
 
+def table(say, comm, measure_rows, args, labels, times):
+    """Measure and print one table: the label columns [(key, width)], the time columns
+    [(key, title)] in ms, then the share hidden; returns the rows."""
+    say(" ".join(f"{key:>{width}}" for key, width in labels) + "".join(f" {title:>8}" for _, title in times)
+        + f" {'hidden':>7}")
+    say(" ".join(f"{'':>{width}}" for _, width in labels) + f" {'(ms)':>8}" * len(times) + f" {'':>7}")
+    rows = []
+    for label, group in groups(comm):
+        for row in measure_rows(comm, label, group, args):
+            rows.append(row)
+            hidden = f"{row['hidden']:>7.0%}" if "hidden" in row else f"{'':>7}"
+            say(" ".join(f"{row[key]:>{width}}" for key, width in labels)
+                + "".join(f" {row[key]:>8.2f}" for key, _ in times) + f" {hidden}", flush=True)
+    return rows
+
+
 def run(comm, args):
     say = print if comm.rank == 0 else (lambda *a, **k: None)
     mib = args.tokens * args.hidden * 4 / 2 ** 20
     say(f"# overlap: {comm.world_size} ranks, X ({args.tokens}, {args.hidden}) float32, out {args.out} "
         f"({args.out // comm.world_size} per rank); dX all-reduce of {mib:.1f} MiB; "
         f"warmup {args.warmup}, iters {args.iters}")
-    say(f"{'group':>22} {'variant':>9} {'step':>8} {'dW':>8} {'exposed':>8} {'hidden':>7}")
-    say(f"{'':>22} {'':>9} {'(ms)':>8} {'(ms)':>8} {'(ms)':>8} {'':>7}")
-    rows = []
-    for label, group in groups(comm):
-        for row in measure(comm, label, group, args):
-            rows.append(row)
-            hidden = f"{row['hidden']:>7.0%}" if "hidden" in row else f"{'':>7}"
-            say(f"{row['group']:>22} {row['variant']:>9} {row['step_ms']:>8.2f} {row['dw_ms']:>8.2f} "
-                f"{row['exposed_ms']:>8.2f} {hidden}", flush=True)
+    rows = table(say, comm, measure, args, [("group", 22), ("variant", 9)],
+                 [("step_ms", "step"), ("dw_ms", "dW"), ("exposed_ms", "exposed")])
     say(f"# collective matmul, forward: all-gather of X (1, {args.tokens}, {args.hidden}) along T into a "
         f"matmul with {args.out // comm.world_size} columns per rank; the row layer's product reduce-scattered")
-    say(f"{'group':>22} {'op':>22} {'variant':>9} {'op':>8} {'matmul':>8} {'exposed':>8} {'hidden':>7}")
-    say(f"{'':>22} {'':>22} {'':>9} {'(ms)':>8} {'(ms)':>8} {'(ms)':>8} {'':>7}")
-    for label, group in groups(comm):
-        for row in measure_collective_matmul(comm, label, group, args):
-            rows.append(row)
-            hidden = f"{row['hidden']:>7.0%}" if "hidden" in row else f"{'':>7}"
-            say(f"{row['group']:>22} {row['op']:>22} {row['variant']:>9} {row['op_ms']:>8.2f} "
-                f"{row['matmul_ms']:>8.2f} {row['exposed_ms']:>8.2f} {hidden}", flush=True)
+    rows += table(say, comm, measure_collective_matmul, args, [("group", 22), ("op", 22), ("variant", 9)],
+                  [("op_ms", "op"), ("matmul_ms", "matmul"), ("exposed_ms", "exposed")])
     write_report(comm, args, type(comm).__name__, rows, say)
     return rows
 

@@ -29,6 +29,15 @@ def lengths(t):
     return sorted({4 * t, 4 * t + 1 if t > 1 else 5, max(1, t - 1)})
 
 
+def cases(t, rank):
+    """(T, this rank's [start, stop) along T, every rank's length, integer-valued?, a label) to check."""
+    for T in lengths(t):
+        start, stop = shard_range(T, rank, t)
+        for integer in (True, False):
+            yield T, start, stop, shard_sizes(T, t), integer, \
+                f"T={T} t={t} {'integer-valued' if integer else 'gaussian'}"
+
+
 def _counts(comm):
     m = comm.meter
     return m.messages_sent, m.bytes_sent, m.messages_received, m.bytes_received
@@ -44,34 +53,30 @@ def check_collective_matmul(comm, seed=900):
     """Column (all-gather -> matmul) and row (matmul -> reduce-scatter) layers, fused vs un-fused."""
     t, r = comm.world_size, comm.rank
     n = 0
-    for T in lengths(t):
-        start, stop = shard_range(T, r, t)
-        sizes = shard_sizes(T, t)
-        for integer in (True, False):
-            what = f"T={T} t={t} {'integer-valued' if integer else 'gaussian'}"
-            draw = lambda key, shape, rank=0: random_array(  # noqa: E731 (rank=0: the same on every rank)
-                rank_rng(seed + key, rank), shape, np.float64, integer=integer)
-            x_shard = draw(0, (B, T, H))[:, start:stop].copy()  # every rank's slice of one x
-            w, b = draw(1, (H, F // t + 1), r + 1), draw(2, (F // t + 1,), r + 1)  # this rank's column block
-            dy = draw(3, (B, T, F // t + 1), r + 1)
-            (y0, c0), m0 = _metered(comm, SP.sequence_parallel_column_linear_forward, x_shard, w, b)
-            (y1, c1), m1 = _metered(comm, CM.column_linear_forward, x_shard, w, b, sizes)
-            g0, n0 = _metered(comm, SP.sequence_parallel_column_linear_backward, dy, c0)
-            g1, n1 = _metered(comm, CM.column_linear_backward, dy, c1)
-            _same(r, f"column {what}", [y1, *g1], [y0, *g0], ["output", "dx", "dw", "db"], integer)
-            assert (m1, n1) == (m0, n0), (f"rank {r}: column {what}: fused moved {m1} forward, {n1} backward; "
-                                          f"all-gather / reduce-scatter moved {m0}, {n0}")
-            x_local = draw(4, (B, T, H), r + 1)  # the row layer's input, Sharded(-1): rank-distinct
-            w2, b2 = draw(5, (H, F), r + 1), draw(6, (F,))
-            dy2 = draw(7, (B, T, F))[:, start:stop].copy()
-            (y0, c0), m0 = _metered(comm, SP.sequence_parallel_row_linear_forward, x_local, w2, b2)
-            (y1, c1), m1 = _metered(comm, CM.row_linear_forward, x_local, w2, b2)
-            g0, n0 = _metered(comm, SP.sequence_parallel_row_linear_backward, dy2, c0)
-            g1, n1 = _metered(comm, CM.row_linear_backward, dy2, c1)
-            _same(r, f"row {what}", [y1, *g1], [y0, *g0], ["output", "dx", "dw", "db"], integer)
-            assert (m1, n1) == (m0, n0), (f"rank {r}: row {what}: fused moved {m1} forward, {n1} backward; "
-                                          f"reduce-scatter / all-gather moved {m0}, {n0}")
-            n += 16
+    for T, start, stop, sizes, integer, what in cases(t, r):
+        draw = lambda key, shape, rank=0: random_array(  # noqa: E731 (rank=0: the same on every rank)
+            rank_rng(seed + key, rank), shape, np.float64, integer=integer)
+        x_shard = draw(0, (B, T, H))[:, start:stop].copy()  # every rank's slice of one x
+        w, b = draw(1, (H, F // t + 1), r + 1), draw(2, (F // t + 1,), r + 1)  # this rank's column block
+        dy = draw(3, (B, T, F // t + 1), r + 1)
+        (y0, c0), m0 = _metered(comm, SP.sequence_parallel_column_linear_forward, x_shard, w, b)
+        (y1, c1), m1 = _metered(comm, CM.column_linear_forward, x_shard, w, b, sizes)
+        g0, n0 = _metered(comm, SP.sequence_parallel_column_linear_backward, dy, c0)
+        g1, n1 = _metered(comm, CM.column_linear_backward, dy, c1)
+        _same(r, f"column {what}", [y1, *g1], [y0, *g0], ["output", "dx", "dw", "db"], integer)
+        assert (m1, n1) == (m0, n0), (f"rank {r}: column {what}: fused moved {m1} forward, {n1} backward; "
+                                      f"all-gather / reduce-scatter moved {m0}, {n0}")
+        x_local = draw(4, (B, T, H), r + 1)  # the row layer's input, Sharded(-1): rank-distinct
+        w2, b2 = draw(5, (H, F), r + 1), draw(6, (F,))
+        dy2 = draw(7, (B, T, F))[:, start:stop].copy()
+        (y0, c0), m0 = _metered(comm, SP.sequence_parallel_row_linear_forward, x_local, w2, b2)
+        (y1, c1), m1 = _metered(comm, CM.row_linear_forward, x_local, w2, b2)
+        g0, n0 = _metered(comm, SP.sequence_parallel_row_linear_backward, dy2, c0)
+        g1, n1 = _metered(comm, CM.row_linear_backward, dy2, c1)
+        _same(r, f"row {what}", [y1, *g1], [y0, *g0], ["output", "dx", "dw", "db"], integer)
+        assert (m1, n1) == (m0, n0), (f"rank {r}: row {what}: fused moved {m1} forward, {n1} backward; "
+                                      f"reduce-scatter / all-gather moved {m0}, {n0}")
+        n += 16
     return n
 
 
@@ -92,51 +97,47 @@ def check_collective_matmul_torch(group, seed=950):
 
     t, r = tp_world_size(group), tp_rank(group)
     n = 0
-    for T in lengths(t):
-        start, stop = shard_range(T, r, t)
-        sizes = shard_sizes(T, t)
-        for integer in (True, False):
-            what = f"T={T} t={t} {'integer-valued' if integer else 'gaussian'}"
-            tensor = lambda key, shape: torch.tensor(  # noqa: E731 (the same on every rank)
-                random_array(rank_rng(seed + key), shape, np.float64, integer=integer))
-            # not torch's RNG: simulated ranks are threads that would share it
-            column = nn.utils.skip_init(nn.Linear, H, F, dtype=torch.float64)
-            row = nn.utils.skip_init(nn.Linear, F, H, dtype=torch.float64)
-            with torch.no_grad():
-                for layer, key in ((column, 1), (row, 3)):
-                    layer.weight.copy_(tensor(key, layer.weight.shape))
-                    layer.bias.copy_(tensor(key + 1, layer.bias.shape))
-            x_full, dy_full = tensor(5, (B, T, H)), tensor(6, (B, T, H))
-            results = []
-            for fused in (False, True):
-                c = ColumnParallelLinear.from_linear(column, group=group)
-                w = RowParallelLinear.from_linear(row, group=group)
-                x = x_full[:, start:stop].clone().requires_grad_(True)
-                if fused:
-                    h = all_gather_linear(group, x, c.weight, c.bias, sizes)
-                    y = linear_reduce_scatter(group, h, w.weight, w.bias)
-                else:
-                    (h,) = column_linears_from_sequence(group, x, [c], sizes)
-                    y = row_linear_to_sequence(group, h, w)
-                h.retain_grad()
-                y.backward(dy_full[:, start:stop])
-                results.append({"output": y.detach(), "hidden": h.detach(), "grad of hidden": h.grad,
-                                "grad of x": x.grad, "grad of column weight": c.weight.grad,
-                                "grad of column bias": c.bias.grad, "grad of row weight": w.weight.grad,
-                                "grad of row bias": w.bias.grad})
-            for name, got in results[1].items():
-                assert_matches_reference(got, results[0][name], name=f"{what}: fused vs un-fused {name}",
-                                         rank=r, exact=integer)
-            # the single device: the two layers on the whole sequence
-            x = x_full.clone().requires_grad_(True)
-            y = row(column(x))
-            y.backward(dy_full)
-            cols = slice(*shard_range(F, r, t))
-            reference = {"output": y.detach()[:, start:stop], "grad of x": x.grad[:, start:stop],
-                         "grad of column weight": column.weight.grad[cols],
-                         "grad of row weight": row.weight.grad[:, cols], "grad of row bias": row.bias.grad}
-            for name, expected in reference.items():
-                assert_matches_reference(results[1][name], expected, name=f"{what}: fused vs nn.Linear {name}",
-                                         rank=r)
-            n += 13
+    for T, start, stop, sizes, integer, what in cases(t, r):
+        tensor = lambda key, shape: torch.tensor(  # noqa: E731 (the same on every rank)
+            random_array(rank_rng(seed + key), shape, np.float64, integer=integer))
+        # not torch's RNG: simulated ranks are threads that would share it
+        column = nn.utils.skip_init(nn.Linear, H, F, dtype=torch.float64)
+        row = nn.utils.skip_init(nn.Linear, F, H, dtype=torch.float64)
+        with torch.no_grad():
+            for layer, key in ((column, 1), (row, 3)):
+                layer.weight.copy_(tensor(key, layer.weight.shape))
+                layer.bias.copy_(tensor(key + 1, layer.bias.shape))
+        x_full, dy_full = tensor(5, (B, T, H)), tensor(6, (B, T, H))
+        results = []
+        for fused in (False, True):
+            c = ColumnParallelLinear.from_linear(column, group=group)
+            w = RowParallelLinear.from_linear(row, group=group)
+            x = x_full[:, start:stop].clone().requires_grad_(True)
+            if fused:
+                h = all_gather_linear(group, x, c.weight, c.bias, sizes)
+                y = linear_reduce_scatter(group, h, w.weight, w.bias)
+            else:
+                (h,) = column_linears_from_sequence(group, x, [c], sizes)
+                y = row_linear_to_sequence(group, h, w)
+            h.retain_grad()
+            y.backward(dy_full[:, start:stop])
+            results.append({"output": y.detach(), "hidden": h.detach(), "grad of hidden": h.grad,
+                            "grad of x": x.grad, "grad of column weight": c.weight.grad,
+                            "grad of column bias": c.bias.grad, "grad of row weight": w.weight.grad,
+                            "grad of row bias": w.bias.grad})
+        for name, got in results[1].items():
+            assert_matches_reference(got, results[0][name], name=f"{what}: fused vs un-fused {name}",
+                                     rank=r, exact=integer)
+        # the single device: the two layers on the whole sequence
+        x = x_full.clone().requires_grad_(True)
+        y = row(column(x))
+        y.backward(dy_full)
+        cols = slice(*shard_range(F, r, t))
+        reference = {"output": y.detach()[:, start:stop], "grad of x": x.grad[:, start:stop],
+                     "grad of column weight": column.weight.grad[cols],
+                     "grad of row weight": row.weight.grad[:, cols], "grad of row bias": row.bias.grad}
+        for name, expected in reference.items():
+            assert_matches_reference(results[1][name], expected, name=f"{what}: fused vs nn.Linear {name}",
+                                     rank=r)
+        n += 13
     return n
