@@ -120,6 +120,7 @@ VARIANTS = [  # one launch of 4 processes, every mesh and sync in turn, all agai
     "--variant=--zero 2",            # ... ZeRO-2
     "--variant=--dp 1 --pp 2 --schedule gpipe --micro-batches 2",   # dp=1 x pp=2 x tp=2
     "--variant=--dp 1 --pp 2 --schedule 1f1b --micro-batches 3",    # uneven: 8 = 3 + 3 + 2
+    "--variant=--pp 2 --tp 1 --zero 2 --micro-batches 2",           # dp=2 x pp=2: ZeRO over stages
 ]
 
 
@@ -133,7 +134,7 @@ def test_mesh_training_equals_one_device_each_other_and_the_cost_model():
     assert all(": OK (" in l for l in lines), "\n".join(lines)
     assert [l.split(":")[0] for l in lines] == [
         "variant dp2xtp2 avg", "variant dp2xtp2 ddp", "variant dp2xtp2 zero1", "variant dp2xtp2 zero2",
-        "variant pp2xtp2 gpipe m2", "variant pp2xtp2 1f1b m3"]
+        "variant pp2xtp2 gpipe m2", "variant pp2xtp2 1f1b m3", "variant dp2xpp2 zero2 1f1b m2"]
 
 
 @pytest.mark.parametrize("argv, message", [
