@@ -107,9 +107,9 @@ def single_device():
 
 
 @pytest.mark.parametrize("p, m", [(3, 2), (2, 4)], ids=["p3-m2", "p2-m4"])
-def test_the_schedule_trains_the_pipeline_exactly_as_one_device(impl, single_device, p, m):
-    batches, expected = single_device
+def test_the_schedule_trains_the_pipeline_exactly_as_one_device(impl, request, p, m):
     schedule = impl.one_f_one_b(p, m)
+    batches, expected = request.getfixturevalue("single_device")  # trained only once a schedule exists
     # each stage runs its program on simulated ranks and asserts losses, gradients, parameters
     results = run_spmd(check_pipeline.check_pipeline_training, p, expected, batches, m, schedule,
                        timeout=20.0)
