@@ -146,7 +146,8 @@ class Step:
         if mesh.pp > 1:
             from tp_from_scratch.parallelisms.pipeline import forward_backward
             result = forward_backward(model, x, y, args.micro_batches, args.schedule)
-            loss, peak = torch.tensor(result.loss, dtype=getattr(torch, args.dtype)), result.peak_activation_bytes
+            loss = torch.tensor(result.loss, dtype=getattr(torch, args.dtype), device=mesh.device)
+            peak = result.peak_activation_bytes
             self.timelines.append(result.timeline)
         else:
             self.activations.reset_peak()

@@ -69,10 +69,10 @@ class ZeroOptimizer:
     """
 
     def __init__(self, group, params, stage=1, make_inner=None):
-        if stage not in (1, 2):
-            raise ValueError(f"ZeRO stage must be 1 or 2, got {stage}")
         self.group, self.stage = group, stage
         self.dp, self.rank = tp_world_size(group), tp_rank(group)
+        if stage not in (1, 2):
+            raise ValueError(f"DP rank {self.rank}: ZeRO stage must be 1 or 2, got {stage}")
         self.params = list(params)
         self.numel = sum(p.numel() for p in self.params)
         self.chunk = -(-self.numel // self.dp)
