@@ -147,3 +147,13 @@ def test_the_timeline_picture_draws_one_box_per_forward_and_backward():
     assert len(ax.patches) == 2 * 3 * 4 and ax.get_title() == "1F1B: bubble 33%"
     assert len(draw_schedules(2, 3).axes) == 2
     plt.close("all")
+
+
+def test_a_broken_schedule_is_refused_before_the_pipeline_runs():
+    schedule = gpipe(2, 2)
+    schedule[1].reverse()
+    config = GPTConfig(**check.CONFIG)
+    idx = torch.zeros(2, config.seq_len, dtype=torch.int64)
+    with pytest.raises(Exception, match="stage 1: .* comes before its"):
+        run_spmd(lambda comm: forward_backward(PipelineStage(comm, check.new_model(config)), idx, idx, 2,
+                                               schedule), 2)

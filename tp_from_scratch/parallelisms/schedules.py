@@ -94,7 +94,8 @@ SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
 
 
 def schedule_for(schedule, n_stages, n_micro):
-    """A schedule by name ("gpipe", "1f1b") or as given (a list of per-stage programs)."""
+    """A schedule by name ("gpipe", "1f1b") or as given (a list of per-stage programs, checked
+    by ``check_schedule`` first, so a broken one fails by name instead of hanging a pipeline)."""
     if isinstance(schedule, str):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {sorted(SCHEDULES)} or a list of programs, "
@@ -102,6 +103,7 @@ def schedule_for(schedule, n_stages, n_micro):
         return SCHEDULES[schedule](n_stages, n_micro)
     if len(schedule) != n_stages:
         raise ValueError(f"the schedule has {len(schedule)} programs for {n_stages} stages")
+    check_schedule(schedule, n_micro)
     return schedule
 
 
