@@ -171,3 +171,9 @@ def test_holdings_tile_every_part_and_zero_chunks_split_each_slice_over_dp():
                     width = mine[0][1][1] - mine[0][1][0]
                     chunks = sum(o[1] - o[0] for *_, o in mine if o is not None)   # O over the DP group
                     assert abs(chunks - width * (dp if not kw.get("zero") else 1)) < 1e-9, (kw, j, s, i)
+
+
+def test_zero_memory_formula_reproduces_the_papers_figure_1():
+    # Rajbhandari et al. 2020, Figure 1: 7.5B parameters, N_d = 64, K = 12
+    got = [cost.zero_model_state_bytes(7.5e9, 64, s) / 1e9 for s in range(4)]
+    assert [round(g, 1) for g in got] == [120.0, 31.4, 16.6, 1.9], got

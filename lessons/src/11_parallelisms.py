@@ -171,6 +171,21 @@ parameter order, so a chunk boundary falls wherever it falls, inside a block."""
     new_code_cell("""for zero in (1, 2):
     draw_holdings(config, dp=4, zero=zero)
 plt.show()"""),
+    new_markdown_cell(r"""**Why not FSDP?** Count the model state per rank in mixed precision (2 bytes of weights, 2
+of gradients, 12 of optimizer state per parameter: the paper's K = 12) for the ZeRO paper's
+example, 7.5B parameters on 64 DP ranks, and for an 8B model on one 8-GPU node with 80 GB
+each (`cost.zero_model_state_bytes`; the paper's Figure 1 gives 120, 31.4, 16.6 and 1.9 GB):"""),
+    new_code_cell("""print(f"{'model, dp':<16} {'DP':>8} {'ZeRO-1':>8} {'ZeRO-2':>8} {'FSDP/ZeRO-3':>12}   (GB of model state per rank)")
+for name, n, d in (("7.5B, dp=64", 7.5e9, 64), ("8B, dp=8", 8.0e9, 8)):
+    print(f"{name:<16} " + " ".join(f"{cost.zero_model_state_bytes(n, d, s) / 1e9:>{w}.1f}"
+                                    for s, w in zip(range(4), (8, 8, 8, 12))))"""),
+    new_markdown_cell(r"""The 8B model does not fit an 80 GB GPU with plain DDP (128 GB, before any activation);
+ZeRO-1 brings it to 44 GB and ZeRO-2 to 30 GB without cutting a single layer, and for the same
+bytes as DDP (ZeRO-2). FSDP goes to 16 GB, at the price of all-gathering every layer's weights
+in the forward and again in the backward: 1.5x DDP's traffic. That is the answer to "why not
+FSDP?": often, do use it; it shards what DDP duplicates. What it does not shrink are the
+**activations** of a layer (each rank still runs whole layers on its own batch) and the
+**time** of one step of one sequence: those need TP (or sequence/context parallelism)."""),
     # section 5 is the pipeline engineer's (/work/notes/lesson11_pipeline_section.md, cells A-I)
     new_markdown_cell(r"""## 5. Pipeline parallelism
 

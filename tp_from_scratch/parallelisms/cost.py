@@ -204,3 +204,18 @@ def differences(record):
                 problems.append(f"rank {rank['rank']}: {key} {g['calls']:g} calls {g['bytes']:,.0f} bytes per "
                                 f"step measured, {w['calls']:g} calls {w['bytes']:,.0f} bytes predicted")
     return problems
+
+
+def zero_model_state_bytes(n_params, dp, stage, precision="mixed"):
+    """Bytes of weights + gradients + optimizer state per rank for ZeRO stage 0 (plain DP) to 3.
+
+    Rajbhandari et al. 2020, section 3 and Figure 1, with Lesson 9's bytes per parameter
+    (gpt.plan.PRECISIONS; "mixed": 2 + 2 + 12, the paper's K = 12): stage 1 shards the
+    optimizer state, 2 also the gradients, 3 (FSDP) also the weights, each 1/dp per rank.
+    """
+    from tp_from_scratch.gpt.plan import PRECISIONS
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage}")
+    w, g, o = PRECISIONS[precision]
+    return n_params * (w / (dp if stage >= 3 else 1) + g / (dp if stage >= 2 else 1)
+                       + o / (dp if stage >= 1 else 1))
