@@ -193,8 +193,11 @@ measurement, with the command that produced it."""),
     tp = [k for k in measured["rows"][0]["min_s"] if not k.startswith("tp1-")][0]
     print(measured["command"])
     prof = measured["profile"]
+    together = prof.get("matmul_flops_concurrent", {}).get("1")
     print(f"profile: {prof['source']}; matmul GFLOP/s 1 thread {prof['matmul_flops']['1'] / 1e9:.0f}, "
-          f"2 threads {prof['matmul_flops']['2'] / 1e9:.0f}; load average during the rows "
+          f"2 threads {prof['matmul_flops']['2'] / 1e9:.0f}"
+          + (f", 1 thread while the other process multiplies too {together / 1e9:.0f}" if together else "")
+          + f"; step overhead {1e3 * prof.get('step_overhead', {}).get('per_layer_s', 0):.1f} ms per layer; load average during the rows "
           f"{min(r['load_average'][0] for r in measured['rows']):.1f} to {max(r['load_average'][0] for r in measured['rows']):.1f}")
     print(f"{'H':>5} {'params':>10} {'tp1 1thr':>9} {'tp1 2thr':>9} {tp:>8} {'speedup':>8} {'eff.':>5} "
           f"{'vs 2thr':>8} | predicted/measured {'tp1 1thr':>8} {'tp1 2thr':>8} {tp:>6}")
@@ -230,18 +233,18 @@ step_time_bars(b, ["tp1 1thr", "tp1 2thr", "tp2"], [p["compute_s"] + p.get("over
                measured_s=[big["min_s"][k] for k in ("tp1-1thread", "tp1-2threads", "tp2")],
                title=f"H={big['hidden']}: predicted (bars) and measured (dash)")
 fig.tight_layout()"""),
-    new_markdown_cell(r"""How to read it: where predicted/measured is near 1 the model (matmul FLOPs at the calibrated
-rate, plus alpha-beta all-reduces) explains the step. Where it is well below 1, time goes
-somewhere the model does not count: element-wise work (LayerNorm, GeLU, softmax, AdamW,
-the masking and copies of the vocab-parallel layers), Python overhead per layer and per
-collective, and above all **the other programs sharing these two cores**: the committed file
-was measured while other jobs kept the 1-minute load average between 8 and 13 on 2 cores (it is
-recorded per row). Under
-such load the calibration itself reads a third of the quiet matmul rate, and one process
-with two BLAS threads collapses (its threads wait for each other at every parallel region
-while the scheduler hands their cores to other programs), which is why tp1 2thr is the
-slowest column here, the opposite of the quiet machine. Ratios outside ±25 % are reported as
-measured, not tuned away; rerun the two commands on a quiet machine to see your own.
+    new_markdown_cell(r"""How to read it: where predicted/measured is near 1 the model explains the step: matmul
+FLOPs at the calibrated rate (with two processes, the rate one process keeps while the other
+multiplies too), alpha-beta all-reduces, and a per-step overhead measured on a model too small
+to compute (Python, autograd, the optimizer's loop: what dominates the smallest sizes). Where
+it is well below 1, time goes somewhere the model does not count: element-wise work (LayerNorm,
+GeLU, softmax, AdamW, the masks of the vocab-parallel layers) and, above all, **the other
+programs sharing these two cores**. The load average is recorded per row (printed above). Under
+load the calibration itself reads a fraction of the quiet matmul rate, one process with two
+BLAS threads collapses (its threads wait for each other at every parallel region while the
+scheduler hands their cores to other programs), and more processes simply get more of the
+machine's time slices, so tp=4 can even look faster than 2x. Ratios outside ±25 % are reported
+as measured, not tuned away; rerun the commands on a quiet machine to see your own.
 
 ### Where a tp=2 step's time goes
 
@@ -249,11 +252,11 @@ measured, not tuned away; rerun the two commands on a quiet machine to see your 
 one thread, then tp = 2, alternating) and sorts every moment of the fastest step into one kind:
 **matmul** (`aten::mm`, `addmm`, `bmm`), **copy** (`copy_`, `clone`, `cat`, `repeat_interleave`),
 **other ops** (every other aten op: LayerNorm, GeLU, softmax, masks, AdamW's element-wise
-updates), **communication** (gloo's all-reduces, which our main thread waits for: no overlap),
-and **python**, the rest (the interpreter, autograd's bookkeeping, the optimizer's loop). Two
-ranks make the same all-reduces in the same order, so each call's shortest duration over the
-ranks is the transfer itself; the rest of a rank's time in that call is **waiting for the other
-rank** to arrive. The Chrome/Perfetto traces go to `runs/scaling/trace/` (open them in
+updates), **communication** (the `c10d` call that starts an all-reduce, and gloo's all-reduce on
+its own thread, which our main thread waits for: no overlap), and **python**, the rest (the
+interpreter, autograd's bookkeeping, the optimizer's loop). Two ranks make the same all-reduces
+in the same order, so each call's shortest duration over the ranks is the transfer itself; the
+rest of a rank's time in that call is **waiting for the other rank** to arrive. The Chrome/Perfetto traces go to `runs/scaling/trace/` (open them in
 https://ui.perfetto.dev); the committed summary holds the breakdown and one step's timeline."""),
     new_code_cell("""from tp_from_scratch.plots import step_timeline
 
@@ -289,7 +292,7 @@ Functions, the collective calls).
 What we changed after reading these traces: a row-parallel layer's partial sum and the
 vocab-parallel embedding's rows are temporaries nobody reads again, so their g all-reduces them
 in place (`nn.mappings.reduce_from_tp_region_`) instead of copying each (B, T, H) first: 2L + 1
-fewer copies per step. It is a small gain (a copy of 2 MiB takes about half a millisecond here),
+fewer copies per step (the traces count 41 `aten::clone` per tp = 2 step before, 36 after). It is a small gain (a copy of 2 MiB takes about half a millisecond here),
 too small to see through this shared machine's noise; the traces show where the rest goes, and
 none of it is a copy or an extra collective. What would help further is not more trimming but
 **overlap**: starting a backward all-reduce and computing the weight gradient while it travels
