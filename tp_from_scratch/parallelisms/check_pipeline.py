@@ -8,7 +8,8 @@ For each schedule (GPipe, 1F1B) and micro-batch count, a few AdamW steps of the 
 float64: every step's loss, every gradient (a TP rank's shard of it) and the parameters after
 the last step must match single-device training on the same global batches
 (``assert_matches_reference``); a mismatch raises on that rank and ends the job. Ranks are
-laid out TP innermost: rank = stage * tp + tp_rank, so a stage's TP group are neighbours.
+laid out as in mesh.py with dp = 1, TP innermost: rank = stage * tp + tp_rank, so a stage's
+TP group are neighbours.
 """
 import argparse
 
@@ -19,6 +20,7 @@ from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt, shard_tens
 from tp_from_scratch.nn import mappings
 from tp_from_scratch.testing import rank_rng
 
+from .mesh import coordinates, setup_mesh3d
 from .pipeline import PipelineStage, measured_bubble, train_step
 from .schedules import bubble_formula
 
@@ -90,16 +92,17 @@ def check_pipeline_training(comm, reference, batches, n_micro, schedule, tp_grou
 
 
 def split_comm(comm, tp):
-    """(pipeline communicator, TP group) of this rank; rank = stage * tp + tp_rank.
+    """(pipeline communicator, TP group) of this rank in the dp=1 x pp x tp mesh of mesh.py.
 
-    torch: the pipeline's messages go through a TorchComm over a gloo subgroup, the TP
-    collectives through a native ProcessGroup; MPI: two MPIComms from MPI_Comm_split.
+    torch: the pipeline's messages go through a TorchComm over the gloo PP group, the TP
+    collectives through the native TP ProcessGroup; MPI: two MPIComms from MPI_Comm_split.
     """
     if tp == 1:
         return comm, None
     if comm.world_size % tp:
-        raise ValueError(f"world size {comm.world_size} is not divisible by tp={tp}")
-    stage, tp_rank = divmod(comm.rank, tp)
+        raise ValueError(f"rank {comm.rank}: world size {comm.world_size} is not divisible by tp={tp}")
+    n_stages = comm.world_size // tp
+    _, stage, tp_rank = coordinates(comm.rank, 1, n_stages, tp)
     if type(comm).__name__ == "MPIComm":
         from tp_from_scratch.comm import MPIComm
         return (MPIComm(comm.mpi.Split(color=tp_rank, key=stage)),
@@ -108,11 +111,8 @@ def split_comm(comm, tp):
         raise ValueError(f"rank {comm.rank}: tp={tp} needs processes (torchrun or mpiexec), "
                          f"not {type(comm).__name__}")
     from tp_from_scratch.comm import TorchComm
-    from tp_from_scratch.comm.process_group import new_group
-    n_stages = comm.world_size // tp
-    pp_groups = [new_group([s * tp + j for s in range(n_stages)], comm.timeout) for j in range(tp)]
-    tp_groups = [new_group([s * tp + j for j in range(tp)], comm.timeout) for s in range(n_stages)]
-    return TorchComm(group=pp_groups[tp_rank]), tp_groups[stage]
+    mesh = setup_mesh3d(1, n_stages, tp, timeout=comm.timeout)
+    return TorchComm(group=mesh.pp_group), mesh.tp_group
 
 
 def report(comm, tp=1, micro=(1, 4), steps=2):
