@@ -13,6 +13,7 @@ import torch
 
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
+from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.gpt.model import GPTConfig
 from tp_from_scratch.parallelisms import check_pipeline as check
 from tp_from_scratch.parallelisms.pipeline import PipelineStage, forward_backward, stage_layers
@@ -157,3 +158,18 @@ def test_a_broken_schedule_is_refused_before_the_pipeline_runs():
     with pytest.raises(Exception, match="stage 1: .* comes before its"):
         run_spmd(lambda comm: forward_backward(PipelineStage(comm, check.new_model(config)), idx, idx, 2,
                                                schedule), 2)
+
+
+def test_bfloat16_activations_travel_as_their_bits():
+    # numpy has no bfloat16: the messages carry the bits as int16 and turn back on arrival
+    config = GPTConfig(**check.CONFIG)
+    (idx, targets), = check.global_batches(1, config)
+    _, loss = check.new_model(config).to(torch.bfloat16)(idx, targets)
+
+    def rank(comm):
+        stage = PipelineStage(comm, check.new_model(config).to(torch.bfloat16))
+        result = forward_backward(stage, idx, targets, 2, "1f1b")
+        assert all(p.grad.dtype == torch.bfloat16 for p in stage.parameters())
+        return result.loss
+    for got in run_spmd(rank, 2):  # bf16's tolerance: the micro-batch sum rounds differently
+        assert_matches_reference(torch.tensor(got, dtype=torch.bfloat16), loss.detach(), name="bf16 loss")

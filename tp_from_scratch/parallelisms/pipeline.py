@@ -106,7 +106,15 @@ class StepResult:
 
 
 def _to_numpy(t):
-    return t.detach().cpu().numpy()
+    """A tensor as a numpy message; bfloat16 (no numpy dtype) travels as its bits, int16."""
+    t = t.detach().cpu()
+    return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
+
+
+def _from_numpy(a, like):
+    """A received message as a tensor of ``like``'s dtype and device (bfloat16 from int16 bits)."""
+    t = torch.from_numpy(a)
+    return (t.view(torch.bfloat16) if like.dtype == torch.bfloat16 else t).to(like.device)
 
 
 def _parameter_storages(module):
@@ -123,15 +131,14 @@ class _Runner:
         self.stage, self.comm = stage, stage.comm
         self.idx, self.targets = torch.tensor_split(idx, n_micro), torch.tensor_split(targets, n_micro)
         self.weight = [len(x) / len(idx) for x in self.idx]      # B_i / B
-        self.device = next(stage.parameters()).device
+        self.like = next(stage.parameters())  # messages arrive in its dtype, on its device
         self.inputs, self.outputs, self.grads, self.input_grads = {}, {}, {}, {}
         self.loss = 0.0
         self.saved_bytes, self.live = {}, set()
         self.params = _parameter_storages(stage)
 
     def recv_act(self, mb):     # (B_i, T, H) from the previous stage; the leaf its grad lands on
-        x = torch.from_numpy(self.comm.recv(self.stage.stage - 1)).to(self.device)
-        self.inputs[mb] = x.requires_grad_()
+        self.inputs[mb] = _from_numpy(self.comm.recv(self.stage.stage - 1), self.like).requires_grad_()
 
     def forward(self, mb):
         counted = [0]
@@ -153,7 +160,7 @@ class _Runner:
         self.comm.send(_to_numpy(self.outputs[mb]), self.stage.stage + 1)
 
     def recv_grad(self, mb):    # d loss / d (this stage's output of mb)
-        self.grads[mb] = torch.from_numpy(self.comm.recv(self.stage.stage + 1)).to(self.device)
+        self.grads[mb] = _from_numpy(self.comm.recv(self.stage.stage + 1), self.like)
 
     def backward(self, mb):
         torch.autograd.backward(self.outputs.pop(mb), self.grads.pop(mb, None))
@@ -198,7 +205,7 @@ def sync_tied_embedding_grad(stage):
     peer = stage.n_stages - 1 if stage.is_first else 0
     grad = stage.wte.weight.grad
     stage.comm.send(_to_numpy(grad), peer)
-    other = torch.from_numpy(stage.comm.recv(peer)).to(grad.device)
+    other = _from_numpy(stage.comm.recv(peer), grad)
     grad += other  # a + b on one stage, b + a on the other: the same bits
 
 
