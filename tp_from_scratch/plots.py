@@ -5,6 +5,7 @@
     memory_bars(ax, parts, labels, capacity=..., unit=...)  stacked bars of bytes per device
     plot_loss_comparison(path, steps, losses, ...)          TP vs single-device loss, to a PNG
     step_time_bars(ax, labels, compute_s, communication_s)  a step's compute and communication, stacked
+    step_timeline(ax, rows)                                 a profiled step, a band per rank (bench scaling --trace)
     draw_layouts(steps, t, title)                           where each tensor of a layer lives, rank by rank
     tagged_blocks / decode / draw_before_after / draw_ring_steps   Lesson 2's collective pictures
     draw_attention_backward(rank, t)                        one head's backward, and where f and g sit
