@@ -15,6 +15,7 @@ the tolerance policy). Used by tests/test_collective_matmul.py on simulated rank
 """
 import numpy as np
 
+from tp_from_scratch.comm import Comm
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.overlap import collective_matmul as CM
 from tp_from_scratch.sequence_parallel import linear as SP
@@ -57,8 +58,9 @@ def check_collective_matmul(comm, seed=900):
         draw = lambda key, shape, rank=0: random_array(  # noqa: E731 (rank=0: the same on every rank)
             rank_rng(seed + key, rank), shape, np.float64, integer=integer)
         x_shard = draw(0, (B, T, H))[:, start:stop].copy()  # every rank's slice of one x
-        w, b = draw(1, (H, F // t + 1), r + 1), draw(2, (F // t + 1,), r + 1)  # this rank's column block
-        dy = draw(3, (B, T, F // t + 1), r + 1)
+        cols = shard_sizes(F, t)[r]  # this rank's column block: uneven widths for t = 3, 4
+        w, b = draw(1, (H, cols), r + 1), draw(2, (cols,), r + 1)
+        dy = draw(3, (B, T, cols), r + 1)
         (y0, c0), m0 = _metered(comm, SP.sequence_parallel_column_linear_forward, x_shard, w, b)
         (y1, c1), m1 = _metered(comm, CM.column_linear_forward, x_shard, w, b, sizes)
         g0, n0 = _metered(comm, SP.sequence_parallel_column_linear_backward, dy, c0)
@@ -66,8 +68,8 @@ def check_collective_matmul(comm, seed=900):
         _same(r, f"column {what}", [y1, *g1], [y0, *g0], ["output", "dx", "dw", "db"], integer)
         assert (m1, n1) == (m0, n0), (f"rank {r}: column {what}: fused moved {m1} forward, {n1} backward; "
                                       f"all-gather / reduce-scatter moved {m0}, {n0}")
-        x_local = draw(4, (B, T, H), r + 1)  # the row layer's input, Sharded(-1): rank-distinct
-        w2, b2 = draw(5, (H, F), r + 1), draw(6, (F,))
+        x_local = draw(4, (B, T, cols), r + 1)  # the row layer's input, Sharded(-1): rank-distinct
+        w2, b2 = draw(5, (cols, F), r + 1), draw(6, (F,))
         dy2 = draw(7, (B, T, F))[:, start:stop].copy()
         (y0, c0), m0 = _metered(comm, SP.sequence_parallel_row_linear_forward, x_local, w2, b2)
         (y1, c1), m1 = _metered(comm, CM.row_linear_forward, x_local, w2, b2)
@@ -108,8 +110,10 @@ def check_collective_matmul_torch(group, seed=950):
                 layer.weight.copy_(tensor(key, layer.weight.shape))
                 layer.bias.copy_(tensor(key + 1, layer.bias.shape))
         x_full, dy_full = tensor(5, (B, T, H)), tensor(6, (B, T, H))
-        results = []
+        results, moved = [], []
         for fused in (False, True):
+            if isinstance(group, Comm):
+                group.meter.reset()
             c = ColumnParallelLinear.from_linear(column, group=group)
             w = RowParallelLinear.from_linear(row, group=group)
             x = x_full[:, start:stop].clone().requires_grad_(True)
@@ -117,10 +121,12 @@ def check_collective_matmul_torch(group, seed=950):
                 h = all_gather_linear(group, x, c.weight, c.bias, sizes)
                 y = linear_reduce_scatter(group, h, w.weight, w.bias)
             else:
-                (h,) = column_linears_from_sequence(group, x, [c], sizes)
+                (h,) = column_linears_from_sequence(group, x, [c], sizes, save_gathered=True)
                 y = row_linear_to_sequence(group, h, w)
             h.retain_grad()
             y.backward(dy_full[:, start:stop])
+            if isinstance(group, Comm):  # what moved, forward and backward together
+                moved.append(_counts(group))
             results.append({"output": y.detach(), "hidden": h.detach(), "grad of hidden": h.grad,
                             "grad of x": x.grad, "grad of column weight": c.weight.grad,
                             "grad of column bias": c.bias.grad, "grad of row weight": w.weight.grad,
@@ -128,6 +134,9 @@ def check_collective_matmul_torch(group, seed=950):
         for name, got in results[1].items():
             assert_matches_reference(got, results[0][name], name=f"{what}: fused vs un-fused {name}",
                                      rank=r, exact=integer)
+        assert not moved or moved[0] == moved[1], (
+            f"rank {r}: {what}: the fused torch layers moved {moved[1]}, the un-fused (gathered x kept, "
+            f"as in the fused column) {moved[0]}")
         # the single device: the two layers on the whole sequence
         x = x_full.clone().requires_grad_(True)
         y = row(column(x))

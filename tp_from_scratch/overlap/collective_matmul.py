@@ -133,7 +133,7 @@ def check_sizes(rank, world_size, local_length, sizes):
 # The two loops, written once for numpy arrays and torch tensors
 # ---------------------------------------------------------------------------------------
 
-def all_gather_matmul_loop(link, shard, sizes, empty, matmul, steps=None):
+def all_gather_matmul_loop(link, shard, empty, matmul, steps=None):
     """Ring all-gather of ``shard`` along axis 1 with ``matmul`` applied to each chunk as it
     is in hand. Returns (pieces, products): pieces[c] is rank c's shard (B, T_c, ...),
     products[c] = matmul(pieces[c]); the caller concatenates.
@@ -199,7 +199,7 @@ def all_gather_matmul(comm, x_shard, w, sizes=None, steps=None):
                          dtype=x_shard.dtype, sizes=sizes):
         link = CommLink(comm)
         shape = lambda c: (x_shard.shape[0], sizes[c], *x_shard.shape[2:])  # noqa: E731
-        pieces, products = all_gather_matmul_loop(link, x_shard, sizes, lambda c: np.empty(shape(c), x_shard.dtype),
+        pieces, products = all_gather_matmul_loop(link, x_shard, lambda c: np.empty(shape(c), x_shard.dtype),
                                                   lambda piece: piece @ w, steps)
         return np.concatenate(pieces, axis=SEQUENCE_AXIS), np.concatenate(products, axis=SEQUENCE_AXIS)
 
@@ -212,7 +212,8 @@ def matmul_reduce_scatter(comm, x, w, steps=None):
     collectives.reduce_scatter(comm, x @ w, axis=1), metered as matmul_reduce_scatter.
     """
     x = np.asarray(x)
-    with comm.collective("matmul_reduce_scatter", x, shape=x.shape, dtype=x.dtype, out=w.shape[-1]):
+    # the contraction width may differ from rank to rank (in/t of an uneven split); the rest may not
+    with comm.collective("matmul_reduce_scatter", x, shape=(*x.shape[:-1], "*"), dtype=x.dtype, out=w.shape[-1]):
         link = CommLink(comm)
         return matmul_reduce_scatter_loop(link, np.array_split(x, comm.world_size, axis=SEQUENCE_AXIS),
                                           lambda chunk: chunk @ w, steps)

@@ -21,6 +21,8 @@ The column Function keeps the gathered x for dW (t times the shard's memory for 
 sequence_parallel.nn's save_gathered=True); re-gathering it in backward would be one more
 all-gather, which Megatron-LM overlaps with the dX matmul.
 """
+import contextlib
+
 import torch
 import torch.distributed as dist
 from torch.nn import functional as F
@@ -75,12 +77,27 @@ def _chunks(x, t):
     return torch.split(x, shard_sizes(x.shape[SEQUENCE_AXIS], t), dim=SEQUENCE_AXIS)
 
 
+def _collective(group, name, x, shape, **params):
+    """On a Comm: the collective's fingerprint (what ranks must agree on) and its meter entry; else nothing."""
+    if not isinstance(group, Comm):
+        return contextlib.nullcontext()
+    return group.collective(name, shape=shape, dtype=str(x.dtype), **params)
+
+
 def _gather_matmul(group, shard, sizes, matmul, steps):
     """(gathered shard (B, T, ...), the products concatenated along T), by the fused loop."""
-    pieces, products = all_gather_matmul_loop(
-        _link(group), shard.contiguous(), sizes,
-        lambda c: shard.new_empty((shard.shape[0], sizes[c], *shard.shape[2:])), matmul, steps)
+    with _collective(group, "all_gather_matmul", shard, (shard.shape[0], "*", *shard.shape[2:]), sizes=sizes):
+        pieces, products = all_gather_matmul_loop(
+            _link(group), shard.contiguous(),
+            lambda c: shard.new_empty((shard.shape[0], sizes[c], *shard.shape[2:])), matmul, steps)
     return torch.cat(pieces, SEQUENCE_AXIS), torch.cat(products, SEQUENCE_AXIS)
+
+
+def _matmul_reduce_scatter(group, x, matmul, steps):
+    """This rank's chunk along T of the sum over ranks of matmul(x), by the fused loop."""
+    # the contraction width (in/t) may differ from rank to rank; batch and T may not
+    with _collective(group, "matmul_reduce_scatter", x, (*x.shape[:-1], "*")):
+        return matmul_reduce_scatter_loop(_link(group), _chunks(x, tp_world_size(group)), matmul, steps)
 
 
 class AllGatherLinear(torch.autograd.Function):
@@ -98,8 +115,7 @@ class AllGatherLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        t = tp_world_size(ctx.group)
-        dx = matmul_reduce_scatter_loop(_link(ctx.group), _chunks(grad, t), lambda g: g.matmul(weight))
+        dx = _matmul_reduce_scatter(ctx.group, grad, lambda g: g.matmul(weight), None)
         g2, x2 = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
         return None, None, None, dx, g2.t() @ x2, g2.sum(0) if ctx.has_bias else None
 
@@ -113,7 +129,7 @@ class LinearReduceScatter(torch.autograd.Function):
         t = tp_world_size(group)
         ctx.group, ctx.sizes = group, shard_sizes(x_local.shape[SEQUENCE_AXIS], t)
         ctx.save_for_backward(x_local, weight)
-        return matmul_reduce_scatter_loop(_link(group), _chunks(x_local, t), lambda c: F.linear(c, weight), steps)
+        return _matmul_reduce_scatter(group, x_local, lambda c: F.linear(c, weight), steps)
 
     @staticmethod
     def backward(ctx, grad):

@@ -93,7 +93,7 @@ def trace_collective_matmul(p):
             return piece.copy()
         link = _RecordingLink(CommLink(comm))
         own = np.full((1, 1, 1), tagged_blocks(comm.rank, p)[comm.rank])  # chunk r of rank r's x
-        all_gather_matmul_loop(link, own, [1] * p, lambda c: np.empty((1, 1, 1)), matmul)
+        all_gather_matmul_loop(link, own, lambda c: np.empty((1, 1, 1)), matmul)
         gather = (multiplied[:], link.sent[:])
         multiplied.clear()
         link.sent.clear()
