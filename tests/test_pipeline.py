@@ -4,15 +4,13 @@ The schedules are checked against their rules (each micro-batch forwarded before
 backward, every send matched by a receive in order, no deadlock, 1F1B's in-flight bound,
 the bubble of an ideal clock equal to (p-1)/(m+p-1)). Then the GPT is split over 2 and 3
 simulated stages and trained for three AdamW steps with each schedule and m = 1, 2, 4:
-every loss, gradient and final parameter must match single-device training. One torchrun
-launch (pp=2 x tp=2 on 4 processes: TP inside each stage) and one mpiexec launch (pp=2)
-repeat the check on real processes, m = 4 (m = 1, 2 are the simulator's).
+every loss, gradient and final parameter must match single-device training. The same check
+on real processes (torchrun, mpiexec) is in test_pipeline_launch.py.
 """
 import pytest
 import torch
 
 from tp_from_scratch.comm import run_spmd
-from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.gpt.model import GPTConfig
 from tp_from_scratch.parallelisms import check_pipeline as check
@@ -114,28 +112,6 @@ def test_a_batch_smaller_than_the_micro_batch_count_is_refused():
 def test_only_a_gpt_is_split_into_stages():
     with pytest.raises(Exception, match="a pipeline stage splits a GPT or a TensorParallelGPT, got Linear"):
         run_spmd(lambda comm: PipelineStage(comm, torch.nn.Linear(2, 2)), 2)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(200)
-def test_pipeline_with_tensor_parallel_stages_equals_one_device_under_torchrun():
-    cmd = torchrun_command(4, "tp_from_scratch.parallelisms.check_pipeline", "--tp", 2, "--micro", 4)
-    result = run_command(cmd, timeout=180)
-    assert result.returncode == 0, result.stdout[-3000:]
-    for schedule in ("gpipe", "1f1b"):
-        assert f"pp=2 tp=2 {schedule} m=4: 2 steps equal to one device" in result.stdout, result.stdout[-3000:]
-    assert "pipeline check passed on TorchComm" in result.stdout
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(150)
-def test_pipeline_equals_one_device_under_mpiexec():
-    result = run_command(mpiexec_command(2, "tp_from_scratch.parallelisms.check_pipeline", "--micro", 4),
-                         timeout=120)
-    assert result.returncode == 0, result.stdout[-3000:]
-    for schedule in ("gpipe", "1f1b"):
-        assert f"pp=2 tp=1 {schedule} m=4: 2 steps equal to one device" in result.stdout, result.stdout[-3000:]
-    assert "pipeline check passed on MPIComm" in result.stdout
 
 
 def test_the_timeline_picture_draws_one_box_per_forward_and_backward():
