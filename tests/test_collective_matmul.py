@@ -93,3 +93,39 @@ def test_the_lesson_picture_is_drawn_from_the_real_loops():
         # after step s rank r holds chunk r-s-1 summed over ranks r-s-1 .. r
         assert [decode(v, 3) for v in partials] == [((r - s - 1) % 3, {(r - k) % 3 for k in range(s + 1)})
                                                     for s in range(3)]
+
+
+@pytest.mark.parametrize("integer", [True, False])
+def test_column_without_the_gathered_x_regathers_it_for_dw(integer):
+    # save_gathered=False keeps the shard; backward gathers x again, fused with dW's shares
+    import torch
+    from torch import nn
+
+    from tp_from_scratch.nn.linear import ColumnParallelLinear
+    from tp_from_scratch.overlap.collective_matmul_nn import all_gather_linear
+    from tp_from_scratch.sequence_parallel.nn import column_linears_from_sequence
+    sizes, H, F = [3, 2, 2], 5, 7
+    linear = nn.utils.skip_init(nn.Linear, H, F, dtype=torch.float64)
+    with torch.no_grad():
+        linear.weight.copy_(torch.tensor(random_array(rank_rng(970), (F, H), integer=integer)))
+        linear.bias.copy_(torch.tensor(random_array(rank_rng(971), (F,), integer=integer)))
+    x_full = torch.tensor(random_array(rank_rng(972), (2, 7, H), integer=integer))
+
+    def rank_fn(comm):
+        out = []
+        for fused in (False, True):
+            comm.meter.reset()
+            layer = ColumnParallelLinear.from_linear(linear, group=comm)
+            start = sum(sizes[:comm.rank])
+            x = x_full[:, start:start + sizes[comm.rank]].clone().requires_grad_(True)
+            if fused:
+                y = all_gather_linear(comm, x, layer.weight, layer.bias, sizes, save_gathered=False)
+            else:
+                (y,) = column_linears_from_sequence(comm, x, [layer], sizes, save_gathered=False)
+            y.backward(torch.tensor(random_array(rank_rng(973, comm.rank), tuple(y.shape), integer=integer)))
+            out.append(([y.detach(), x.grad, layer.weight.grad, layer.bias.grad], comm.meter.bytes_sent))
+        return out
+    for r, ((unfused, sent0), (fused, sent1)) in enumerate(run_spmd(rank_fn, 3)):
+        assert sent1 == sent0, f"rank {r}: fused sent {sent1} bytes, un-fused {sent0}"
+        for name, got, expected in zip(["output", "grad of x", "grad of weight", "grad of bias"], fused, unfused):
+            assert_matches_reference(got, expected, name=f"save_gathered=False {name}", rank=r, exact=integer)

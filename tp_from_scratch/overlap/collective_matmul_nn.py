@@ -17,9 +17,10 @@ gloo's order, not the ring's: on a ProcessGroup the fused result equals it withi
 tolerance policy (bit for bit with integer-valued inputs); see collective_matmul for why
 the matmul by row blocks can differ in the last bits too.
 
-The column Function keeps the gathered x for dW (t times the shard's memory for this tensor:
-sequence_parallel.nn's save_gathered=True); re-gathering it in backward would be one more
-all-gather, which Megatron-LM overlaps with the dX matmul.
+The column Function keeps the gathered x for dW by default (t times the shard's memory for this
+tensor: sequence_parallel.nn's save_gathered=True); with save_gathered=False it keeps the shard
+and gathers x again in backward, fused with dW's matmuls chunk by chunk (Megatron-LM overlaps
+that all-gather with the dX matmul instead).
 """
 import contextlib
 
@@ -84,13 +85,38 @@ def _collective(group, name, x, shape, **params):
     return group.collective(name, shape=shape, dtype=str(x.dtype), **params)
 
 
-def _gather_matmul(group, shard, sizes, matmul, steps):
-    """(gathered shard (B, T, ...), the products concatenated along T), by the fused loop."""
+def _gather_loop(group, shard, sizes, matmul, steps):
+    """The fused all-gather loop on ``group``: (pieces, products), one per rank's chunk."""
     with _collective(group, "all_gather_matmul", shard, (shard.shape[0], "*", *shard.shape[2:]), sizes=sizes):
-        pieces, products = all_gather_matmul_loop(
+        return all_gather_matmul_loop(
             _link(group), shard.contiguous(),
             lambda c: shard.new_empty((shard.shape[0], sizes[c], *shard.shape[2:])), matmul, steps)
+
+
+def _gather_matmul(group, shard, sizes, matmul, steps):
+    """(gathered shard (B, T, ...), the products concatenated along T), by the fused loop."""
+    pieces, products = _gather_loop(group, shard, sizes, matmul, steps)
     return torch.cat(pieces, SEQUENCE_AXIS), torch.cat(products, SEQUENCE_AXIS)
+
+
+def _regathered_weight_grad(group, x_shard, sizes, grad):
+    """dW = dY^T x with x gathered again along T: chunk c's share dY[c]^T x[c] is computed while
+    the next chunk travels (the fused loop), and the shares are added in T order. One matmul
+    adds over all B*T rows in its own order, so the two agree within the tolerance policy."""
+    r, p = tp_rank(group), len(sizes)
+    starts = [sum(sizes[:c]) for c in range(p + 1)]
+    in_hand = iter([(r - step) % p for step in range(p)])  # the chunk the loop multiplies at each step
+    shares = [None] * p
+
+    def share(piece):
+        c = next(in_hand)
+        g = grad[:, starts[c]:starts[c + 1]].reshape(-1, grad.shape[-1])  # (B*T_c, out/t)
+        shares[c] = g.t() @ piece.reshape(-1, piece.shape[-1])           # (out/t, in)
+    _gather_loop(group, x_shard, sizes, share, None)
+    dw = shares[0]
+    for c in range(1, p):
+        dw = dw + shares[c]
+    return dw
 
 
 def _matmul_reduce_scatter(group, x, matmul, steps):
@@ -102,22 +128,28 @@ def _matmul_reduce_scatter(group, x, matmul, steps):
 
 class AllGatherLinear(torch.autograd.Function):
     """Y_i = all_gather_T(x_r) @ W_i^T + b_i. forward: all-gather fused with the matmul;
-    backward: reduce-scatter of dX fused with dX's matmul."""
+    backward: reduce-scatter of dX fused with dX's matmul, and (save_gathered=False) the
+    all-gather of x again, fused with dW's matmuls."""
 
     @staticmethod
-    def forward(ctx, group, sizes, steps, x_shard, weight, bias):
+    def forward(ctx, group, sizes, steps, save_gathered, x_shard, weight, bias):
         sizes = check_sizes(tp_rank(group), tp_world_size(group), x_shard.shape[SEQUENCE_AXIS], sizes)
         x, y = _gather_matmul(group, x_shard, sizes, lambda piece: F.linear(piece, weight, bias), steps)
-        ctx.group, ctx.has_bias = group, bias is not None
-        ctx.save_for_backward(x, weight)  # x (B, T, in): the gathered input, for dW
+        ctx.group, ctx.sizes, ctx.save_gathered, ctx.has_bias = group, sizes, save_gathered, bias is not None
+        # the gathered x (B, T, in) for dW, or only this rank's shard (t times less memory)
+        ctx.save_for_backward(x if save_gathered else x_shard, weight)
         return y  # (B, T, out/t), Sharded(-1)
 
     @staticmethod
     def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
+        saved, weight = ctx.saved_tensors
         dx = _matmul_reduce_scatter(ctx.group, grad, lambda g: g.matmul(weight), None)
-        g2, x2 = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
-        return None, None, None, dx, g2.t() @ x2, g2.sum(0) if ctx.has_bias else None
+        g2 = grad.reshape(-1, grad.shape[-1])
+        if ctx.save_gathered:
+            dw = g2.t() @ saved.reshape(-1, saved.shape[-1])  # one matmul, as autograd computes it
+        else:
+            dw = _regathered_weight_grad(ctx.group, saved, ctx.sizes, grad)
+        return None, None, None, None, dx, dw, g2.sum(0) if ctx.has_bias else None
 
 
 class LinearReduceScatter(torch.autograd.Function):
@@ -139,14 +171,17 @@ class LinearReduceScatter(torch.autograd.Function):
         return None, None, dx, dy2.t() @ x2
 
 
-def all_gather_linear(group, x_shard, weight, bias=None, sizes=None, steps=None):
+def all_gather_linear(group, x_shard, weight, bias=None, sizes=None, steps=None, save_gathered=True):
     """(B, T_r, in) Sharded(1) -> (B, T, out/t) Sharded(-1): a ColumnParallelLinear's weight (out/t, in)
     and bias applied to the sequence gathered by the fused loop.
 
     sizes: every rank's T_r (array_split of T); None means equal shards. steps: an optional
     collective_matmul.Steps recording the forward loop's matmuls, sends and waits.
+    save_gathered: keep the gathered x for dW (True), or only the shard, gathering x again in
+    backward fused with dW's matmuls (False: t times less memory, one more all-gather, dW equal
+    within the tolerance policy), as sequence_parallel.nn's save_gathered.
     """
-    return AllGatherLinear.apply(check_group(group), sizes, steps, x_shard, weight, bias)
+    return AllGatherLinear.apply(check_group(group), sizes, steps, save_gathered, x_shard, weight, bias)
 
 
 def linear_reduce_scatter(group, x_local, weight, bias=None, steps=None):
