@@ -8,7 +8,7 @@ The measured numbers come from two files in lessons/measurements/:
                                mpiexec and torchrun, 2, 3 and 4 ranks)
     overlap.json               torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench overlap
                                --json lessons/measurements/overlap.json (the backward overlap and
-                               the collective matmul; /work/notes/quiet/15.sh re-measures it)
+                               the collective matmul)
 """
 from pathlib import Path
 
