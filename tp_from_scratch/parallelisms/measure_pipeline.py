@@ -1,6 +1,7 @@
 """Measure the pipeline bubble and the activations in flight on real processes.
 
-    torchrun --nproc-per-node 2 -m tp_from_scratch.parallelisms.measure_pipeline --out lessons/measurements/pipeline_p2.json
+    torchrun --nproc-per-node 2 -m tp_from_scratch.parallelisms.measure_pipeline \
+        --out lessons/measurements/pipeline_bubble.json
     mpiexec -n 4 python -m tp_from_scratch.parallelisms.measure_pipeline --out pipeline_p4.json
 
 One process per stage (pp = world size, no TP), a GPT large enough that compute outweighs the
