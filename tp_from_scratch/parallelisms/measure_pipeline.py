@@ -1,7 +1,6 @@
 """Measure the pipeline bubble and the activations in flight on real processes.
 
-    torchrun --nproc-per-node 2 -m tp_from_scratch.parallelisms.measure_pipeline \
-        --out lessons/measurements/pipeline_bubble.json
+    torchrun --nproc-per-node 2 -m tp_from_scratch.parallelisms.measure_pipeline --out pipeline_bubble.json
     mpiexec -n 4 python -m tp_from_scratch.parallelisms.measure_pipeline --out pipeline_p4.json
 
 One process per stage (pp = world size, no TP), a GPT large enough that compute outweighs the
@@ -10,8 +9,9 @@ ones; per step every action is timed with perf_counter (one clock for the proces
 machine), and stage 0 gathers the timelines. Reported per (schedule, m), medians over the
 steps: the bubble fraction (idle share between the first start and the last end) next to
 (p-1)/(m+p-1), the idle time per stage, the step time, and per stage the most micro-batches
-with live saved activations and their bytes. Needs a quiet machine: a busy core makes a
-stage slow, and the others then wait for it (more bubble than the schedule's).
+with live saved activations and their bytes. Lesson 11 reads the 2-stage run from
+lessons/measurements/pipeline_bubble.json. Needs a quiet machine: a busy core makes a stage
+slow, and the others then wait for it (more bubble than the schedule's).
 """
 import argparse
 import json
