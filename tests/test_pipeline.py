@@ -99,6 +99,14 @@ def test_pipelined_training_equals_one_device(reference, schedule, p, m):
             assert r.peak_activation_bytes == r.peak_in_flight * r.activation_bytes[0]
 
 
+def test_untied_head_and_rotary_positions_llama_style():
+    # no wpe on the first stage, an lm_head of its own on the last: nothing to sum between them
+    config = GPTConfig(**{**check.CONFIG, "arch": "llama"})
+    batches = check.global_batches(2, config)
+    expected = check.single_device_training(config, batches)
+    run_spmd(check.check_pipeline_training, 3, expected, batches, 2, "1f1b", config=config)
+
+
 def test_a_batch_smaller_than_the_micro_batch_count_is_refused():
     config = GPTConfig(**check.CONFIG)
     idx = torch.zeros(2, config.seq_len, dtype=torch.int64)

@@ -59,13 +59,14 @@ def single_device_training(config, batches, lr=LR):
     return steps, dict(model.named_parameters())
 
 
-def check_pipeline_training(comm, reference, batches, n_micro, schedule, tp_group=None, lr=LR):
+def check_pipeline_training(comm, reference, batches, n_micro, schedule, tp_group=None, lr=LR, config=None):
     """Train this rank's stage on ``batches`` and assert it equals ``reference`` at every step.
 
     comm: the pipeline communicator (one rank per stage); tp_group: the stage's TP group
-    (None: no TP). Returns the last step's StepResult.
+    (None: no TP); config: the GPTConfig ``reference`` was trained with (default CONFIG).
+    Returns the last step's StepResult.
     """
-    config = GPTConfig(**CONFIG)
+    config = config or GPTConfig(**CONFIG)
     model = new_model(config)
     tp, tp_rank = 1, 0
     if tp_group is not None:
