@@ -74,7 +74,7 @@ def test_sizes_below_one_are_refused(p, m):
 
 def test_blocks_split_as_numpy_array_split():
     assert [list(stage_layers(5, s, 2)) for s in range(2)] == [[0, 1, 2], [3, 4]]
-    assert [list(stage_layers(2, s, 3)) for s in range(3)] == [[0], [1], []]  # a stage may hold none
+    assert [list(stage_layers(7, s, 3)) for s in range(3)] == [[0, 1, 2], [3, 4], [5, 6]]
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +115,12 @@ def test_a_batch_smaller_than_the_micro_batch_count_is_refused():
         forward_backward(PipelineStage(comm, check.new_model(config)), idx, idx, 3)
     with pytest.raises(Exception, match="a batch of 2 sequences cannot be split into 3 micro-batches"):
         run_spmd(rank, 2)
+
+
+def test_more_stages_than_blocks_are_refused():
+    config = GPTConfig(**{**check.CONFIG, "n_layers": 2})
+    with pytest.raises(Exception, match="2 blocks cannot fill 3 pipeline stages"):
+        run_spmd(lambda comm: PipelineStage(comm, check.new_model(config)), 3)
 
 
 def test_only_a_gpt_is_split_into_stages():

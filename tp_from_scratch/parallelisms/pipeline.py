@@ -62,6 +62,9 @@ class PipelineStage(nn.Module):
                             f"got {type(model).__name__} (its forward is not the blocks' in order)")
         self.comm, self.config = comm, model.config
         self.stage, self.n_stages = comm.rank, comm.world_size
+        if self.config.n_layers < self.n_stages:  # a middle stage would hold nothing to train
+            raise ValueError(f"rank {comm.rank}: {self.config.n_layers} blocks cannot fill "
+                             f"{self.n_stages} pipeline stages (every stage needs at least one block)")
         self.is_first, self.is_last = self.stage == 0, self.stage == self.n_stages - 1
         self.group = None if isinstance(model, GPT) else model.group  # TP group inside the stage
         self.layers = stage_layers(self.config.n_layers, self.stage, self.n_stages)
