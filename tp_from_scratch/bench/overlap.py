@@ -41,7 +41,6 @@ from tp_from_scratch import collectives
 from tp_from_scratch.bench.common import write_report
 from tp_from_scratch.comm import spmd_main
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.overlap.check import destroy_process_group_at_exit
 from tp_from_scratch.overlap.collective_matmul import Steps
 from tp_from_scratch.overlap.collective_matmul_nn import all_gather_linear, linear_reduce_scatter
 from tp_from_scratch.overlap.linear import AsyncColumnParallelLinear, Timeline
@@ -212,7 +211,7 @@ def parse_args(argv=None):
 def main(argv=None):
     torch.set_num_threads(1)  # one core per rank: the BLAS must not take the other rank's core
     args = parse_args(argv)
-    spmd_main(lambda comm: (destroy_process_group_at_exit(), run(comm, args)))
+    spmd_main(lambda comm: run(comm, args))
 
 
 if __name__ == "__main__":

@@ -52,6 +52,13 @@ def _finish(comm):
     comm.close()
     comm.timeout = 2 * comm.timeout
     comm.barrier()
+    if launcher_from_env() == "torchrun":
+        # tear gloo down while the interpreter is whole: left to finalization, gloo's threads
+        # may drop their last Work while Python is torn down, a known way to end in SIGABRT
+        # (pytorch/pytorch PR #179291). spmd_main's scripts end here, so nothing needs it after.
+        import torch.distributed as dist
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def spmd_main(fn):

@@ -23,6 +23,14 @@ DTYPES = [np.dtype(t) for t in ("float64", "float32", "float16", "int64", "int32
                                 "int8", "uint8", "bool", "complex64", "complex128")]
 MAX_DIMS = 8
 HEADER = 2 + MAX_DIMS  # (ndim, dtype code, d0 .. d7)
+# A message's header travels on wire tag WIRE_TAGS + 2*tag, its payload on WIRE_TAGS + 2*tag + 1.
+# The offset keeps our tags clear of the ones gloo draws from its collective counter for its
+# own point-to-point messages (monitored_barrier), which start at 0.
+WIRE_TAGS = 1 << 20
+
+
+def _wire_tag(tag, payload):
+    return WIRE_TAGS + 2 * tag + int(payload)
 
 
 def init_process_group_from_env(device=None, timeout=None):
@@ -75,13 +83,13 @@ class TorchComm(Comm):
             head = torch.zeros(HEADER, dtype=torch.int64)
             head[0], head[1] = array.ndim, DTYPES.index(array.dtype)
             head[2:2 + array.ndim] = torch.tensor(array.shape, dtype=torch.int64)
-            tensors.append((head.to(self.device), 2 * tag))
+            tensors.append((head.to(self.device), _wire_tag(tag, payload=False)))
         # a plain send copies: the caller may overwrite its array once send returns. Inside
         # a collective the buffers stay untouched until _collective_done waits for the sends.
         inside = self.meter.current is not None and tag == TAG_DATA
         if array.size:
             data = np.ascontiguousarray(array) if inside else np.array(array, copy=True, order="C")
-            tensors.append((torch.from_numpy(data).to(self.device), 2 * tag + 1))
+            tensors.append((torch.from_numpy(data).to(self.device), _wire_tag(tag, payload=True)))
         for tensor, channel in tensors:
             self._pending.append((dist.isend(tensor, self._peer(dst), self.group, tag=channel), tensor))
         self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
@@ -90,7 +98,7 @@ class TorchComm(Comm):
         what = f"a message from rank {src}"
         if header:
             head = torch.empty(HEADER, dtype=torch.int64, device=self.device)
-            self._wait(dist.irecv(head, self._peer(src), self.group, tag=2 * tag), what, src)
+            self._wait(dist.irecv(head, self._peer(src), self.group, tag=_wire_tag(tag, payload=False)), what, src)
             head = head.cpu().tolist()
             ndim, dtype = head[0], DTYPES[head[1]]
             shape = tuple(head[2:2 + ndim])
@@ -102,7 +110,7 @@ class TorchComm(Comm):
         direct = out is not None and out.flags.c_contiguous and self.device.type == "cpu"
         data = torch.from_numpy(out if direct else np.empty(shape, dtype=dtype)).to(self.device)
         if data.numel():
-            self._wait(dist.irecv(data, self._peer(src), self.group, tag=2 * tag + 1), what, src)
+            self._wait(dist.irecv(data, self._peer(src), self.group, tag=_wire_tag(tag, payload=True)), what, src)
         if direct:
             return out
         if out is not None:
@@ -116,7 +124,7 @@ class TorchComm(Comm):
         data = torch.from_numpy(out if direct else np.empty(out.shape, out.dtype)).to(self.device)
         if not data.numel():  # an empty payload is never sent (see _raw_send)
             return (lambda: True), (lambda: None)
-        work = dist.irecv(data, self._peer(src), self.group, tag=2 * tag + 1)
+        work = dist.irecv(data, self._peer(src), self.group, tag=_wire_tag(tag, payload=True))
 
         def finish():
             if not direct:

@@ -105,26 +105,8 @@ def run_checks(comm, with_torch=False):
     return n
 
 
-def destroy_process_group_at_exit():
-    """Under torchrun, destroy the default process group when the script ends, while the
-    interpreter is still whole (an atexit handler runs after spmd_main's final barrier).
-
-    Left to interpreter finalization, gloo's threads may still drop the last reference to a
-    Work and its tensors while Python is being torn down, a known way for a gloo process to
-    end in SIGABRT (pytorch/pytorch PR #179291 proposed this very handler for every script).
-    The scripts of Lessons 6-9 call dist.destroy_process_group() for the same reason.
-    """
-    import atexit
-
-    import torch.distributed as dist
-    if dist.is_initialized():
-        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
-
-
 def main(comm):
     torchrun = type(comm).__name__ == "TorchComm"
-    if torchrun:
-        destroy_process_group_at_exit()
     n = run_checks(comm, with_torch=torchrun)
     also = ", with the layer on it and on the native process group" if torchrun else \
         "; the torch layer is checked under torchrun"
