@@ -452,15 +452,24 @@ def report(args, mesh, group, counter, first, losses, ref_losses, bad, elapsed):
         print(f"checkpoint: {args.save} (step {args.steps}, tp={mesh.tp})")
 
 
-def main(argv=None):
-    parser = build_parser()
+def parse_valid_args(parser, validate_fn, argv=None, world=None):
+    """Parse the command line and check it with ``validate_fn(args, world)`` (a message or None).
+
+    On a problem, rank 0 prints the usage and the message and every rank exits with status 2
+    (so a bad flag stops a torchrun job once, not once per rank). Later lessons' trainers use it.
+    """
     args = parser.parse_args(argv)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    problem = validate(args, world)
+    world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
+    problem = validate_fn(args, world)
     if problem:
         if int(os.environ.get("RANK", "0")) == 0:
             parser.error(problem)  # prints usage and the message, exits with status 2
         sys.exit(2)
+    return args
+
+
+def main(argv=None):
+    args = parse_valid_args(build_parser(), validate, argv)
     config = config_from_args(args)
     mesh = setup_mesh(args.tp, args.device, args.timeout, dtensor=args.impl == "dtensor")
     run_and_exit(run, args, config, mesh)

@@ -28,7 +28,6 @@ only builds the model and optimizer for the mesh and supplies the step.
 """
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -232,14 +231,8 @@ def run(args, config, mesh):
 
 
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = train.parse_valid_args(build_parser(), validate, argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    problem = validate(args, world)
-    if problem:
-        if int(os.environ.get("RANK", "0")) == 0:
-            parser.error(problem)  # prints usage and the message, exits with status 2
-        sys.exit(2)
     dp, pp, tp = degrees(args, world)
     mesh = setup_mesh3d(dp, pp, tp, args.device, args.timeout)
     train.run_and_exit(run, args, train.config_from_args(args), mesh)

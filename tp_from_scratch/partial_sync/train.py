@@ -238,13 +238,10 @@ def simulated_main(args, argv):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
     launched = "WORLD_SIZE" in os.environ
-    problem = validate(args, int(os.environ.get("WORLD_SIZE", args.tp)))
-    if problem:
-        if int(os.environ.get("RANK", "0")) == 0:
-            parser.error(problem)
-        sys.exit(2)
+    # without a launcher the ranks are simulated: the world is --tp's
+    args = gpt_train.parse_valid_args(
+        parser, lambda a, world: validate(a, world if launched else a.tp), argv)
     if not launched:
         if args.save or args.load or args.compare_single:
             parser.error("--save, --load and --compare-single need torchrun")

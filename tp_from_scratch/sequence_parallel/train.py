@@ -20,8 +20,6 @@ the TP model in SequenceParallelGPT (same modules, same state dict, so checkpoin
 freely between the two trainers and any tp); --impl dtensor applies PyTorch's plan
 (sequence_parallel/dtensor_plan.py; arch gpt, no --save / --load, as in Lesson 6).
 """
-import os
-import sys
 
 from tp_from_scratch.gpt import train
 from tp_from_scratch.gpt.mesh import setup_mesh
@@ -64,13 +62,7 @@ def run(args, config, mesh):
 
 
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    problem = validate(args, int(os.environ.get("WORLD_SIZE", "1")))
-    if problem:
-        if int(os.environ.get("RANK", "0")) == 0:
-            parser.error(problem)  # prints usage and the message, exits with status 2
-        sys.exit(2)
+    args = train.parse_valid_args(build_parser(), validate, argv)
     mesh = setup_mesh(args.tp, args.device, args.timeout, dtensor=args.impl == "dtensor")
     train.run_and_exit(run, args, train.config_from_args(args), mesh)
 
