@@ -20,6 +20,8 @@ from tp_from_scratch.gpt import train
     (["--tp", "2", "--vocab-size", "1"], 2, "tp=2 is larger than vocab size 1"),
     (["--hidden", "30", "--heads", "4"], 1, "hidden size 30 is not divisible by n_heads 4"),
     (["--impl", "dtensor", "--save", "x"], 1, "--save and --load work with --impl scratch only"),
+    (["--impl", "dtensor", "--tp", "4", "--kv-heads", "2"], 4,
+     "--impl dtensor needs --kv-heads divisible by --tp (got 2 and 4)"),
 ])
 def test_bad_arguments_are_refused_with_a_clear_message(monkeypatch, capsys, argv, world, message):
     monkeypatch.setenv("WORLD_SIZE", str(world))
@@ -57,3 +59,29 @@ def test_loading_a_checkpoint_of_another_model_fails_clearly(tmp_path):
     assert out.returncode == 1, out.stdout
     assert "rank 0: error: checkpoint" in out.stdout
     assert "different model config: hidden=64 in the checkpoint, 32 in this run" in out.stdout
+
+
+def test_a_dtensor_parameter_counts_its_local_shard():
+    """count_parameters counts what this rank holds, not the global shape a DTensor describes:
+    a parameter claiming a (6, 4) global shape while this rank holds (3, 4) counts 12."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    from tp_from_scratch.comm.launchers import free_port
+    from tp_from_scratch.gpt.model import count_parameters
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        local = torch.zeros(3, 4, dtype=torch.float64)
+        shard = DTensor.from_local(local, init_device_mesh("cpu", (1,)), [Shard(0)], run_check=False,
+                                   shape=torch.Size((6, 4)), stride=(4, 1))
+        layer = torch.nn.Module()
+        layer.weight = torch.nn.Parameter(shard)
+        assert layer.weight.numel() == 24  # the global shape
+        assert count_parameters(layer) == (12, 96)
+    finally:
+        dist.destroy_process_group()

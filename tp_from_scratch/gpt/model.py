@@ -573,6 +573,7 @@ def tp_to_gpt(tp_model):
 
 
 def count_parameters(model):
-    """Number of parameter elements and their bytes in ``model`` (a rank counts only its shard)."""
-    params = list(model.parameters())
+    """Number of parameter elements and their bytes in ``model`` (a rank counts only its shard:
+    a DTensor parameter counts its local tensor, not the global shape it describes)."""
+    params = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
     return sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params)

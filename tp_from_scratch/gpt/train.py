@@ -125,6 +125,10 @@ def validate(args, world_size):
         return f"--save-every must be 0 or more, got {args.save_every}"
     if args.impl == "dtensor" and (args.save or args.load):
         return "--save and --load work with --impl scratch only"
+    if args.impl == "dtensor" and args.kv_heads is not None and args.kv_heads % args.tp != 0:
+        return (f"--impl dtensor needs --kv-heads divisible by --tp (got {args.kv_heads} and "
+                f"{args.tp}): ColwiseParallel would cut a key/value head across ranks, where "
+                f"--impl scratch replicates each KV head on the ranks that share it")
     if args.device == "cuda" and not torch.cuda.is_available():
         return "--device cuda was asked for, but torch sees no CUDA device"
     try:
