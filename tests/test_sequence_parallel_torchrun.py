@@ -51,6 +51,9 @@ def test_pytorch_sequence_parallel_plan_equals_single_device_and_counts_its_coll
     assert result.returncode == 0, result.stdout[-3000:]
     line = next(l for l in result.stdout.splitlines() if "largest |loss - single-device loss|" in l)
     assert float(line.rsplit(" ", 1)[1]) <= 1e-12, line  # float64: near-bitwise
+    # the same plan with the vocabulary sharded like ours and the loss under loss_parallel
+    line = next(l for l in result.stdout.splitlines() if "loss_parallel, tp=2: largest" in l)
+    assert float(line.rsplit(" ", 1)[1]) <= 1e-12, line
     counts = json.loads(out.read_text())
     layers = counts["config"]["layers"]
     # ours: per block 2 all-gathers (q/k/v share one) + 2 reduce-scatters forward, one more

@@ -8,7 +8,7 @@
     blocks.{L-1}             PrepareModuleOutput  Shard(1) -> Replicate: leave the region (all-gather)
 
 The embeddings, the final LayerNorm and the LM head stay replicated (ours shards the
-vocabulary). Run it against one device, and count its collectives with torch's CommDebugMode
+vocabulary), or with vocab_parallel=True are sharded as ours are, the loss under loss_parallel. Run it against one device, and count its collectives with torch's CommDebugMode
 next to ours (gpt.traffic.CollectiveCounter), with
     torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.dtensor_plan \
         [--write lessons/measurements/sp_collectives.json]
@@ -50,24 +50,35 @@ def sp_plan(n_layers):
     return plan
 
 
-def parallelize_gpt_sp(gpt, tp_mesh):
-    """Shard a single-device GPT (the same weights on every rank) over a 1-D DeviceMesh, in place."""
+def parallelize_gpt_sp(gpt, tp_mesh, vocab_parallel=False):
+    """Shard a single-device GPT (the same weights on every rank) over a 1-D DeviceMesh, in place.
+
+    vocab_parallel: also shard the embedding and the LM head by vocabulary as ours does (Lesson
+    9's gpt.dtensor_plan.vocab_plan entries for wte, ln_f and lm_head); forward and backward
+    must then run inside gpt.dtensor_plan.loss_context(True) (loss_parallel).
+    """
     if gpt.config.arch != "gpt":
         raise ValueError(f"the DTensor sequence-parallel plan covers arch 'gpt', not {gpt.config.arch!r}")
-    return parallelize_module(gpt, tp_mesh, sp_plan(gpt.config.n_layers))
+    plan = sp_plan(gpt.config.n_layers)
+    if vocab_parallel:
+        from tp_from_scratch.gpt.dtensor_plan import vocab_plan
+        plan.update({name: style for name, style in vocab_plan(gpt.config).items()
+                     if name in ("wte", "ln_f", "lm_head")})
+    return parallelize_module(gpt, tp_mesh, plan)
 
 
-def compare_with_single_device(mesh, steps=5, seed=0):
+def compare_with_single_device(mesh, steps=5, seed=0, vocab_parallel=False):
     """Train the DTensor SP GPT and the single-device GPT side by side (float64, the trainer's
     default GPT and batches); return the largest |loss difference| over ``steps`` steps."""
     import copy
 
     from tp_from_scratch.gpt.data import global_batch
+    from tp_from_scratch.gpt.dtensor_plan import loss_context
     from tp_from_scratch.gpt.model import GPTConfig, init_gpt
 
     config = GPTConfig()
     single = init_gpt(config, seed, torch.float64)
-    parallel = parallelize_gpt_sp(copy.deepcopy(single), mesh)
+    parallel = parallelize_gpt_sp(copy.deepcopy(single), mesh, vocab_parallel)
     optimizers = [torch.optim.AdamW(m.parameters(), lr=3e-3) for m in (single, parallel)]
     worst = 0.0
     for step in range(steps):
@@ -75,10 +86,11 @@ def compare_with_single_device(mesh, steps=5, seed=0):
         losses = []
         for model, optimizer in zip((single, parallel), optimizers):
             optimizer.zero_grad()
-            _, loss = model(x, y)
-            loss.backward()
+            with loss_context(vocab_parallel and model is parallel):
+                _, loss = model(x, y)
+                loss.backward()
             optimizer.step()
-            losses.append(loss.item())
+            losses.append(loss.full_tensor().item() if hasattr(loss, "full_tensor") else loss.item())
         worst = max(worst, abs(losses[0] - losses[1]))
     return worst
 
@@ -163,10 +175,13 @@ def main(argv=None):
     try:
         tp_mesh = mesh.device_mesh["tp"]
         worst = compare_with_single_device(tp_mesh)
+        worst_vocab = compare_with_single_device(tp_mesh, vocab_parallel=True)
         counts = count_collectives(tp_mesh)
         if mesh.rank == 0:
             print(f"DTensor sequence parallel, tp={mesh.tp}: largest |loss - single-device loss| over 5 "
                   f"float64 steps {worst:.1e}")
+            print(f"DTensor sequence parallel + vocabulary-sharded head and loss_parallel, tp={mesh.tp}: "
+                  f"largest |loss - single-device loss| over 5 float64 steps {worst_vocab:.1e}")
             for direction in ("forward", "backward"):
                 for who in ("ours", "dtensor"):
                     print(f"collectives in one {direction}, {who:<7}: {counts[who][direction]}")
