@@ -25,7 +25,8 @@ test accuracy 98.6% (one device), 98.1% (t = 2), 98.3% (t = 4), float32. One-pix
 as augmentation made it worse (93.3% at one device), so there are none.
 
 Long runs: every step's loss equals one device's within the tolerance until roundoff, amplified
-by training, outgrows it (``--drift``, t = 2: steps 0-119 in float32, 0-249 in float64). A
+by training, outgrows it (``--drift``, t = 2: steps 0-119 in float32, 0-249 in float64; under
+torchrun with ``--compare-single``, float32: 0-119 at t = 2, 0-99 at t = 4). A
 single-device run whose initial weights are moved by one ulp parts from the reference the same
 way (at steps 159 and 274), its weight differences growing at the same rate (float64: tenfold
 every 40-100 steps for both), so this is not TP computing something else. Each step multiplies
