@@ -3,11 +3,11 @@
     .venv/bin/python lessons/src/11_parallelisms.py
     .venv/bin/jupyter nbconvert --to notebook --execute --inplace lessons/11_parallelisms.ipynb
 
-Section 5 (the pipeline) is the pipeline engineer's (their proposal: /work/notes/lesson11_pipeline_section.md);
-its measured bubble reads lessons/measurements/pipeline_bubble.json (measure_pipeline, their quiet script).
+Section 5 (the pipeline) reads its measured bubble from lessons/measurements/pipeline_bubble.json
+(parallelisms.measure_pipeline; lessons/measurements/remeasure/11_pipeline_bubble.sh).
 The measured table comes from lessons/measurements/parallelisms.json, written by
     python -m tp_from_scratch.bench parallelisms --json lessons/measurements/parallelisms.json
-(one torchrun launch of 4 processes, every strategy in turn; /work/notes/quiet/17.sh re-measures it).
+(one torchrun launch of 4 processes, every strategy in turn; lessons/measurements/remeasure/11_parallelisms.sh).
 Everything else runs live in a few seconds: ZeRO on simulated ranks, the cost model, the pictures.
 """
 from pathlib import Path
@@ -152,7 +152,6 @@ in the forward and again in the backward: 1.5x DDP's traffic. That is the answer
 FSDP?": often, do use it; it shards what DDP duplicates. What it does not shrink are the
 **activations** of a layer (each rank still runs whole layers on its own batch) and the
 **time** of one step of one sequence: those need TP (or sequence/context parallelism)."""),
-    # section 5 is the pipeline engineer's (/work/notes/lesson11_pipeline_section.md, cells A-I)
     new_markdown_cell(r"""## 5. Pipeline parallelism
 
 A pipeline cuts the network **by depth**: stage s of p holds a run of consecutive blocks
@@ -212,9 +211,12 @@ for name, make in (("GPipe", gpipe), ("1F1B", one_f_one_b)):
     new_markdown_cell(r"""Measured on real processes (`torchrun --nproc-per-node 2 -m tp_from_scratch.parallelisms.measure_pipeline`:
 2 stages of 4 blocks, H=256, batch 16 x 64 tokens, float32, one process per core). Each
 action is timed on each stage; the bubble is the idle share between the first start and the
-last end. Measured on a quiet machine it follows the formula, a little above it: a stage's
-backward is not exactly twice its forward, the last stage also computes the head and loss,
-and every message costs a copy through gloo."""),
+last end. Measured on a quiet machine, it follows the formula at m = 1 (0.50) and m = 4 (about
+0.25 against 0.20) but stays near 0.2 at m = 8, where the formula says 0.11: the stages are not
+equally long (the last one also computes the LM head and the loss), a backward is not exactly
+twice a forward, and every message is a copy through gloo that takes the sender's own core, a
+cost paid per micro-batch that the formula leaves out. The counts of micro-batches in flight and
+their bytes are exact: GPipe holds all m, 1F1B at most p - s."""),
     new_code_cell("""PIPE = json.loads((REPO / "lessons/measurements/pipeline_bubble.json").read_text())
 print(f"{'schedule':8} {'m':>2} {'bubble':>7} {'(p-1)/(m+p-1)':>14}  in flight per stage  saved activations per stage (MiB)")
 for r in PIPE:
