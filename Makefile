@@ -8,7 +8,7 @@ export PYTHONPATH := $(CURDIR)
 # one BLAS thread per process: ranks run oversubscribed on a laptop's few cores
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test grade lessons doctor bench clean help
+.PHONY: demo test grade lessons doctor bench measurements clean help
 
 help:
 	@echo "make demo     run the main job (sets up .venv on first use)"
@@ -17,6 +17,7 @@ help:
 	@echo "make lessons  re-execute every notebook in place (outputs are committed)"
 	@echo "make doctor   check Python, numpy, torch, gloo, MPI and jupyter"
 	@echo "make bench    from-scratch vs native all-reduce and one ring step, under mpiexec and torchrun (RANKS=2)"
+	@echo "make measurements  re-measure the figures the lessons read (lessons/measurements/); on a quiet machine"
 
 $(STAMP): requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed; set PYTHON=python3.x")'
@@ -64,6 +65,11 @@ bench: $(STAMP)
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(RANKS) -m tp_from_scratch.bench $(BENCH_ALL_REDUCE) --json runs/bench/all_reduce_torch$(RANKS).json
 	$(VENV)/bin/mpiexec -n $(RANKS) $(PY) -m tp_from_scratch.bench p2p --json runs/bench/p2p_mpi$(RANKS).json
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(RANKS) -m tp_from_scratch.bench p2p --json runs/bench/p2p_torch$(RANKS).json
+
+# The timed figures Lessons 6-11 read from lessons/measurements/ (one script per lesson in
+# lessons/measurements/remeasure/; about 5 minutes on 2 quiet cores). Then `make lessons`.
+measurements: $(STAMP)
+	for s in lessons/measurements/remeasure/*.sh; do echo "== $$s"; bash $$s || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis runs
