@@ -377,6 +377,7 @@ def train_loop(args, config, mesh, model, optimizer, first, reference, counter, 
     bar = tqdm(total=args.steps - first, disable=not is_main or quiet, desc="training",
                unit="step", file=sys.stdout, dynamic_ncols=False, ncols=80)
     losses, ref_losses, bad = [], [], 0
+    parted = False  # past --equal-steps, once a step differs the two runs are apart for good
     try:
         for step in range(first, args.steps):
             x, y = local_batch(step, args.batch_size, config.seq_len, config.vocab_size, args.seed,
@@ -389,7 +390,8 @@ def train_loop(args, config, mesh, model, optimizer, first, reference, counter, 
             if reference is not None:
                 _, ref = next(reference)
                 ok, text = verdict(loss.cpu(), ref, step)
-                if not ok and step >= (getattr(args, "equal_steps", None) or args.steps):
+                if parted or (not ok and step >= (getattr(args, "equal_steps", None) or args.steps)):
+                    parted = True  # a later step that happens to fall within tolerance is not "equal"
                     text = "apart: roundoff amplified by training (past --equal-steps)"
                 bad += not ok
                 record.update(single_loss=ref.item(), abs_diff=abs(loss.item() - ref.item()), equal=ok)
@@ -444,8 +446,11 @@ def report(args, mesh, group, counter, first, losses, ref_losses, bad, elapsed):
         print(group.meter.table())
     if ref_losses:
         tol = TOLERANCE[args.dtype]
-        print(f"single-device comparison: {n - bad} of {n} steps equal "
-              f"(tolerance {tol:.0e} x max(1, |loss|), {args.dtype})")
+        if bad and getattr(args, "equal_steps", None):  # the line after the report says where they part
+            print(f"single-device comparison (tolerance {tol:.0e} x max(1, |loss|), {args.dtype}):")
+        else:
+            print(f"single-device comparison: {n - bad} of {n} steps equal "
+                  f"(tolerance {tol:.0e} x max(1, |loss|), {args.dtype})")
     if args.plot:
         from tp_from_scratch.plots import plot_loss_comparison
         label = f"dp={mesh.dp} x tp={mesh.tp} ({args.impl})"
