@@ -8,11 +8,12 @@ export PYTHONPATH := $(CURDIR)
 # one BLAS thread per process: ranks run oversubscribed on a laptop's few cores
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test grade lessons doctor bench measurements clean help
+.PHONY: demo test test-slow grade lessons doctor bench measurements clean help
 
 help:
 	@echo "make demo     run the main job (sets up .venv on first use)"
 	@echo "make test     run the whole suite: library tests, graders (reference), meta-tests, lessons"
+	@echo "make test-slow  what does not fit make test: tp=8 on 8 processes (minutes on 2 cores)"
 	@echo "make grade    grade YOUR exercises in exercises/ and print a summary (EX=ex03: one exercise)"
 	@echo "make lessons  re-execute every notebook in place (outputs are committed)"
 	@echo "make doctor   check Python, numpy, torch, gloo, MPI and jupyter"
@@ -46,6 +47,10 @@ test: $(STAMP)
 	TP_IMPL=reference $(PY) -m pytest exercises -q
 	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile
 	$(PY) -m pytest --nbmake lessons -q -n $(TEST_WORKERS)
+
+# What does not fit make test's time: t = 8 (Llama 3's TP degree) on 8 processes, minutes on 2 cores
+test-slow: $(STAMP)
+	TP_TEST_SLOW=1 $(PY) -m pytest tests/test_slow_tp8.py -q
 
 # make grade EX=ex03 grades one exercise; COLLECTIVES=mine runs Exercises 3-6 on your own ex02 ring
 grade: $(STAMP)

@@ -30,7 +30,6 @@ RUNS = {
     "tp4-f32": (4, ["--tp", "4", "--dtype", "float32"]),
     # the TP groups on the from-scratch ring (a TorchComm over each TP process group)
     "dp2tp2-f32": (4, ["--tp", "2", "--dtype", "float32", "--collectives", "scratch"]),
-    "tp2-f64": (2, ["--tp", "2", "--dtype", "float64"]),
     "tp4-f64": (4, ["--tp", "4", "--dtype", "float64", "--save", "{dir}/ckpt-tp4-f64"]),
     "dtensor-tp2-f32": (2, ["--tp", "2", "--dtype", "float32", "--impl", "dtensor"]),
 }
@@ -99,7 +98,7 @@ def assert_losses_match(losses, ref, what, dtype, first=0, exact=False):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", ["tp2-f32", "tp4-f32", "dp2tp2-f32", "tp2-f64", "tp4-f64"])
+@pytest.mark.parametrize("name", ["tp2-f32", "tp4-f32", "dp2tp2-f32", "tp4-f64"])  # float64 at tp=2: the two-node run
 def test_losses_equal_single_device(runs, name):
     # 50 steps at tp=2, tp=4 and dp=2 x tp=2, float32 and float64: every step's loss must
     # equal the single-device loss under the per-dtype tolerance (near-bitwise in float64)
