@@ -53,3 +53,17 @@ def test_split_matmul_figure_has_one_row_per_device():
     fig = draw_split_matmul("row", 3, shape=(2, 6, 3))
     assert len(fig.axes) == 3 * 5  # X @ W = Y per device
     plt.close(fig)
+
+
+def test_layouts_split_rows_for_the_sequence_and_columns_for_hidden(monkeypatch):
+    # draw_layouts (Lessons 3, 4 and 7): Sharded(seq) cuts rows, Sharded / Sharded(hidden) columns
+    from tp_from_scratch import plots
+    calls = []
+    monkeypatch.setattr(plots, "draw_matrix", lambda ax, shape, axis, t, **kw: calls.append(axis))
+    monkeypatch.setattr(plots.plt, "show", lambda: None)
+    plots.draw_layouts([("x", "Sharded(seq)", "g", (4, 3)), ("h", "Sharded(hidden)", "", (4, 3)),
+                        ("p", "Partial", "", (4, 3)), ("w", "Sharded", "", (4, 3))], t=2)
+    assert calls == [0, 0, 1, 1, None, None, 1, 1]  # one call per rank and step
+    with pytest.raises(ValueError, match=r"unknown layout\(s\) \['Sharded\(rows\)'\]"):
+        plots.draw_layouts([("x", "Sharded(rows)", "", (4, 3))], t=2)
+    plt.close("all")

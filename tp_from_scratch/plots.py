@@ -245,21 +245,28 @@ def step_timeline(ax, rows, *, title=None):
 # Lessons 3-4: where each tensor of a layer lives
 # ---------------------------------------------------------------------------------------
 
+# the axis a layout splits, in a (rows, cols) picture: None for a whole tensor per rank
+LAYOUT_AXIS = {"Replicated": None, "Partial": None, "Sharded": 1, "Sharded(hidden)": 1, "Sharded(seq)": 0}
+
+
 def draw_layouts(steps, t, title=None):
     """Where each tensor lives: one column per step, one row per rank (device colours of tp_from_scratch.plots).
 
-    steps: list of (label, layout, arrow, (rows, cols)) with layout "Replicated", "Sharded"
-    (a block of columns per rank) or "Partial" (a full-size partial sum per rank, hatched);
-    arrow: the operation into the next step.
+    steps: list of (label, layout, arrow, (rows, cols)) with layout "Replicated", "Sharded" or
+    "Sharded(hidden)" (a block of columns per rank), "Sharded(seq)" (a block of rows per rank:
+    Lesson 7) or "Partial" (a full-size partial sum per rank, hatched); arrow: the operation
+    into the next step.
     """
+    unknown = {layout for _, layout, _, _ in steps} - set(LAYOUT_AXIS)
+    if unknown:
+        raise ValueError(f"unknown layout(s) {sorted(unknown)}: use one of {sorted(LAYOUT_AXIS)}")
     widths = [shape[1] for *_, shape in steps]
     fig, axes = plt.subplots(t, len(steps), figsize=(1.7 * len(steps) + 0.12 * sum(widths), 0.9 * t + 1.3),
                              gridspec_kw={"width_ratios": widths, "wspace": 0.9}, squeeze=False)
     for col, (label, layout, arrow, shape) in enumerate(steps):
         for rank in range(t):
             ax = axes[rank][col]
-            draw_matrix(ax, shape, 1 if layout == "Sharded" else None, t, rank=rank,
-                        partial=layout == "Partial")
+            draw_matrix(ax, shape, LAYOUT_AXIS[layout], t, rank=rank, partial=layout == "Partial")
             ax.set_title(label if rank == 0 else "", fontsize=9)
             if col == 0:
                 ax.text(-0.15, 0.5, f"rank {rank}", transform=ax.transAxes, ha="right", va="center", fontsize=9)
