@@ -10,6 +10,7 @@ import re
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from tp_from_scratch.comm import run_spmd
@@ -188,3 +189,65 @@ def test_dp2_tp2_trainer_reports_the_predicted_bytes():
     ring = {r[0]: r for r in table_rows(out.stdout, "collective  calls")}
     assert int(ring["all_reduce"][1]) == STEPS * sum(r["calls"] for r in tp)
     assert int(ring["all_reduce"][3]) == STEPS * sum(r["ring_bytes"] for r in tp)
+
+
+# ---- element-wise work --------------------------------------------------------------------
+
+class _ElementsSeen(TorchDispatchMode):
+    """Adds up, per aten op, the elements of its first input: what the op goes over."""
+
+    def __init__(self):
+        super().__init__()
+        self.elements = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if args and isinstance(args[0], torch.Tensor):
+            name = str(func).split(".")[1]
+            if name == "neg" and args[0].dim() == 4:  # RoPE's rotate_half of (B, n, T, hs) heads
+                name = "neg of heads"
+            self.elements[name] = self.elements.get(name, 0) + args[0].numel()
+        return func(*args, **(kwargs or {}))
+
+
+def _forward_elements(config, t, batch):
+    """Each simulated TP rank's elements per aten op in one forward of the (TP) model."""
+    def one_rank(comm):
+        model = init_gpt(config, 0) if t == 1 else gpt_to_tp(comm, init_gpt(config, 0))
+        idx = torch.randint(0, config.vocab_size, (batch, config.seq_len), generator=torch.Generator().manual_seed(1))
+        with _ElementsSeen() as seen:
+            model(idx, idx)
+        return seen.elements
+    return run_spmd(one_rank, t)
+
+
+@pytest.mark.parametrize("arch, t, kv", [("gpt", 1, 2), ("gpt", 2, 4), ("gpt", 2, 2), ("llama", 1, 2), ("llama", 2, 2)])
+def test_elementwise_counts_equal_what_the_models_ops_go_over(arch, t, kv):
+    # each family's count against the aten ops one forward actually runs, on every rank:
+    # the norms (LayerNorm, or RMSNorm's square), the activation, the softmax, the strided copies
+    # (clone), the residual and bias adds (gpt: RoPE's adds are on q and k), and the loss's logits
+    config = GPTConfig(vocab_size=51, seq_len=8, n_layers=2, hidden=32, n_heads=4, n_kv_heads=kv, arch=arch)
+    for rank, seen in enumerate(_forward_elements(config, t, batch=3)):
+        predicted = plan.elementwise_elements(config, None, 3, t, rank)
+        norm, activation = ("rmsnorm", "swiglu") if arch == "llama" else ("layernorm", "gelu")
+        assert predicted[norm] == seen["pow" if arch == "llama" else "native_layer_norm"]
+        assert predicted[activation] == seen["silu" if arch == "llama" else "gelu"]
+        assert predicted["softmax"] == seen["_softmax"]
+        assert predicted["copy"] == seen["clone"]
+        assert predicted["cross_entropy"] == seen["_log_softmax" if t == 1 else "max"]
+        if arch == "gpt":
+            assert predicted["add"] == seen["add"]
+        else:  # x cos + rotate_half(x) sin negates one half of every rotated q and k
+            assert predicted["rope"] == 2 * seen["neg of heads"]
+
+
+def test_predicted_step_is_the_sum_of_its_parts_and_the_gpu_presets_price_bytes():
+    config = gpt2(768, 12, 12, vocab=50257)
+    profile = plan.load_profile("h100-nvlink")
+    p = plan.predict_step(config, profile, 2, 8, itemsize=2, arch="gpt2")
+    assert p["step_s"] == pytest.approx(p["compute_s"] + p["elementwise_s"] + p["communication_s"] + p["overhead_s"])
+    elements = plan.elementwise_elements(config, "gpt2", 8, 2)
+    moved = sum(n * plan.ELEMENTWISE_PASSES[op] * (4 if op == "adamw" else 2) for op, n in elements.items())
+    assert p["elementwise_s"] == pytest.approx(moved / 3.35e12)
+    # the replicated share does not shrink with t: the norms and residual adds are whole on every rank
+    assert plan.elementwise_elements(config, "gpt2", 8, 4)["layernorm"] == elements["layernorm"]
+    assert plan.elementwise_elements(config, "gpt2", 8, 4)["gelu"] * 2 == elements["gelu"]

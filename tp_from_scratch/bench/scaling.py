@@ -380,5 +380,6 @@ def print_breakdown(row, tp):
         print(f"  {name:<4} step {s['step_s'] * 1e3:8.1f}   {parts}")
     if "predicted" in row:
         p = row["predicted"]
-        print("  predicted: " + "   ".join(f"{k} compute {v['compute_s'] * 1e3:.1f} + comm "
-                                          f"{v['communication_s'] * 1e3:.1f}" for k, v in p.items()))
+        print("  predicted: " + "   ".join(f"{k} matmul {v['compute_s'] * 1e3:.1f} + element-wise "
+                                          f"{v['elementwise_s'] * 1e3:.1f} + comm {v['communication_s'] * 1e3:.1f}"
+                                          f" + overhead {v['overhead_s'] * 1e3:.1f}" for k, v in p.items()))

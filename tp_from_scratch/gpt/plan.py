@@ -5,7 +5,8 @@
         --vocab-size 51200 --seq-len 1024 --tp 8 --profile h100-nvlink
     # the run the trainer would make with the same flags, on this machine's measured profile
     python -m tp_from_scratch.gpt.plan --tp 2 --profile runs/profile.json
-    # measure this machine: matmul FLOP/s per process, alpha and beta of gloo's all-reduce
+    # measure this machine: matmul FLOP/s per process, seconds per element of each element-wise
+    # op, the per-step overhead, alpha and beta of gloo's all-reduce
     python -m tp_from_scratch.gpt.plan --calibrate            # writes runs/profile.json
 
 The model flags are the trainer's (tp_from_scratch.gpt.train), so you plan the run you launch.
@@ -19,7 +20,8 @@ size hs, F ffn, with t TP ranks, B sequences per DP rank:
 * memory per rank for each t: weights, gradients, AdamW state and activations;
 * the collectives our trainer makes per step, with the bytes each one sends per rank;
 * FLOPs per step (backward = 2x forward, so a step is 3x forward) and a predicted step time
-  compute / (FLOP/s) + sum over collectives of (messages * alpha + bytes * beta)
+  FLOPs / (matmul FLOP/s) + sum over element-wise ops of (elements * seconds per element)
+  + sum over collectives of (messages * alpha + bytes * beta)
   + a measured per-step overhead (fixed + per layer: Python, autograd, the optimizer's loop);
 * the TP degree at which one layer's communication takes longer than its compute.
 
@@ -37,16 +39,19 @@ ARCHS = ("gpt", "gpt2", "llama")
 
 # Link and chip presets: vendor-spec numbers (peak, not sustained), labelled as such.
 # alpha (latency per message) is not a vendor number: it is an assumption, said so.
+# The element-wise ops run at the memory's bandwidth (H100 SXM HBM3: 3.35 TB/s, vendor spec) on
+# 16-bit activations; they are unfused as in our code (a fused kernel moves fewer bytes).
+HBM3 = {"memory_bytes_per_s": 3.35e12, "elementwise_itemsize": 2}
 PRESETS = {
     "h100-nvlink": {
         "source": "vendor spec: H100 SXM dense BF16 989 TFLOP/s; NVLink 4 900 GB/s bidirectional "
                   "aggregate per GPU, taken as 450 GB/s per direction; alpha 5 us assumed",
-        "matmul_flops": {"1": 989e12},
+        "matmul_flops": {"1": 989e12}, **HBM3,
         "all_reduce": {"native": {"alpha_s": 5e-6, "beta_s_per_byte": 1 / 450e9}}},
     "h100-infiniband": {
         "source": "vendor spec: H100 SXM dense BF16 989 TFLOP/s; InfiniBand NDR 400 Gb/s = 50 GB/s "
                   "per direction per GPU (one NIC each); alpha 10 us assumed",
-        "matmul_flops": {"1": 989e12},
+        "matmul_flops": {"1": 989e12}, **HBM3,
         "all_reduce": {"native": {"alpha_s": 10e-6, "beta_s_per_byte": 1 / 50e9}}},
 }
 
@@ -302,6 +307,70 @@ def step_flops(config, arch, batch, t=1, rank=0):
     return 3 * forward_flops(config, arch, batch, t, rank)
 
 
+# ---------------------------------------------------------------------------------------
+# Element-wise work: what a FLOP count misses
+# ---------------------------------------------------------------------------------------
+
+# Reads + writes per element of each element-wise op, forward and backward together, unfused as
+# our code runs them (each op reads its inputs from memory and writes its output): what a GPU
+# profile's memory bandwidth turns into time. On this machine --calibrate times them instead.
+ELEMENTWISE_PASSES = {
+    "layernorm": 5,      # fwd: read x, write y; bwd: read x and dy, write dx
+    "rmsnorm": 5,
+    "gelu": 5,           # fwd: read x, write y; bwd: read x and dy, write dx
+    "swiglu": 8,         # per element of gate: fwd read gate, up, write h; bwd read gate, up, dh, write both
+    "rope": 10,          # x cos + rotate_half(x) sin: a concatenation, two products and a sum, and back
+    "softmax": 13,       # scale, mask, softmax: 2 passes each forward, 3 + 2 + 2 backward
+    "copy": 4,           # a strided copy (heads merged, KV heads repeated): read, write; back again
+    "add": 6,            # the residual add (read 2, write 1) and its gradients summed in backward
+    "cross_entropy": 5,  # max and log-sum-exp over the logits, then the gradient written
+    "adamw": 7,          # read weight, grad, m, v; write weight, m, v (fp32, per parameter)
+}
+
+
+def elementwise_elements(config, arch, batch, t=1, rank=0):
+    """{op: elements it goes over in one step (forward + backward) on TP rank ``rank``}.
+
+    N = batch * T tokens, L layers. Replicated, the same on every TP rank whatever t is:
+    the norms (2 per block and the final one, on (N, H)) and the residual adds (2 per block
+    and the position add; with t > 1 also the row layers' biases, added after the all-reduce).
+    TP does not split this work: it is the serial part of Amdahl's law, and what sequence
+    parallelism splits. Divided by t: the MLP's activation on (N, F/t), the scale, mask and
+    softmax of the (B, nh/t, T, T) scores, attention's four strided copies per block on
+    (N, nh/t * hs) (k and v repeated for their query heads, q's transposed view made
+    contiguous for q k^T, the heads merged), the rotary embedding of q and k, the
+    cross-entropy on (N, V/t) logits, and AdamW on the parameters the rank holds.
+    """
+    a = architecture(config, arch)
+    L, T, H = config.n_layers, config.seq_len, config.hidden
+    N, hs = batch * T, config.head_size
+    heads = shard_sizes(config.n_heads, t)[rank]
+    out = {a["norm"]: (2 * L + 1) * N * H,
+           "add": (2 * L + 1 + (2 * L if a["bias"] and t > 1 else 0)) * N * H,
+           ("swiglu" if a["mlp"] == "swiglu" else "gelu"): L * N * shard_sizes(config.ffn, t)[rank],
+           "softmax": L * batch * heads * T * T,
+           "copy": 4 * L * N * heads * hs,
+           "cross_entropy": N * shard_sizes(config.vocab_size, t)[rank],
+           "adamw": parameter_count(config, arch, t, rank)}
+    if a["position"] == "rope":
+        out["rope"] = L * N * (heads + max(1, config.n_kv_heads // t)) * hs
+    return out
+
+
+def elementwise_seconds(config, profile, t, batch, arch=None, threads=1):
+    """Seconds of one step's element-wise work on TP rank 0: elements x the profile's seconds per
+    element of each op (--calibrate), or x passes x bytes / memory bandwidth (a GPU preset);
+    0 for a profile that has neither."""
+    elements = elementwise_elements(config, arch, batch, t, 0)
+    measured = profile.get("elementwise_s_per_element", {}).get(str(threads))
+    if measured:
+        return sum(n * measured[op] for op, n in elements.items())
+    if "memory_bytes_per_s" in profile:  # AdamW's state is fp32 whatever the activations are
+        return sum(n * ELEMENTWISE_PASSES[op] * (4 if op == "adamw" else profile["elementwise_itemsize"])
+                   for op, n in elements.items()) / profile["memory_bytes_per_s"]
+    return 0.0
+
+
 def load_profile(name_or_path):
     """A preset name (PRESETS) or the path of a JSON profile written by ``--calibrate``."""
     if name_or_path in PRESETS:
@@ -326,7 +395,10 @@ def predict_step(config, profile, t, batch, dp=1, itemsize=4, arch=None, threads
     compute: this rank's FLOPs / the profile's matmul FLOP/s for ``threads`` BLAS threads (with
     t * dp > 1 processes, the rate of one process while the others multiply too, when the profile
     has it), stretched by processes / cores when more processes than cores share the machine.
+    elementwise: the norms, activations, softmax, adds, copies, loss and AdamW
+    (elementwise_seconds), stretched alike.
     communication: every all-reduce of the step, alpha-beta, not overlapped with compute.
+    overhead: the interpreter's and autograd's time per step (step_overhead), stretched alike.
     """
     flops = step_flops(config, arch, batch // dp, t, 0)
     rate = profile["matmul_flops"][str(threads)]
@@ -335,6 +407,7 @@ def predict_step(config, profile, t, batch, dp=1, itemsize=4, arch=None, threads
         rate = together
     busy = t * dp * threads / profile.get("cores", t * dp * threads)
     compute = flops / rate * max(1.0, busy)
+    elementwise = elementwise_seconds(config, profile, t, batch // dp, arch, threads) * max(1.0, busy)
     comm = 0.0
     for c in collective_calls(config, t, batch, dp, arch):
         p = t if c.group == "tp" else dp
@@ -343,8 +416,8 @@ def predict_step(config, profile, t, batch, dp=1, itemsize=4, arch=None, threads
     # the optimizer's loop over parameters, measured by --calibrate on a model too small to compute
     cost = profile.get("step_overhead")
     overhead = (cost["fixed_s"] + cost["per_layer_s"] * config.n_layers) * max(1.0, busy) if cost else 0.0
-    return {"flops": flops, "compute_s": compute, "communication_s": comm, "overhead_s": overhead,
-            "step_s": compute + comm + overhead}
+    return {"flops": flops, "compute_s": compute, "elementwise_s": elementwise, "communication_s": comm,
+            "overhead_s": overhead, "step_s": compute + elementwise + comm + overhead}
 
 
 def valid_tp_degrees(config, arch=None, largest=64):
@@ -408,6 +481,96 @@ def measure_matmul_flops(threads, sizes=((1024, 512, 2048), (1024, 1024, 1024), 
     return sorted(rates)[len(rates) // 2]
 
 
+def elementwise_workloads(n=2 ** 18):
+    """{op: (make, elements)}: make() -> a function running the op forward and backward once on
+    fresh inputs of about ``n`` elements, the way the model calls it (same functions, same shapes'
+    last dimensions: H = 256, F = 1024, T = 128, head size 64, a vocabulary of 512)."""
+    import torch
+    import torch.nn.functional as F
+
+    from tp_from_scratch.gpt.model import apply_rope, rope_tables
+    H, T, hs = 256, 128, 64
+
+    def leaf(*shape):
+        return torch.randn(*shape, requires_grad=True)
+
+    def fwd_bwd(f, *inputs):
+        def run():
+            out = f(*inputs)
+            out.backward(torch.ones_like(out))
+        return run
+
+    def layernorm():
+        x, w, b = leaf(n // H, H), leaf(H), leaf(H)
+        return fwd_bwd(lambda x: F.layer_norm(x, (H,), w, b), x)
+
+    def rmsnorm():
+        x, w = leaf(n // H, H), leaf(H)
+        return fwd_bwd(lambda x: F.rms_norm(x, (H,), w, 1e-6), x)
+
+    def gelu():
+        return fwd_bwd(F.gelu, leaf(n // 1024, 1024))
+
+    def swiglu():
+        return fwd_bwd(lambda g, u: F.silu(g) * u, leaf(n // 1024, 1024), leaf(n // 1024, 1024))
+
+    def rope():
+        cos, sin = rope_tables(torch.arange(T), hs, 10000.0, torch.float32)
+        return fwd_bwd(lambda x: apply_rope(x, cos, sin), leaf(n // (T * hs), 1, T, hs))
+
+    def softmax():
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        return fwd_bwd(lambda s: (s * hs ** -0.5).masked_fill(~mask, float("-inf")).softmax(-1),
+                       leaf(n // (T * T), T, T))
+
+    def copy():
+        return fwd_bwd(lambda y: y.transpose(1, 2).reshape(n // (T * hs) // 4, T, 4 * hs),
+                       leaf(n // (T * hs) // 4, 4, T, hs))
+
+    def add():
+        x, y = torch.randn(n // H, H), torch.randn(n // H, H)
+        return lambda: (x + y, y + x)  # the forward add, and the two gradients summed in backward
+
+    def cross_entropy():
+        logits, targets = leaf(n // 512, 512), torch.randint(0, 512, (n // 512,))
+        return lambda: F.cross_entropy(logits, targets).backward()
+
+    def adamw():
+        w = torch.nn.Parameter(torch.randn(n))
+        w.grad = torch.randn(n)
+        optimizer = torch.optim.AdamW([w], lr=1e-4, foreach=False)
+        return optimizer.step
+
+    return {f.__name__: f for f in (layernorm, rmsnorm, gelu, swiglu, rope, softmax, copy, add,
+                                     cross_entropy, adamw)}, n
+
+
+def measure_elementwise(threads, repeats=9):
+    """{op: seconds per element} of each element-wise op of the model, forward + backward, this
+    process with ``threads`` threads: the fastest of ``repeats`` runs on about 2^18 elements
+    (as for matmuls, the run least disturbed by other programs)."""
+    import time
+
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    workloads, n = elementwise_workloads()
+    out = {}
+    try:
+        for op, make in workloads.items():
+            run = make()
+            run()  # warm up
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - start)
+            out[op] = min(times) / n
+    finally:
+        torch.set_num_threads(before)
+    return out
+
+
 def measure_step_overhead(depths=(1, 4), repeats=15):
     """{"fixed_s", "per_layer_s"}: a training step's time that is not arithmetic, one thread.
 
@@ -448,14 +611,16 @@ def measure_step_overhead(depths=(1, 4), repeats=15):
 def calibrate_worker(out_path, repeats=30):
     """Run under torchrun: time gloo all-reduces (native and from-scratch) and fit alpha, beta.
 
-    Each size's time is the fastest of ``repeats`` calls, each started after a barrier.
+    Each size's time is the median of ``repeats`` calls, each started after a barrier: unlike a
+    matmul's, an all-reduce's time varies even on a quiet machine (two processes and gloo's
+    threads must all be running at once to pass each message), and a step pays the typical call.
 
     For a ring of p ranks, one all-reduce of n bytes takes 2(p-1) alpha + 2(p-1)/p n beta,
     so the fitted line time = a + b n gives alpha = a / (2(p-1)), beta = b p / (2(p-1)).
     """
+    import statistics
     import time
 
-    import numpy as np
     import torch
     import torch.distributed as dist
 
@@ -495,7 +660,7 @@ def calibrate_worker(out_path, repeats=30):
                     start = time.perf_counter()
                     call(x)
                     times.append(time.perf_counter() - start)
-                seconds.append(float(min(times)))  # the least disturbed call, as for matmuls
+                seconds.append(float(statistics.median(times)))
             a, b = fit_line([4 * n for n in sizes], seconds)
             result[name] = {"alpha_s": max(a, 0.0) / ring_messages(p),
                             "beta_s_per_byte": b * p / (2 * (p - 1)),
@@ -516,6 +681,7 @@ def calibrate(out_path, timeout=300):
     from tp_from_scratch.comm.launchers import run_command, torchrun_command
     profile = {"source": "measured here by plan --calibrate", "cores": os.cpu_count(),
                "matmul_flops": {str(k): measure_matmul_flops(k) for k in (1, 2)},
+               "elementwise_s_per_element": {str(k): measure_elementwise(k) for k in (1, 2)},
                "step_overhead": measure_step_overhead()}
     with tempfile.TemporaryDirectory() as tmp:
         part = Path(tmp) / "all_reduce.json"
@@ -624,14 +790,16 @@ def report(args, config, profile, say=print):
     say(f"{'total':<46} {'':<5} {sum(r['calls'] for r in rows):>5} "
         f"{sum(r['payload_bytes'] for r in rows):>14,} {sum(r['ring_bytes'] for r in rows):>14,}")
     say(f"\nprofile {profile['name']}: {profile['source']}")
-    say(f"{'t':>3} {'GFLOP/rank':>12} {'compute ms':>11} {'comm ms':>10} {'overhead ms':>11} {'step ms':>10} "
-        f"{'speedup':>8}")
+    say(f"{'t':>3} {'GFLOP/rank':>12} {'compute ms':>11} {'elem. ms':>10} {'comm ms':>10} {'overhead ms':>11} "
+        f"{'step ms':>10} {'speedup':>8}")
+    say("(compute: the matmuls; elem.: norms, activations, softmax, adds, copies, loss, AdamW)")
     base = None
     for d in degrees:
         p = predict_step(config, profile, d, B, args.dp, itemsize, arch, collectives=args.collectives)
         base = base or p["step_s"]
-        say(f"{d:>3} {p['flops'] / 1e9:>12.2f} {p['compute_s'] * 1e3:>11.3f} {p['communication_s'] * 1e3:>10.3f} "
-            f"{p['overhead_s'] * 1e3:>11.3f} {p['step_s'] * 1e3:>10.3f} {base / p['step_s']:>7.2f}x")
+        say(f"{d:>3} {p['flops'] / 1e9:>12.2f} {p['compute_s'] * 1e3:>11.3f} {p['elementwise_s'] * 1e3:>10.3f} "
+            f"{p['communication_s'] * 1e3:>10.3f} {p['overhead_s'] * 1e3:>11.3f} {p['step_s'] * 1e3:>10.3f} "
+            f"{base / p['step_s']:>7.2f}x")
     cross = crossover_tp(config, profile, B // args.dp, itemsize, arch, args.collectives)
     if cross is None:
         say(f"\nadvice: communication stays below compute up to t={degrees[-1]} on this profile.")
