@@ -383,7 +383,9 @@ def all_reduce_seconds(profile, collectives, nbytes, world_size):
     """alpha-beta time of one ring all-reduce: 2(p-1) messages, 2(p-1)/p of the bytes each way."""
     if world_size == 1:
         return 0.0
-    link = profile["all_reduce"][collectives]
+    # measured at this world size when --calibrate ran it (4 processes on 2 cores share them),
+    # else the 2-process fit (or a preset's link)
+    link = profile.get("all_reduce_by_world_size", {}).get(str(world_size), profile["all_reduce"])[collectives]
     sent = 2 * (world_size - 1) / world_size * nbytes
     return ring_messages(world_size) * link["alpha_s"] + sent * link["beta_s_per_byte"]
 
@@ -672,9 +674,10 @@ def calibrate_worker(out_path, repeats=30):
         Path(out_path).write_text(json.dumps(result))
 
 
-def calibrate(out_path, timeout=300):
-    """Measure matmul FLOP/s (1 and 2 threads; 1 thread on each of 2 processes at once), the step
-    overhead, and gloo all-reduce alpha, beta on 2 processes."""
+def calibrate(out_path, timeout=300, world_sizes=(2, 4)):
+    """Measure matmul FLOP/s (1 and 2 threads; 1 thread on each of 2 processes at once), each
+    element-wise op's seconds per element, the step overhead, and gloo all-reduce alpha, beta on
+    2 processes (and on each other of ``world_sizes``)."""
     import os
     import tempfile
 
@@ -683,15 +686,19 @@ def calibrate(out_path, timeout=300):
                "matmul_flops": {str(k): measure_matmul_flops(k) for k in (1, 2)},
                "elementwise_s_per_element": {str(k): measure_elementwise(k) for k in (1, 2)},
                "step_overhead": measure_step_overhead()}
-    with tempfile.TemporaryDirectory() as tmp:
-        part = Path(tmp) / "all_reduce.json"
-        out = run_command(torchrun_command(2, "tp_from_scratch.gpt.plan", "--calibrate-worker", str(part)),
-                          timeout=timeout)
-        if out.returncode != 0:
-            raise RuntimeError(f"the all-reduce calibration failed:\n{out.stdout[-3000:]}")
-        measured = json.loads(part.read_text())
-        profile["matmul_flops_concurrent"] = measured.pop("matmul_flops_concurrent")
-        profile["all_reduce"] = measured
+    for p in world_sizes:
+        with tempfile.TemporaryDirectory() as tmp:
+            part = Path(tmp) / "all_reduce.json"
+            out = run_command(torchrun_command(p, "tp_from_scratch.gpt.plan", "--calibrate-worker", str(part)),
+                              timeout=timeout)
+            if out.returncode != 0:
+                raise RuntimeError(f"the all-reduce calibration on {p} processes failed:\n{out.stdout[-3000:]}")
+            measured = json.loads(part.read_text())
+        concurrent = measured.pop("matmul_flops_concurrent")
+        if p == 2:
+            profile["matmul_flops_concurrent"], profile["all_reduce"] = concurrent, measured
+        else:
+            profile.setdefault("all_reduce_by_world_size", {})[str(p)] = measured
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     Path(out_path).write_text(json.dumps(profile, indent=1))
     return profile

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lesson 9: calibrate, then predicted vs measured for tp=1,2,4 over 6 sizes, the
 # strong-scaling table, and the profiled step breakdown. Run it from anywhere on a QUIET machine
-# (~2 minutes); it rewrites the committed files Lesson 9 reads:
+# (~3 minutes); it rewrites the committed files Lesson 9 reads:
 #   runs/scaling/profile.json (calibration, not committed), lessons/measurements/scaling.json,
 #   lessons/measurements/scaling_tp4.json, lessons/measurements/step_profile.json
 # then: .venv/bin/jupyter nbconvert --to notebook --execute --inplace lessons/09_when_tp_pays.ipynb
@@ -15,7 +15,7 @@ SIZES=128,192,256,384,512,768
 COMMON="--sizes $SIZES --layers 2 --seq-len 128 --vocab-size 512 --batch-size 4 --rounds 2 --steps-per-round 1 --warmup 1 --profile runs/scaling/profile.json"
 start=$(date +%s)
 echo "== load average: $(cut -d' ' -f1-3 /proc/loadavg) on $(getconf _NPROCESSORS_ONLN) cores"
-echo "== 1. calibrate (matmul FLOP/s at 1 and 2 threads, step overhead, gloo all-reduce alpha/beta)"
+echo "== 1. calibrate (matmul FLOP/s at 1 and 2 threads, element-wise ops, step overhead, gloo all-reduce alpha/beta on 2 and 4 processes)"
 $PY -m tp_from_scratch.gpt.plan --calibrate --profile runs/scaling/profile.json | sed -n 1,14p
 echo "== 2. strong scaling, tp=1 (1 and 2 threads) vs tp=2, predicted/measured"
 $TR --standalone --nproc-per-node 2 -m tp_from_scratch.bench scaling $COMMON --json lessons/measurements/scaling.json 2>&1 | grep -v "^W1\|USDT\|^\*\*\*"
