@@ -99,6 +99,16 @@ def test_pipelined_training_equals_one_device(reference, schedule, p, m):
             assert r.peak_activation_bytes == r.peak_in_flight * r.activation_bytes[0]
 
 
+def test_a_vit_splits_into_stages_and_trains_as_on_one_device():
+    # patch embedding, class token and positions on stage 0, class-token norm and classifier on
+    # stage 1; activations (B_i, P+1, H) between them (TP inside the stages: test_pipeline_launch)
+    config = check.MODELS["vit"][0]()
+    batches = check.global_batches(2, config, kind="vit")
+    expected = check.single_device_training(config, batches, kind="vit")
+    results = run_spmd(check.check_pipeline_training, 2, expected, batches, 2, "1f1b", kind="vit")
+    assert [r.peak_in_flight for r in results] == [2, 1]
+
+
 def test_untied_head_and_rotary_positions_llama_style():
     # no wpe on the first stage, an lm_head of its own on the last: nothing to sum between them
     config = GPTConfig(**{**check.CONFIG, "arch": "llama"})

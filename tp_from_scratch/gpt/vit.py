@@ -91,17 +91,34 @@ class ViT(nn.Module):
         self.head = nn.Linear(config.hidden, N_CLASSES, **local)                 # replicated
 
     def forward(self, images, labels=None):
-        B, S, _ = images.shape
-        p = self.patch
-        patches = images.reshape(B, S // p, p, S // p, p).transpose(2, 3).reshape(B, -1, p * p)  # (B, P, p*p)
-        x = self.patch_embed(patches)                                   # (B, P, H)
-        x = torch.cat([self.cls.expand(B, 1, -1), x], dim=1) + self.pos  # (B, P+1, H)
+        x = embed_patches(self, images)                                 # (B, P+1, H)
         for block in self.blocks:
             x = block(x)
-        logits = self.head(self.ln_f(x[:, 0]))                          # (B, 10) Replicated
+        logits = classify(self, x)                                      # (B, 10) Replicated
         if labels is None:
             return logits, None
         return logits, F.cross_entropy(logits, labels)
+
+
+def embed_patches(model, images):
+    """images (B, S, S) -> (B, P+1, H): the class token, then the embedded patches; plus positions.
+
+    ``model``: anything holding ``patch``, ``patch_embed``, ``cls`` and ``pos`` (the ViT, or the
+    first stage of a pipeline).
+    """
+    B, S, _ = images.shape
+    p = model.patch
+    patches = images.reshape(B, S // p, p, S // p, p).transpose(2, 3).reshape(B, -1, p * p)  # (B, P, p*p)
+    x = model.patch_embed(patches)                                  # (B, P, H)
+    return torch.cat([model.cls.expand(B, 1, -1), x], dim=1) + model.pos  # (B, P+1, H)
+
+
+def classify(model, x):
+    """x (B, P+1, H) -> logits (B, 10): final norm of the class token's vector, then the classifier.
+
+    ``model``: anything holding ``ln_f`` and ``head`` (the ViT, or the last stage of a pipeline).
+    """
+    return model.head(model.ln_f(x[:, 0]))
 
 
 def init_vit(config, seed, dtype=torch.float32):

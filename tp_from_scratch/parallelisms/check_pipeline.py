@@ -3,13 +3,14 @@
     python -m tp_from_scratch.parallelisms.check_pipeline                      # simulated, pp = 2, 3
     torchrun --nproc-per-node 4 -m tp_from_scratch.parallelisms.check_pipeline --tp 2   # pp=2 x tp=2
     mpiexec -n 2 python -m tp_from_scratch.parallelisms.check_pipeline          # pp=2
+    ... --model vit                                                             # the ViT only
 
-For each schedule (GPipe, 1F1B) and micro-batch count, a few AdamW steps of the tiny GPT in
-float64: every step's loss, every gradient (a TP rank's shard of it) and the parameters after
-the last step must match single-device training on the same global batches
-(``assert_matches_reference``); a mismatch raises on that rank and ends the job. Ranks are
-laid out as in mesh.py with dp = 1, TP innermost: rank = stage * tp + tp_rank, so a stage's
-TP group are neighbours.
+For each model (the tiny GPT on token ids, then the tiny ViT on images), schedule (GPipe,
+1F1B) and micro-batch count, a few AdamW steps in float64: every step's loss, every gradient
+(a TP rank's shard of it) and the parameters after the last step must match single-device
+training on the same global batches (``assert_matches_reference``); a mismatch raises on that
+rank and ends the job. Ranks are laid out as in mesh.py with dp = 1, TP innermost: rank =
+stage * tp + tp_rank, so a stage's TP group are neighbours.
 """
 import argparse
 
@@ -17,8 +18,9 @@ import torch
 
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt, shard_tensor
+from tp_from_scratch.gpt.vit import N_CLASSES, init_vit, vit_config, vit_to_tp
 from tp_from_scratch.nn import mappings
-from tp_from_scratch.testing import rank_rng
+from tp_from_scratch.testing import rank_rng, random_array
 
 from .mesh import coordinates, setup_mesh3d
 from .pipeline import PipelineStage, measured_bubble, train_step
@@ -27,27 +29,38 @@ from .schedules import bubble_formula
 # 5 blocks: uneven over 2 stages (3 + 2) and 3 stages (2 + 2 + 1); vocab 11 splits unevenly
 # over tp=2; one KV head, replicated on both TP ranks
 CONFIG = dict(vocab_size=11, seq_len=8, n_layers=5, hidden=16, n_heads=2, n_kv_heads=1)
-SEED, BATCH, LR = 11, 4, 1e-2
+# the ViT: 3 blocks (2 + 1 over 2 stages, 1 + 1 + 1 over 3), 2 heads split over tp=2; 8x8
+# images in 2x2 patches, so P+1 = 17 tokens of H = 16 travel between stages
+VIT_CONFIG = dict(hidden=16, n_heads=2, n_layers=3, ffn=32)
+SEED, BATCH, LR, IMAGE = 11, 4, 1e-2, 8
+# per model: its config, its reproducible single-device model, and its TP version
+MODELS = {"gpt": (lambda: GPTConfig(**CONFIG), init_gpt, gpt_to_tp),
+          "vit": (lambda: vit_config(**VIT_CONFIG), init_vit, vit_to_tp)}
 
 
-def global_batches(steps, config, batch=BATCH, seed=SEED):
-    """(idx, targets) pairs (B, T) of random token ids, one per step; the same on every rank."""
+def global_batches(steps, config, batch=BATCH, seed=SEED, kind="gpt"):
+    """(inputs, targets) pairs, one per step, the same on every rank: random token ids (B, T)
+    and next tokens (B, T) for the GPT; random images (B, 8, 8) and labels (B,) for the ViT."""
     out = []
     for step in range(steps):
         rng = rank_rng(seed, step)
-        idx, targets = (torch.from_numpy(rng.integers(0, config.vocab_size, (batch, config.seq_len)))
-                        for _ in range(2))
-        out.append((idx, targets))
+        if kind == "vit":
+            out.append((torch.from_numpy(random_array(rng, (batch, IMAGE, IMAGE))),
+                        torch.from_numpy(rng.integers(0, N_CLASSES, batch))))
+        else:
+            out.append(tuple(torch.from_numpy(rng.integers(0, config.vocab_size, (batch, config.seq_len)))
+                             for _ in range(2)))
     return out
 
 
-def new_model(config):
-    return init_gpt(config, seed=SEED, dtype=torch.float64)
+def new_model(config, kind="gpt"):
+    """The float64 single-device model every rank and the reference start from (same seed)."""
+    return MODELS[kind][1](config, seed=SEED, dtype=torch.float64)
 
 
-def single_device_training(config, batches, lr=LR):
+def single_device_training(config, batches, lr=LR, kind="gpt"):
     """Losses and gradients of every step on one device, and the parameters after the last."""
-    model = new_model(config)
+    model = new_model(config, kind)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     steps = []
     for idx, targets in batches:
@@ -59,18 +72,19 @@ def single_device_training(config, batches, lr=LR):
     return steps, dict(model.named_parameters())
 
 
-def check_pipeline_training(comm, reference, batches, n_micro, schedule, tp_group=None, lr=LR, config=None):
+def check_pipeline_training(comm, reference, batches, n_micro, schedule, tp_group=None, lr=LR, config=None,
+                            kind="gpt"):
     """Train this rank's stage on ``batches`` and assert it equals ``reference`` at every step.
 
     comm: the pipeline communicator (one rank per stage); tp_group: the stage's TP group
-    (None: no TP); config: the GPTConfig ``reference`` was trained with (default CONFIG).
-    Returns the last step's StepResult.
+    (None: no TP); config: the GPTConfig ``reference`` was trained with (default: the model's
+    in MODELS); kind: "gpt" or "vit". Returns the last step's StepResult.
     """
-    config = config or GPTConfig(**CONFIG)
-    model = new_model(config)
+    config = config or MODELS[kind][0]()
+    model = new_model(config, kind)
     tp, tp_rank = 1, 0
     if tp_group is not None:
-        model = gpt_to_tp(tp_group, model)
+        model = MODELS[kind][2](tp_group, model)
         tp, tp_rank = mappings.tp_world_size(tp_group), mappings.tp_rank(tp_group)
     stage = PipelineStage(comm, model)
     optimizer = torch.optim.AdamW(stage.parameters(), lr=lr)
@@ -116,21 +130,23 @@ def split_comm(comm, tp):
     return TorchComm(group=mesh.pp_group), mesh.tp_group
 
 
-def report(comm, tp=1, micro=(1, 4), steps=2):
-    """Every schedule and micro-batch count on this rank; prints the measured bubble on rank 0."""
+def report(comm, tp=1, micro=(1, 4), steps=2, models=("gpt", "vit")):
+    """Every model, schedule and micro-batch count on this rank; prints the measured bubble on rank 0."""
     pp_comm, tp_group = split_comm(comm, tp)
-    config = GPTConfig(**CONFIG)
-    batches = global_batches(steps, config)
-    reference = single_device_training(config, batches)
     p = pp_comm.world_size
-    for schedule in ("gpipe", "1f1b"):
-        for m in micro:
-            result = check_pipeline_training(pp_comm, reference, batches, m, schedule, tp_group)
-            measured = measured_bubble(pp_comm, result.timeline)
-            if comm.rank == 0:
-                print(f"pp={p} tp={tp} {schedule} m={m}: {steps} steps equal to one device; "
-                      f"bubble {measured['fraction']:.2f} measured, {bubble_formula(p, m):.2f} = "
-                      f"(p-1)/(m+p-1); in flight on stage 0: {result.peak_in_flight}", flush=True)
+    for kind in models:
+        config = MODELS[kind][0]()
+        batches = global_batches(steps, config, kind=kind)
+        reference = single_device_training(config, batches, kind=kind)
+        for schedule in ("gpipe", "1f1b"):
+            for m in micro:
+                result = check_pipeline_training(pp_comm, reference, batches, m, schedule, tp_group, kind=kind)
+                measured = measured_bubble(pp_comm, result.timeline)
+                if comm.rank == 0:  # the GPT's line names no model (as before the ViT came)
+                    print(f"pp={p} tp={tp} {schedule} m={m}{', ViT' if kind == 'vit' else ''}: {steps} steps "
+                          f"equal to one device; bubble {measured['fraction']:.2f} measured, "
+                          f"{bubble_formula(p, m):.2f} = (p-1)/(m+p-1); in flight on stage 0: "
+                          f"{result.peak_in_flight}", flush=True)
     if pp_comm is not comm:
         pp_comm.close()  # wait for its last sends: they go unsent if the comm is dropped first
     if comm.rank == 0:
@@ -142,9 +158,11 @@ def main(argv=None):
     parser.add_argument("--tp", type=int, default=1, help="TP degree inside each stage (processes only)")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--micro", type=int, nargs="+", default=[1, 4], help="micro-batch counts m")
+    parser.add_argument("--model", nargs="+", choices=list(MODELS), default=list(MODELS),
+                        help="the models to check, in order (default: the GPT, then the ViT)")
     args = parser.parse_args(argv)
     from tp_from_scratch.comm.launch import check_main
-    check_main(lambda comm: report(comm, args.tp, args.micro, args.steps), world_sizes=(2, 3))
+    check_main(lambda comm: report(comm, args.tp, args.micro, args.steps, args.model), world_sizes=(2, 3))
 
 
 if __name__ == "__main__":

@@ -24,11 +24,22 @@ Tensor parallelism composes inside a stage: split a TensorParallelGPT (built on 
 TP group) instead of a GPT; activations between stages are then Replicated over the TP group
 and every TP rank of a stage talks to the same TP rank of the next stage.
 
+A ViT (gpt/vit.py, single-device or vit_to_tp's) splits the same way: its blocks are the
+GPT's, only the ends differ. ``pieces_of`` says what each model keeps outside its blocks:
+
+              first stage                          last stage                   between stages
+    GPT       wte (+ wpe): token ids (B, T)        ln_f, LM head, loss (B, T)   (B/m, T, H)
+    ViT       patch_embed, cls, pos: images        ln_f of the class token,     (B/m, P+1, H)
+              (B, S, S)                            classifier, loss (B,)
+
+Messages carry their shape and dtype, so a receiving stage needs neither T nor P+1.
+
 Every rank builds the whole model and keeps its stage (simple, and the weights match one
 device's by construction); a model too big for one rank would be built stage by stage.
 """
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -36,6 +47,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tp_from_scratch.gpt.model import GPT, TensorParallelGPT, embed
+from tp_from_scratch.gpt.vit import ViT, classify, embed_patches
 from tp_from_scratch.nn import copy_to_tp_region, vocab_parallel_cross_entropy
 from tp_from_scratch.sharding import shard_range
 
@@ -48,54 +60,97 @@ def stage_layers(n_layers, stage, n_stages):
     return range(*shard_range(n_layers, stage, n_stages))
 
 
-class PipelineStage(nn.Module):
-    """Stage ``comm.rank`` of ``comm.world_size``: the part of ``model`` (GPT or TensorParallelGPT) it runs.
+@dataclass(frozen=True)
+class Pieces:
+    """What a model keeps outside its blocks (attribute names) and how the pipeline's ends run."""
+    first: tuple       # held by the first stage: the embedding
+    last: tuple        # held by the last stage: final norm, head
+    embed: object      # (first stage, inputs) -> activations (B, S, H)
+    loss: object       # (last stage, activations (B, S, H), targets) -> mean loss
+    tied: tuple = ()   # held by both ends, one weight: their gradients are summed
 
+
+def gpt_loss(stage, x, targets, vocab_start=0):
+    """Mean cross-entropy of the LM head on x (B, T, H) against targets (B, T); vocab-parallel under TP.
+
+    vocab_start: the first vocabulary id of this TP rank's rows of the head.
+    """
+    h = stage.ln_f(x)
+    head = stage.wte.weight if stage.config.tie_embeddings else stage.lm_head.weight  # (V or V/t, H)
+    if stage.group is None:
+        return F.cross_entropy(F.linear(h, head).flatten(0, 1), targets.flatten())
+    logits = F.linear(copy_to_tp_region(stage.group, h), head)  # (B, T, V/t) Sharded(vocab)
+    return vocab_parallel_cross_entropy(stage.group, logits.flatten(0, 1), targets.flatten(),
+                                        vocab_start=vocab_start)
+
+
+def vit_loss(stage, x, labels):
+    """Mean cross-entropy of the classifier on the class token of x (B, P+1, H) against labels (B,).
+
+    Norm and classifier are replicated and x is Replicated under TP: no collective here, and
+    their gradients (and the first stage's) come out equal on every TP rank (check_pipeline).
+    """
+    return F.cross_entropy(classify(stage, x), labels)
+
+
+def pieces_of(model, rank=0):
+    """The Pieces of a GPT, TensorParallelGPT or ViT (TypeError for any other model)."""
+    if isinstance(model, ViT):
+        return Pieces(first=("patch", "patch_embed", "cls", "pos"), last=("ln_f", "head"),
+                      embed=embed_patches, loss=vit_loss)
+    if not isinstance(model, (GPT, TensorParallelGPT)):
+        raise TypeError(f"rank {rank}: a pipeline stage splits a GPT or a TensorParallelGPT, "
+                        f"got {type(model).__name__} (its forward is not the blocks' in order; "
+                        f"a ViT splits too)")
+    tied = model.config.tie_embeddings
+    return Pieces(first=("wte", "wpe") if model.config.position == "learned" else ("wte",),
+                  last=("ln_f", "wte" if tied else "lm_head"), embed=embed,
+                  loss=partial(gpt_loss, vocab_start=getattr(model.wte, "vocab_start", 0)),
+                  tied=("wte",) if tied else ())
+
+
+class PipelineStage(nn.Module):
+    """Stage ``comm.rank`` of ``comm.world_size``: the part of ``model`` it runs.
+
+    ``model``: GPT, TensorParallelGPT, or a ViT (single-device or vit_to_tp's); ``pieces_of``
+    says what the first and last stages hold besides their blocks.
     Parameter names are the full model's ("blocks.3.mlp.fc.weight"), so a stage's
     parameters and gradients are compared with the single-device model by name.
     """
 
     def __init__(self, comm, model):
         super().__init__()
-        if not isinstance(model, (GPT, TensorParallelGPT)):
-            raise TypeError(f"rank {comm.rank}: a pipeline stage splits a GPT or a TensorParallelGPT, "
-                            f"got {type(model).__name__} (its forward is not the blocks' in order)")
+        self.pieces = pieces_of(model, comm.rank)
         self.comm, self.config = comm, model.config
         self.stage, self.n_stages = comm.rank, comm.world_size
         if self.config.n_layers < self.n_stages:  # a middle stage would hold nothing to train
             raise ValueError(f"rank {comm.rank}: {self.config.n_layers} blocks cannot fill "
                              f"{self.n_stages} pipeline stages (every stage needs at least one block)")
         self.is_first, self.is_last = self.stage == 0, self.stage == self.n_stages - 1
-        self.group = None if isinstance(model, GPT) else model.group  # TP group inside the stage
+        self.group = getattr(model, "group", None)  # TP group inside the stage (None: one device)
         self.layers = stage_layers(self.config.n_layers, self.stage, self.n_stages)
-        if self.is_first or (self.is_last and self.config.tie_embeddings):
-            self.wte = model.wte                   # (V, H), or (V/t, H) with TP
-        if self.is_first and self.config.position == "learned":
-            self.wpe = model.wpe
-        self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in self.layers})
-        if self.is_last:
-            self.ln_f = model.ln_f
-            self.vocab_start = getattr(model.wte, "vocab_start", 0)  # first vocab id of a TP shard
-            if not self.config.tie_embeddings:
-                self.lm_head = model.lm_head
+        ends = (self.pieces.first if self.is_first else ()) + (self.pieces.last if self.is_last else ())
+        for name, child in model.named_children():  # the full model's order: embedding, blocks, head
+            if name == "blocks":
+                self.blocks = nn.ModuleDict({str(i): child[i] for i in self.layers})
+            elif name in ends:
+                setattr(self, name, child)
+        for name in ends:  # what is no module: the ViT's class token and positions, its patch size
+            if not hasattr(self, name):
+                setattr(self, name, getattr(model, name))
 
     def forward(self, x):
-        """Token ids (B, T) on the first stage, activations (B, T, H) elsewhere -> (B, T, H)."""
+        """First stage: the model's input (token ids (B, T), images (B, S, S)); elsewhere the
+        activations (B, S, H) of the previous stage -> this stage's activations (B, S, H)."""
         if self.is_first:
-            x = embed(self, x)
+            x = self.pieces.embed(self, x)
         for block in self.blocks.values():
             x = block(x)
         return x
 
     def loss(self, x, targets):
-        """Last stage: mean cross-entropy of the LM head on x (B, T, H) against targets (B, T)."""
-        h = self.ln_f(x)
-        head = self.wte.weight if self.config.tie_embeddings else self.lm_head.weight  # (V or V/t, H)
-        if self.group is None:
-            return F.cross_entropy(F.linear(h, head).flatten(0, 1), targets.flatten())
-        logits = F.linear(copy_to_tp_region(self.group, h), head)  # (B, T, V/t) Sharded(vocab)
-        return vocab_parallel_cross_entropy(self.group, logits.flatten(0, 1), targets.flatten(),
-                                            vocab_start=self.vocab_start)
+        """Last stage: the model's mean loss on its activations x (B, S, H) against targets."""
+        return self.pieces.loss(self, x, targets)
 
 
 @dataclass
@@ -140,7 +195,7 @@ class _Runner:
         self.saved_bytes, self.live = {}, set()
         self.params = _parameter_storages(stage)
 
-    def recv_act(self, mb):     # (B_i, T, H) from the previous stage; the leaf its grad lands on
+    def recv_act(self, mb):     # (B_i, T, H) (a ViT's: (B_i, P+1, H)); the leaf its grad lands on
         self.inputs[mb] = _from_numpy(self.comm.recv(self.stage.stage - 1), self.like).requires_grad_()
 
     def forward(self, mb):
@@ -179,8 +234,9 @@ def forward_backward(stage, idx, targets, n_micro, schedule="1f1b"):
     """Run one pipelined forward and backward of the batch (idx, targets) on this stage.
 
     idx, targets (B, T): the same global batch on every stage (the first reads idx, the
-    last targets). Gradients are accumulated into the stage's .grad (zero them first), summed
-    over micro-batches with weights B_i / B, so they equal one device's on the whole batch.
+    last targets); for a ViT, images (B, S, S) and labels (B,). Gradients are accumulated
+    into the stage's .grad (zero them first), summed over micro-batches with weights B_i / B,
+    so they equal one device's on the whole batch.
     schedule: "gpipe", "1f1b", or a list of per-stage programs of schedules.Action.
     Point to point only: activations forward, gradients backward, then the tied embedding's
     gradient between the first and last stage and the loss from the last stage to all.
@@ -203,13 +259,14 @@ def forward_backward(stage, idx, targets, n_micro, schedule="1f1b"):
 
 def sync_tied_embedding_grad(stage):
     """First and last stage add each other's gradient of the tied wte (a two-rank all-reduce)."""
-    if not stage.config.tie_embeddings or stage.n_stages == 1 or not (stage.is_first or stage.is_last):
+    if stage.n_stages == 1 or not (stage.is_first or stage.is_last):
         return
     peer = stage.n_stages - 1 if stage.is_first else 0
-    grad = stage.wte.weight.grad
-    stage.comm.send(_to_numpy(grad), peer)
-    other = _from_numpy(stage.comm.recv(peer), grad)
-    grad += other  # a + b on one stage, b + a on the other: the same bits
+    for name in stage.pieces.tied:
+        grad = getattr(stage, name).weight.grad
+        stage.comm.send(_to_numpy(grad), peer)
+        other = _from_numpy(stage.comm.recv(peer), grad)
+        grad += other  # a + b on one stage, b + a on the other: the same bits
 
 
 def share_loss(stage, loss):
