@@ -55,6 +55,7 @@ import torch
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.gpt.model import GPTConfig
 from tp_from_scratch.gpt.plan import load_profile, parameter_count
+from tp_from_scratch.gpt.vit import embed_patches
 from tp_from_scratch.parallelisms import check_pipeline, check_zero, cost
 from tp_from_scratch.parallelisms.compare import table
 from tp_from_scratch.parallelisms.figures import draw_holdings
@@ -359,13 +360,51 @@ for name, kw, tp_link, p2p_link in (
     new_markdown_cell(r"""(TP time: a ring all-reduce sends about twice its payload; latency terms left out; no
 overlap.) TP's traffic is gigabytes per step, the pipeline's megabytes: put TP across the
 nodes and it costs about ten times more time than on NVLink, while the pipeline's messages
-barely notice InfiniBand. TP on NVLink, the pipeline's small messages across nodes. This is why the layout of section 2 puts TP innermost.
+barely notice InfiniBand. TP on NVLink, the pipeline's small messages across nodes. This is why the layout of section 2 puts TP innermost."""),
+    new_markdown_cell(r"""### A ViT through the pipeline: TP inside a node, PP across
 
-## What we did not build
+Section 5's pipeline splits the ViT as it splits the GPT: the blocks are the same, only the two
+ends differ (`pipeline.pieces_of` names them for each model):
 
-FSDP / ZeRO-3 (weights sharded and gathered per layer), interleaved (virtual-stage) 1F1B,
-DDP's overlap measured on its own (our buckets: one, the model is small), and pipelines on
-the ViT (the pipeline splits the GPT's embedding / blocks / head)."""),
+* **stage 0**: the patch embedding, the class token and the learned positions, then its blocks.
+  Images (B, 8, 8) become P = 16 patches of 2x2, embedded and put behind the class token:
+  (B, P+1, H);
+* **middle stages**: blocks only;
+* **the last stage**: its blocks, then the final norm of the class token's vector, the
+  classifier (H -> 10 classes) and the cross-entropy against the labels (B,).
+
+The pipeline's messages are the activations (B/m, P+1, H) going forward and their gradients
+going back, one per micro-batch: these are what crosses the nodes. Inside a stage, build it
+from `vit_to_tp(tp_group, vit)`: the blocks' heads and ffn are split over the node's t GPUs and
+their all-reduces stay on NVLink. With rank = stage * t + tp_rank (section 2), pp=2 x tp=8 on
+two 8-GPU nodes puts stage 0 on node 0 and stage 1 on node 1. The patch embedding, class
+token, positions, norm and classifier stay replicated: their inputs are Replicated, so their
+gradients come out equal on every TP rank with no collective (the check below compares them).
+
+Here on 2 simulated stages, GPipe and 1F1B at m = 4, two AdamW steps in float64 on random
+images: every loss, gradient and final parameter against the same ViT on one device. With TP
+inside the stages the check runs on 4 processes (pp=2 x tp=2; `tests/test_pipeline_launch.py`
+runs it, after the GPT's):
+
+    torchrun --nproc-per-node 4 -m tp_from_scratch.parallelisms.check_pipeline --tp 2 --model vit"""),
+    new_code_cell("""vit_config = check_pipeline.MODELS["vit"][0]()          # 3 blocks, H=16: 2 + 1 over 2 stages
+vit_batches = check_pipeline.global_batches(2, vit_config, kind="vit")  # images (4, 8, 8), labels (4,)
+vit_single = check_pipeline.single_device_training(vit_config, vit_batches, kind="vit")
+held = run_spmd(lambda comm: [n for n, _ in PipelineStage(comm, check_pipeline.new_model(vit_config, "vit"))
+                              .named_parameters() if not n.startswith("blocks.")], 2)
+for s, names in enumerate(held):
+    print(f"stage {s}: blocks {list(stage_layers(vit_config.n_layers, s, 2))} and {names}")
+vit = check_pipeline.new_model(vit_config, "vit")
+print("a micro-batch's message between the stages (1 of the 4 images):",
+      tuple(embed_patches(vit, vit_batches[0][0][:1]).shape), "= (B/m, P+1, H)")
+for schedule in ("gpipe", "1f1b"):
+    results = run_spmd(check_pipeline.check_pipeline_training, 2, vit_single, vit_batches, 4, schedule, kind="vit")
+    print(f"ViT {schedule:5}: 2 steps equal to one device on both stages; micro-batches in flight per stage "
+          f"{[r.peak_in_flight for r in results]}")"""),
+    new_markdown_cell(r"""## What we did not build
+
+FSDP / ZeRO-3 (weights sharded and gathered per layer), interleaved (virtual-stage) 1F1B, and
+DDP's overlap measured on its own (our buckets: one, the model is small)."""),
 ]
 
 write_notebook(cells, HERE.parent / "11_parallelisms.ipynb")
