@@ -210,13 +210,16 @@ class _ElementsSeen(TorchDispatchMode):
 
 
 def _forward_elements(config, t, batch):
-    """Each simulated TP rank's elements per aten op in one forward of the (TP) model."""
+    """Each simulated TP rank's elements per aten op in one forward of the (TP) model, and the
+    elements of its linear layers' biases."""
     def one_rank(comm):
         model = init_gpt(config, 0) if t == 1 else gpt_to_tp(comm, init_gpt(config, 0))
         idx = torch.randint(0, config.vocab_size, (batch, config.seq_len), generator=torch.Generator().manual_seed(1))
         with _ElementsSeen() as seen:
             model(idx, idx)
-        return seen.elements
+        biases = sum(p.numel() for name, p in model.named_parameters()
+                     if name.endswith(".bias") and (".attn." in name or ".mlp." in name))
+        return dict(seen.elements, biases=biases)
     return run_spmd(one_rank, t)
 
 
@@ -234,6 +237,7 @@ def test_elementwise_counts_equal_what_the_models_ops_go_over(arch, t, kv):
         assert predicted["softmax"] == seen["_softmax"]
         assert predicted["copy"] == seen["clone"]
         assert predicted["cross_entropy"] == seen["_log_softmax" if t == 1 else "max"]
+        assert predicted["bias_grad"] == 3 * config.seq_len * seen["biases"]  # each bias: a sum over N tokens
         if arch == "gpt":
             assert predicted["add"] == seen["add"]
         else:  # x cos + rotate_half(x) sin negates one half of every rotated q and k

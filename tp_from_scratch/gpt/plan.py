@@ -323,6 +323,7 @@ ELEMENTWISE_PASSES = {
     "softmax": 13,       # scale, mask, softmax: 2 passes each forward, 3 + 2 + 2 backward
     "copy": 4,           # a strided copy (heads merged, KV heads repeated): read, write; back again
     "add": 6,            # the residual add (read 2, write 1) and its gradients summed in backward
+    "bias_grad": 1,      # a bias's gradient: the output gradient summed over the tokens
     "cross_entropy": 5,  # max and log-sum-exp over the logits, then the gradient written
     "adamw": 7,          # read weight, grad, m, v; write weight, m, v (fp32, per parameter)
 }
@@ -333,13 +334,15 @@ def elementwise_elements(config, arch, batch, t=1, rank=0):
 
     N = batch * T tokens, L layers. Replicated, the same on every TP rank whatever t is:
     the norms (2 per block and the final one, on (N, H)) and the residual adds (2 per block
-    and the position add; with t > 1 also the row layers' biases, added after the all-reduce).
+    and the position add; with t > 1 also the row layers' biases, added after the all-reduce),
+    and the gradient of those row biases (a sum over the N tokens of an (N, H) gradient).
     TP does not split this work: it is the serial part of Amdahl's law, and what sequence
     parallelism splits. Divided by t: the MLP's activation on (N, F/t), the scale, mask and
     softmax of the (B, nh/t, T, T) scores, attention's four strided copies per block on
     (N, nh/t * hs) (k and v repeated for their query heads, q's transposed view made
     contiguous for q k^T, the heads merged), the rotary embedding of q and k, the
-    cross-entropy on (N, V/t) logits, and AdamW on the parameters the rank holds.
+    cross-entropy on (N, V/t) logits, the column biases' gradients, and AdamW on the parameters
+    the rank holds.
     """
     a = architecture(config, arch)
     L, T, H = config.n_layers, config.seq_len, config.hidden
@@ -351,6 +354,8 @@ def elementwise_elements(config, arch, batch, t=1, rank=0):
            "softmax": L * batch * heads * T * T,
            "copy": 4 * L * N * heads * hs,
            "cross_entropy": N * shard_sizes(config.vocab_size, t)[rank],
+           "bias_grad": N * sum(p.count(t, rank) for p in parameters(config, arch)
+                                if p.name.endswith(".bias") and p.name.startswith(("attn.", "mlp."))),
            "adamw": parameter_count(config, arch, t, rank)}
     if a["position"] == "rope":
         out["rope"] = L * N * (heads + max(1, config.n_kv_heads // t)) * hs
@@ -483,10 +488,13 @@ def measure_matmul_flops(threads, sizes=((1024, 512, 2048), (1024, 1024, 1024), 
     return sorted(rates)[len(rates) // 2]
 
 
-def elementwise_workloads(n=2 ** 18):
-    """{op: (make, elements)}: make() -> a function running the op forward and backward once on
-    fresh inputs of about ``n`` elements, the way the model calls it (same functions, same shapes'
-    last dimensions: H = 256, F = 1024, T = 128, head size 64, a vocabulary of 512)."""
+def elementwise_workloads(n=2 ** 20, parameters=2 ** 22):
+    """({op: make}, {op: elements}): make() -> a function running the op forward and backward
+    once on inputs of about ``n`` elements (4 MiB in float32, larger than this machine's caches
+    per core, as a step's activations are), the way the model calls it (same functions, same
+    shapes' last dimensions: H = 256, F = 1024, T = 128, head size 64, a vocabulary of 512);
+    AdamW updates ``parameters`` elements (with its m and v, 64 MiB: an optimizer's state lives
+    in memory, not in a cache)."""
     import torch
     import torch.nn.functional as F
 
@@ -533,30 +541,34 @@ def elementwise_workloads(n=2 ** 18):
         x, y = torch.randn(n // H, H), torch.randn(n // H, H)
         return lambda: (x + y, y + x)  # the forward add, and the two gradients summed in backward
 
+    def bias_grad():
+        g = torch.randn(n // 1024, 1024)
+        return lambda: g.sum(0)
+
     def cross_entropy():
         logits, targets = leaf(n // 512, 512), torch.randint(0, 512, (n // 512,))
         return lambda: F.cross_entropy(logits, targets).backward()
 
     def adamw():
-        w = torch.nn.Parameter(torch.randn(n))
-        w.grad = torch.randn(n)
-        optimizer = torch.optim.AdamW([w], lr=1e-4, foreach=False)
-        return optimizer.step
+        w = torch.nn.Parameter(torch.randn(parameters))
+        w.grad = torch.randn(parameters)
+        return torch.optim.AdamW([w], lr=1e-4, foreach=False).step
 
-    return {f.__name__: f for f in (layernorm, rmsnorm, gelu, swiglu, rope, softmax, copy, add,
-                                     cross_entropy, adamw)}, n
+    makers = {f.__name__: f for f in (layernorm, rmsnorm, gelu, swiglu, rope, softmax, copy, add,
+                                       bias_grad, cross_entropy, adamw)}
+    return makers, {op: parameters if op == "adamw" else n for op in makers}
 
 
 def measure_elementwise(threads, repeats=9):
     """{op: seconds per element} of each element-wise op of the model, forward + backward, this
-    process with ``threads`` threads: the fastest of ``repeats`` runs on about 2^18 elements
-    (as for matmuls, the run least disturbed by other programs)."""
+    process with ``threads`` threads: the fastest of ``repeats`` runs (as for matmuls, the run
+    least disturbed by other programs) on the inputs of elementwise_workloads."""
     import time
 
     import torch
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
-    workloads, n = elementwise_workloads()
+    workloads, elements = elementwise_workloads()
     out = {}
     try:
         for op, make in workloads.items():
@@ -567,7 +579,7 @@ def measure_elementwise(threads, repeats=9):
                 start = time.perf_counter()
                 run()
                 times.append(time.perf_counter() - start)
-            out[op] = min(times) / n
+            out[op] = min(times) / elements[op]
     finally:
         torch.set_num_threads(before)
     return out
@@ -610,12 +622,17 @@ def measure_step_overhead(depths=(1, 4), repeats=15):
     return {"fixed_s": max(fixed, 0.0), "per_layer_s": max(per_layer, 0.0)}
 
 
-def calibrate_worker(out_path, repeats=30):
-    """Run under torchrun: time gloo all-reduces (native and from-scratch) and fit alpha, beta.
+def calibrate_worker(out_path, repeats=5, iterations=10):
+    """Run under torchrun: time gloo all-reduces (native and from-scratch) as a training step
+    pays them, and fit alpha, beta.
 
-    Each size's time is the median of ``repeats`` calls, each started after a barrier: unlike a
-    matmul's, an all-reduce's time varies even on a quiet machine (two processes and gloo's
-    threads must all be running at once to pass each message), and a step pays the typical call.
+    In a step, every rank multiplies, then all-reduces, then multiplies again: a call starts
+    when both ranks arrive, each arriving a little late or early (their matmuls do not take
+    exactly as long), and a message moves only when the other process's thread gets a core,
+    which the other rank's matmul is using. So each size is timed in lockstep: ``iterations`` x
+    (a matmul of about a millisecond, then the all-reduce) against the same matmuls alone, both
+    on every rank at once; the difference per iteration is what one call costs a step (the
+    median of ``repeats``). A call timed alone after a barrier, on idle cores, costs about half.
 
     For a ring of p ranks, one all-reduce of n bytes takes 2(p-1) alpha + 2(p-1)/p n beta,
     so the fitted line time = a + b n gives alpha = a / (2(p-1)), beta = b p / (2(p-1)).
@@ -634,13 +651,23 @@ def calibrate_worker(out_path, repeats=30):
     p, rank = dist.get_world_size(), dist.get_rank()
     comm = TorchComm()
     sizes = [2 ** k for k in range(8, 21, 2)]  # float32 elements: 1 KiB .. 4 MiB
+    a, b = torch.randn(256, 512), torch.randn(512, 512)  # 134 MFLOP: about a millisecond
 
     def native(x):
-        y = x.clone()
-        dist.all_reduce(y)
+        dist.all_reduce(x)
 
     def scratch(x):
         torch.from_numpy(collectives.all_reduce(comm, x.numpy()))
+
+    def lockstep(call, x):
+        """Seconds of ``iterations`` x (matmul, then ``call(x)`` unless None), all ranks at once."""
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(iterations):
+            a @ b
+            if call is not None:
+                call(x)
+        return time.perf_counter() - start
 
     result = {}
     try:
@@ -654,18 +681,12 @@ def calibrate_worker(out_path, repeats=30):
             seconds = []
             for n in sizes:
                 x = torch.randn(n)
-                for _ in range(3):
-                    call(x)
-                times = []
-                for _ in range(repeats):
-                    dist.barrier()
-                    start = time.perf_counter()
-                    call(x)
-                    times.append(time.perf_counter() - start)
-                seconds.append(float(statistics.median(times)))
-            a, b = fit_line([4 * n for n in sizes], seconds)
-            result[name] = {"alpha_s": max(a, 0.0) / ring_messages(p),
-                            "beta_s_per_byte": b * p / (2 * (p - 1)),
+                lockstep(call, x)  # warm up
+                per_call = [(lockstep(call, x) - lockstep(None, x)) / iterations for _ in range(repeats)]
+                seconds.append(float(statistics.median(per_call)))
+            intercept, slope = fit_line([4 * n for n in sizes], seconds)
+            result[name] = {"alpha_s": max(intercept, 0.0) / ring_messages(p),
+                            "beta_s_per_byte": slope * p / (2 * (p - 1)),
                             "bytes": [4 * n for n in sizes], "seconds": seconds}
     finally:
         comm.close()
