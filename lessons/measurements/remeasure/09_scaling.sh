@@ -12,7 +12,7 @@ export OMP_NUM_THREADS=1
 PY=.venv/bin/python
 TR=.venv/bin/torchrun
 SIZES=128,192,256,384,512,768
-COMMON="--sizes $SIZES --layers 2 --seq-len 128 --vocab-size 512 --batch-size 4 --rounds 2 --steps-per-round 1 --warmup 1 --profile runs/scaling/profile.json"
+COMMON="--sizes $SIZES --layers 2 --seq-len 128 --vocab-size 512 --batch-size 4 --rounds 3 --steps-per-round 2 --warmup 1 --profile runs/scaling/profile.json"
 start=$(date +%s)
 echo "== load average: $(cut -d' ' -f1-3 /proc/loadavg) on $(getconf _NPROCESSORS_ONLN) cores"
 echo "== 1. calibrate (matmul FLOP/s at 1 and 2 threads, element-wise ops, step overhead, gloo all-reduce alpha/beta on 2 and 4 processes)"
