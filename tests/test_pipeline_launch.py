@@ -3,7 +3,7 @@ TP inside each stage on a native gloo group, the pipeline's messages on a TorchC
 mpiexec launch (pp=2 on MPIComm), each running tp_from_scratch.parallelisms.check_pipeline:
 two AdamW steps per schedule at m = 4, every loss, gradient (a TP rank's shard) and final
 parameter against single-device training; a mismatch raises on that rank and ends the job.
-The torchrun launch then checks the ViT the same way (TP inside each stage, the pipeline across:
+Both launches then check the ViT the same way (TP inside each stage, the pipeline across:
 patch embedding on the first stage, class-token norm and classifier on the last).
 m = 1 and 2 are covered on the simulator (test_pipeline.py).
 """
@@ -32,4 +32,5 @@ def test_pipeline_equals_one_device_under_mpiexec():
     assert result.returncode == 0, result.stdout[-3000:]
     for schedule in ("gpipe", "1f1b"):
         assert f"pp=2 tp=1 {schedule} m=4: 2 steps equal to one device" in result.stdout, result.stdout[-3000:]
+        assert f"pp=2 tp=1 {schedule} m=4, ViT: 2 steps equal to one device" in result.stdout, result.stdout[-3000:]
     assert "pipeline check passed on MPIComm" in result.stdout
