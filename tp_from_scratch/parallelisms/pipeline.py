@@ -99,9 +99,8 @@ def pieces_of(model, rank=0):
         return Pieces(first=("patch", "patch_embed", "cls", "pos"), last=("ln_f", "head"),
                       embed=embed_patches, loss=vit_loss)
     if not isinstance(model, (GPT, TensorParallelGPT)):
-        raise TypeError(f"rank {rank}: a pipeline stage splits a GPT or a TensorParallelGPT, "
-                        f"got {type(model).__name__} (its forward is not the blocks' in order; "
-                        f"a ViT splits too)")
+        raise TypeError(f"rank {rank}: a pipeline stage splits a GPT, a TensorParallelGPT or a ViT, "
+                        f"got {type(model).__name__} (its forward is not the blocks' in order)")
     tied = model.config.tie_embeddings
     return Pieces(first=("wte", "wpe") if model.config.position == "learned" else ("wte",),
                   last=("ln_f", "wte" if tied else "lm_head"), embed=embed,
