@@ -255,3 +255,16 @@ def test_predicted_step_is_the_sum_of_its_parts_and_the_gpu_presets_price_bytes(
     # the replicated share does not shrink with t: the norms and residual adds are whole on every rank
     assert plan.elementwise_elements(config, "gpt2", 8, 4)["layernorm"] == elements["layernorm"]
     assert plan.elementwise_elements(config, "gpt2", 8, 4)["gelu"] * 2 == elements["gelu"]
+
+
+def test_every_counted_op_has_a_calibration_and_a_gpu_price():
+    # the calibration times exactly the ops the planner counts, so no profile lacks one
+    makers, elements = plan.elementwise_workloads(n=2 ** 16, parameters=2 ** 12)
+    assert set(makers) == set(plan.ELEMENTWISE_PASSES) == set(elements)
+    counted = set()
+    for arch in plan.ARCHS:
+        for t in (1, 2):
+            counted |= set(plan.elementwise_elements(GPTConfig(arch=arch), arch, 2, t))
+    assert counted == set(makers)
+    for run in (make() for make in makers.values()):
+        run()  # each workload runs as the calibration runs it
