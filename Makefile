@@ -45,7 +45,7 @@ demo: $(STAMP)
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	TP_IMPL=reference $(PY) -m pytest exercises -q
-	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 	$(PY) -m pytest --nbmake lessons -q -n $(TEST_WORKERS)
 
 # What does not fit make test's time: t = 8 (Llama 3's TP degree) on 8 processes, minutes on 2 cores
