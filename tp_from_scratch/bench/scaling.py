@@ -3,6 +3,7 @@
     python -m tp_from_scratch.gpt.plan --calibrate        # once: runs/profile.json
     torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench scaling \\
         --json lessons/measurements/scaling.json
+    mpiexec -n 2 python -m tp_from_scratch.bench scaling  # tp=2 on our ring over MPI instead
 
 For each model size, three ways to run the same training step (forward, backward, AdamW)
 on the same global batch, in turn, round after round, so that whatever else the machine
@@ -10,9 +11,10 @@ does falls on all three alike:
 
     tp=1, 1 thread     rank 0 alone, one BLAS thread (rank 1 waits in a barrier, idle)
     tp=1, 2 threads    rank 0 alone, two BLAS threads: what a user compares TP against
-    tp=2               both ranks, one thread each, native gloo all-reduces
+    tp=2               both ranks, one thread each: native gloo all-reduces under torchrun, our
+                       ring all-reduce over MPI point-to-point (shared memory) under mpiexec
 
-Under ``--nproc-per-node 4`` the last run is tp=4 (four ranks sharing two cores: oversubscribed).
+With 4 processes the last run is tp=4 (four ranks sharing two cores: oversubscribed).
 
 It prints the best step time of each (the step least disturbed by other programs; the
 medians go to --json), the speedup of tp=2 over both tp=1 runs, the
@@ -24,6 +26,7 @@ import json
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,6 +35,21 @@ import torch.distributed as dist
 from tp_from_scratch.gpt import plan
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt
+
+@dataclass(frozen=True)
+class Launch:
+    """The processes the bench runs on: this rank, how many, a barrier, and the TP group the model
+    all-reduces over. torchrun: the default gloo group (native all-reduce, over TCP even between
+    processes of one machine). mpiexec: an MPIComm, our ring all-reduce (Lesson 2) over MPI's
+    point-to-point messages, which MPICH passes through shared memory on one machine.
+    ``collectives``: the key of the planner profile's all-reduce that matches the group."""
+    rank: int
+    size: int
+    group: object
+    barrier: object
+    collectives: str
+    command: str
+
 
 def run_names(world):
     """The three runs compared, for ``world`` processes: tp1-1thread, tp1-2threads, tp<world>."""
@@ -73,66 +91,88 @@ def step(model, optimizer, x, y):
     optimizer.step()
 
 
-def timed(model, optimizer, batches, threads, solo):
+def timed(model, optimizer, batches, threads, solo, barrier):
     """Seconds of each step on this rank; ``solo``: only rank 0 runs, the other waits."""
     times = []
     if model is not None:
         torch.set_num_threads(threads)
         for x, y in batches:
             if not solo:
-                dist.barrier()
+                barrier()
             start = time.perf_counter()
             step(model, optimizer, x, y)
             times.append(time.perf_counter() - start)
         torch.set_num_threads(1)
-    dist.barrier()  # a solo run's idle rank waits here
+    barrier()  # a solo run's idle rank waits here
     return times
 
 
-def measure(config, args, rank):
+def measure(config, args, launch):
     """{run name: [seconds per step]} for the three runs, alternating round by round."""
     def adamw(model):
         return torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
 
+    rank = launch.rank
     single = init_gpt(config, 0) if rank == 0 else None
     models = {"tp1-1thread": (single, 1, True), "tp1-2threads": (single, 2, True),
-              f"tp{dist.get_world_size()}": (gpt_to_tp(dist.group.WORLD, init_gpt(config, 0)), 1, False)}
+              f"tp{launch.size}": (gpt_to_tp(launch.group, init_gpt(config, 0)), 1, False)}
     opts = {name: adamw(m) if m is not None else None for name, (m, _, _) in models.items()}
     batches = [global_batch(s, args.batch_size, config.seq_len, config.vocab_size, 0)
                for s in range(args.steps_per_round)]
     for name, (model, threads, solo) in models.items():
-        timed(model if rank == 0 or not solo else None, opts[name], batches[:args.warmup], threads, solo)
+        timed(model if rank == 0 or not solo else None, opts[name], batches[:args.warmup], threads, solo,
+              launch.barrier)
     times = {name: [] for name in models}
     for _ in range(args.rounds):
         for name, (model, threads, solo) in models.items():
-            times[name] += timed(model if rank == 0 or not solo else None, opts[name], batches, threads, solo)
+            times[name] += timed(model if rank == 0 or not solo else None, opts[name], batches, threads, solo,
+                                 launch.barrier)
     return times
 
 
-def predictions(config, args, profile, world):
-    """The planner's step time for each run, or None without a profile."""
+def predictions(config, args, profile, world, collectives="native"):
+    """The planner's step time for each run, or None without a profile (for the TP run: without
+    a fit of the launch's all-reduce in it)."""
     if profile is None:
         return {name: None for name in run_names(world)}
     B = args.batch_size
+    tp = (plan.predict_step(config, profile, world, B, threads=1, collectives=collectives)["step_s"]
+          if collectives in profile["all_reduce"] else None)
     return {"tp1-1thread": plan.predict_step(config, profile, 1, B, threads=1)["step_s"],
             "tp1-2threads": plan.predict_step(config, profile, 1, B, threads=2)["step_s"],
-            f"tp{world}": plan.predict_step(config, profile, world, B, threads=1)["step_s"]}
+            f"tp{world}": tp}
 
 
 def main(argv=None):
     args = parse(argv)
+    from tp_from_scratch.comm.launch import launcher_from_env
+    if launcher_from_env() == "mpi":
+        if args.trace:
+            raise SystemExit("--trace sorts gloo's profiler events: run it under torchrun")
+        from tp_from_scratch.comm.mpi import MPIComm
+        comm = MPIComm(timeout=600)
+        try:
+            if comm.world_size < 2:
+                raise SystemExit("bench scaling runs on 2 (or more) processes: mpiexec -n 2 ...")
+            return run(args, Launch(comm.rank, comm.world_size, comm, comm.barrier, "mpi",
+                                    f"mpiexec -n {comm.world_size} python"))
+        finally:
+            comm.close()
     from tp_from_scratch.comm.process_group import init_process_group
     init_process_group("cpu", timeout=600)
     try:
         if dist.get_world_size() < 2:
             raise SystemExit("bench scaling runs on 2 (or more) processes: torchrun --standalone --nproc-per-node 2 ...")
-        return trace(args) if args.trace else run(args)
+        world = dist.get_world_size()
+        launch = Launch(dist.get_rank(), world, dist.group.WORLD, dist.barrier, "native",
+                        f"torchrun --standalone --nproc-per-node {world}")
+        return trace(args) if args.trace else run(args, launch)
     finally:
         dist.destroy_process_group()
 
 
-def run(args):
-    rank, world = dist.get_rank(), dist.get_world_size()
+def run(args, launch):
+    rank, world = launch.rank, launch.size
     runs, tp = run_names(world), f"tp{world}"
     usable = min(world, os.cpu_count())  # cores the TP ranks can use: the ideal speedup
     torch.set_num_threads(1)
@@ -143,17 +183,18 @@ def run(args):
         f"programs' work slows every run; the runs alternate so that it falls on all alike)")
     say(f"GPT layers={args.layers} T={args.seq_len} V={args.vocab_size} B={args.batch_size}, "
         f"{args.rounds} rounds x {args.steps_per_round} steps, best ms per step (medians in --json); "
-        f"profile: {profile['name'] if profile else 'none (run plan --calibrate)'}")
+        f"profile: {profile['name'] if profile else 'none (run plan --calibrate)'}; tp{world}'s all-reduce: "
+        f"{'our ring over MPI (mpiexec)' if launch.collectives == 'mpi' else 'native gloo (torchrun)'}")
     say(f"{'H':>5} {'params':>10} {'tp1 1thr':>9} {'tp1 2thr':>9} {tp:>9} {'vs 1thr':>8} {'eff.':>6} "
         f"{'vs 2thr':>8}   predicted/measured: {'tp1 1thr':>8} {'tp1 2thr':>8} {tp:>6}")
     for hidden in [int(h) for h in args.sizes.split(",")]:
         config = config_for(hidden, args)
-        times = measure(config, args, rank)
+        times = measure(config, args, launch)
         if rank != 0:
             continue
         med = {name: statistics.median(times[name]) for name in runs}
         best = {name: min(times[name]) for name in runs}
-        pred = predictions(config, args, profile, world)
+        pred = predictions(config, args, profile, world, launch.collectives)
         ratio = {name: pred[name] / best[name] if pred[name] else None for name in runs}
         speedup = best["tp1-1thread"] / best[tp]
         row = {"hidden": hidden, "config": config.to_dict(), "batch_size": args.batch_size,
@@ -171,10 +212,10 @@ def run(args):
             f"{best['tp1-2threads'] * 1e3:>9.1f} {best[tp] * 1e3:>9.1f} {speedup:>7.2f}x "
             f"{speedup / usable:>6.0%} {row['speedup_vs_2threads']:>7.2f}x   {'':>19}{ratios}", flush=True)
     if rank == 0 and args.json:
-        report = {"command": f"torchrun --standalone --nproc-per-node {world} -m tp_from_scratch.bench scaling "
+        report = {"command": f"{launch.command} -m tp_from_scratch.bench scaling "
                              + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
                                         if k not in ("json",) and v is not None),
-                  "profile": profile, "rows": rows}
+                  "all_reduce": launch.collectives, "profile": profile, "rows": rows}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1))
         say(f"# wrote {args.json}")
@@ -311,7 +352,7 @@ def trace(args):
         batches = [global_batch(s, args.batch_size, config.seq_len, config.vocab_size, 0)
                    for s in range(args.steps_per_round)]
         for name, (model, solo) in models.items():
-            timed(model, opts[name], batches[:args.warmup], 1, solo)
+            timed(model, opts[name], batches[:args.warmup], 1, solo, dist.barrier)
         best = {}
         for r in range(args.rounds):
             for name, (model, solo) in models.items():

@@ -390,7 +390,8 @@ def all_reduce_seconds(profile, collectives, nbytes, world_size):
         return 0.0
     # measured at this world size when --calibrate ran it (4 processes on 2 cores share them),
     # else the 2-process fit (or a preset's link)
-    link = profile.get("all_reduce_by_world_size", {}).get(str(world_size), profile["all_reduce"])[collectives]
+    measured_here = profile.get("all_reduce_by_world_size", {}).get(str(world_size), {})
+    link = measured_here.get(collectives) or profile["all_reduce"][collectives]
     sent = 2 * (world_size - 1) / world_size * nbytes
     return ring_messages(world_size) * link["alpha_s"] + sent * link["beta_s_per_byte"]
 
@@ -622,9 +623,9 @@ def measure_step_overhead(depths=(1, 4), repeats=15):
     return {"fixed_s": max(fixed, 0.0), "per_layer_s": max(per_layer, 0.0)}
 
 
-def calibrate_worker(out_path, repeats=5, iterations=10):
-    """Run under torchrun: time gloo all-reduces (native and from-scratch) as a training step
-    pays them, and fit alpha, beta.
+def lockstep_fit(call, barrier, p, repeats=5, iterations=10):
+    """{"alpha_s", "beta_s_per_byte", "bytes", "seconds"} of the all-reduce ``call(x)`` (x a float32
+    tensor) on p ranks, timed as a training step pays it; every rank calls this at once.
 
     In a step, every rank multiplies, then all-reduces, then multiplies again: a call starts
     when both ranks arrive, each arriving a little late or early (their matmuls do not take
@@ -641,53 +642,68 @@ def calibrate_worker(out_path, repeats=5, iterations=10):
     import time
 
     import torch
-    import torch.distributed as dist
-
-    from tp_from_scratch import collectives
-    from tp_from_scratch.comm import TorchComm
-    from tp_from_scratch.comm.process_group import init_process_group
-
-    init_process_group("cpu", timeout=120)
-    p, rank = dist.get_world_size(), dist.get_rank()
-    comm = TorchComm()
     sizes = [2 ** k for k in range(8, 21, 2)]  # float32 elements: 1 KiB .. 4 MiB
     a, b = torch.randn(256, 512), torch.randn(512, 512)  # 134 MFLOP: about a millisecond
 
-    def native(x):
-        dist.all_reduce(x)
-
-    def scratch(x):
-        torch.from_numpy(collectives.all_reduce(comm, x.numpy()))
-
-    def lockstep(call, x):
-        """Seconds of ``iterations`` x (matmul, then ``call(x)`` unless None), all ranks at once."""
-        dist.barrier()
+    def lockstep(x, with_call):
+        barrier()
         start = time.perf_counter()
         for _ in range(iterations):
             a @ b
-            if call is not None:
+            if with_call:
                 call(x)
         return time.perf_counter() - start
 
-    result = {}
+    seconds = []
+    for n in sizes:
+        x = torch.randn(n)
+        lockstep(x, True)  # warm up
+        per_call = [(lockstep(x, True) - lockstep(x, False)) / iterations for _ in range(repeats)]
+        seconds.append(float(statistics.median(per_call)))
+    intercept, slope = fit_line([4 * n for n in sizes], seconds)
+    return {"alpha_s": max(intercept, 0.0) / ring_messages(p), "beta_s_per_byte": slope * p / (2 * (p - 1)),
+            "bytes": [4 * n for n in sizes], "seconds": seconds}
+
+
+def calibrate_worker(out_path):
+    """Run under torchrun: gloo's native all-reduce and ours over TorchComm (lockstep_fit), and
+    the matmul rate of one process while the others multiply too. Under mpiexec: our ring
+    all-reduce over MPI's point-to-point messages (key "mpi")."""
+    import torch
+
+    from tp_from_scratch import collectives
+    from tp_from_scratch.comm.launch import launcher_from_env
+
+    def ours(comm):
+        return lambda x: collectives.all_reduce(comm, x.numpy())
+
+    if launcher_from_env() == "mpi":
+        from tp_from_scratch.comm.mpi import MPIComm
+        comm = MPIComm(timeout=120)
+        try:
+            result = {"mpi": lockstep_fit(ours(comm), comm.barrier, comm.world_size)}
+        finally:
+            comm.close()
+        if comm.rank == 0:
+            Path(out_path).write_text(json.dumps(result))
+        return
+
+    import torch.distributed as dist
+
+    from tp_from_scratch.comm import TorchComm
+    from tp_from_scratch.comm.process_group import init_process_group
+    init_process_group("cpu", timeout=120)
+    p, rank = dist.get_world_size(), dist.get_rank()
+    comm = TorchComm()
     try:
         # every rank multiplies at once: the rate of one process while the other cores are busy too
         # (shared caches, memory bandwidth, clock); a step waits for the slowest, so keep the lowest
         dist.barrier()
         rates = [None] * p
         dist.all_gather_object(rates, measure_matmul_flops(1))
-        result["matmul_flops_concurrent"] = {"1": min(rates), "processes": p}
-        for name, call in [("native", native), ("scratch", scratch)]:
-            seconds = []
-            for n in sizes:
-                x = torch.randn(n)
-                lockstep(call, x)  # warm up
-                per_call = [(lockstep(call, x) - lockstep(None, x)) / iterations for _ in range(repeats)]
-                seconds.append(float(statistics.median(per_call)))
-            intercept, slope = fit_line([4 * n for n in sizes], seconds)
-            result[name] = {"alpha_s": max(intercept, 0.0) / ring_messages(p),
-                            "beta_s_per_byte": slope * p / (2 * (p - 1)),
-                            "bytes": [4 * n for n in sizes], "seconds": seconds}
+        result = {"matmul_flops_concurrent": {"1": min(rates), "processes": p},
+                  "native": lockstep_fit(dist.all_reduce, dist.barrier, p),
+                  "scratch": lockstep_fit(ours(comm), dist.barrier, p)}
     finally:
         comm.close()
         dist.destroy_process_group()
@@ -703,7 +719,7 @@ def calibrate(out_path, timeout=300, world_sizes=(2, 4)):
     import statistics
     import tempfile
 
-    from tp_from_scratch.comm.launchers import run_command, torchrun_command
+    from tp_from_scratch.comm.launchers import LauncherNotFoundError, mpiexec_command, run_command, torchrun_command
     # the matmul rate drifts by 10-20 % over minutes on a shared machine: three passes,
     # 1 and 2 threads in turn, and the median of each
     passes = [{k: measure_matmul_flops(k) for k in (1, 2)} for _ in range(3)]
@@ -711,19 +727,27 @@ def calibrate(out_path, timeout=300, world_sizes=(2, 4)):
                "matmul_flops": {str(k): statistics.median(r[k] for r in passes) for k in (1, 2)},
                "elementwise_s_per_element": {str(k): measure_elementwise(k) for k in (1, 2)},
                "step_overhead": measure_step_overhead()}
-    for p in world_sizes:
+
+    def worker(command, p):
         with tempfile.TemporaryDirectory() as tmp:
             part = Path(tmp) / "all_reduce.json"
-            out = run_command(torchrun_command(p, "tp_from_scratch.gpt.plan", "--calibrate-worker", str(part)),
+            out = run_command(command(p, "tp_from_scratch.gpt.plan", "--calibrate-worker", str(part)),
                               timeout=timeout)
             if out.returncode != 0:
                 raise RuntimeError(f"the all-reduce calibration on {p} processes failed:\n{out.stdout[-3000:]}")
-            measured = json.loads(part.read_text())
+            return json.loads(part.read_text())
+
+    for p in world_sizes:
+        measured = worker(torchrun_command, p)
         concurrent = measured.pop("matmul_flops_concurrent")
         if p == 2:
             profile["matmul_flops_concurrent"], profile["all_reduce"] = concurrent, measured
         else:
             profile.setdefault("all_reduce_by_world_size", {})[str(p)] = measured
+    try:  # our ring over MPI point-to-point, for bench scaling under mpiexec
+        profile["all_reduce"].update(worker(mpiexec_command, 2))
+    except LauncherNotFoundError as missing:
+        print(f"no MPI fit: {missing}")
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     Path(out_path).write_text(json.dumps(profile, indent=1))
     return profile
@@ -772,7 +796,8 @@ def build_parser():
     p.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32", help="memory table")
     p.add_argument("--profile", default="runs/profile.json",
                    help=f"a JSON from --calibrate, or a preset: {', '.join(PRESETS)}")
-    p.add_argument("--collectives", choices=["native", "scratch"], default="native")
+    p.add_argument("--collectives", choices=["native", "scratch", "mpi"], default="native",
+                   help="whose all-reduce: gloo's, ours over gloo, ours over MPI (from --calibrate)")
     p.add_argument("--calibrate", action="store_true", help="measure this machine, write --profile")
     p.add_argument("--calibrate-worker", metavar="JSON", help=argparse.SUPPRESS)
     add_model_flags(p)
