@@ -519,7 +519,7 @@ def elementwise_workloads(n=2 ** 20, parameters=2 ** 22):
         x, w = leaf(n // H, H), leaf(H)
         return fwd_bwd(lambda x: F.rms_norm(x, (H,), w, 1e-6), x)
 
-    def gelu():
+    def gelu():  # the exact (erf) form, the course's default; GPT-2's tanh form is priced alike
         return fwd_bwd(F.gelu, leaf(n // 1024, 1024))
 
     def swiglu():
