@@ -3,8 +3,9 @@
     .venv/bin/python lessons/src/09_when_tp_pays.py
     .venv/bin/jupyter nbconvert --to notebook --execute --inplace lessons/09_when_tp_pays.ipynb
 
-The measured numbers come from lessons/measurements/scaling.json, written by
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench scaling --json lessons/measurements/scaling.json
+The measured numbers come from lessons/measurements/scaling*.json and step_profile.json, written
+on a quiet machine by
+    bash lessons/measurements/remeasure/09_scaling.sh
 """
 from pathlib import Path
 
