@@ -259,10 +259,16 @@ fig, (a, b) = plt.subplots(1, 2, figsize=(12, 3.6))
 hs = [r["hidden"] for r in rows]
 a.plot(hs, [r["speedup_vs_1thread"] for r in rows], "o-", label="tp=2 vs tp=1, 1 thread")
 a.plot(hs, [r["speedup_vs_2threads"] for r in rows], "s-", label="tp=2 vs tp=1, 2 threads")
+over_mpi = json.loads((REPO / "lessons/measurements/scaling_mpi.json").read_text())  # section "Is it the link?"
+a.plot(hs, [r["speedup_vs_1thread"] for r in over_mpi["rows"]], "o--", color="C0", alpha=0.6,
+       label="the same over MPI, vs 1 thread")
+a.plot(hs, [r["speedup_vs_2threads"] for r in over_mpi["rows"]], "s--", color="C1", alpha=0.6,
+       label="the same over MPI, vs 2 threads")
 a.axhline(2.0, color="grey", ls=":", label="ideal on 2 cores")
 a.axhline(1.0, color="red", ls=":", label="no gain")
-a.set(xlabel="hidden size H", ylabel="speedup", title="strong scaling, measured")
-a.legend(fontsize=8)
+a.set(xlabel="hidden size H", ylabel="speedup", title="strong scaling, measured (solid: gloo, dashed: MPI)",
+      ylim=(0, 2.1))
+a.legend(fontsize=7, loc="lower right")
 big = rows[-1]
 prof = measured["profile"]
 config = GPTConfig(**{k: v for k, v in big["config"].items() if k in GPTConfig.__dataclass_fields__})
@@ -360,8 +366,7 @@ point-to-point messages, which MPICH passes through shared memory. Nothing else 
     mpiexec -n 2 .venv/bin/python -m tp_from_scratch.bench scaling
 
 """),
-    new_code_cell("""over_mpi = json.loads((REPO / "lessons/measurements/scaling_mpi.json").read_text())
-show(over_mpi)
+    new_code_cell("""show(over_mpi)
 links = {name: over_mpi["profile"]["all_reduce"][name] for name in ("native", "mpi")}
 print()
 for name, label in (("native", "gloo, native (torchrun)"), ("mpi", "our ring over MPI (mpiexec)")):
