@@ -22,6 +22,30 @@ def pytest_configure(config):
         config.option.tbstyle = "short"
 
 
+# TP_GRADE_FIRST_FAILURE=1 (set by tools.grade.run_graders(stop_at_first_failure=True)): each
+# exercise's graders stop at that exercise's first failure while the other exercises go on, as
+# if each ran alone under -x. One pytest process can then grade a known-wrong implementation of
+# every exercise at once (tests/test_graders.py), instead of one process each.
+FAILED_FILES = pytest.StashKey[set]()
+
+
+def _stop_each_at_first_failure():
+    return os.environ.get("TP_GRADE_FIRST_FAILURE", "") == "1"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if _stop_each_at_first_failure() and item.path in item.config.stash.get(FAILED_FILES, set()):
+        pytest.skip("an earlier grader of this exercise failed")  # before any fixture is set up
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if _stop_each_at_first_failure() and outcome.get_result().failed:
+        item.config.stash.setdefault(FAILED_FILES, set()).add(item.path)
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         item.add_marker(getattr(pytest.mark, exercise_id_of(item.path.name)))

@@ -80,7 +80,8 @@ def run_graders(impl="", exercises=None, timeout=900, stop_at_first_failure=Fals
     """Run the graders in a fresh pytest process; return {exercise id: ExerciseResult}.
 
     impl: "" (the learner's exercises/), "reference", or a submission directory.
-    stop_at_first_failure: pytest -x; enough to prove that a known-wrong implementation fails.
+    stop_at_first_failure: each exercise stops at its own first failure (pytest -x per exercise,
+        exercises/conftest.py): enough to prove that a known-wrong implementation fails.
     collectives: "library", or "mine" to run on the ring of impl's Exercise 2 (TP_COLLECTIVES).
     """
     exercises = list(exercises or EXERCISES)
@@ -91,9 +92,10 @@ def run_graders(impl="", exercises=None, timeout=900, stop_at_first_failure=Fals
         # only the one plugin the graders use (their timeouts): auto-loading every installed
         # plugin (jupyter's nbmake, hypothesis, ...) costs ~3 s per run, ~0.4 s without
         cmd = [sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider", "-p", "pytest_timeout",
-               "-o", "junit_family=xunit1", f"--junitxml={junit}", *(["-x"] if stop_at_first_failure else [])]
+               "-o", "junit_family=xunit1", f"--junitxml={junit}"]
         env = subprocess_env(TP_IMPL=impl, TP_COLLECTIVES="mine" if collectives == "mine" else "",
-                             PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+                             PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+                             TP_GRADE_FIRST_FAILURE="1" if stop_at_first_failure else "")
         proc = run_command(cmd, timeout, env=env, cwd=REPO)
         if not junit.exists():
             raise RuntimeError(f"pytest wrote no results (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
