@@ -119,7 +119,10 @@ def main(argv=None):
         check_divisible(args.rows if args.axis == 0 else args.cols, t, f"dimension {args.axis} ({'rows' if args.axis == 0 else 'cols'}) of size")
     except ValueError as e:
         parser.error(str(e))
-    return worker(args) if under_torchrun else launch(args, argv)
+    if under_torchrun:
+        from tp_from_scratch.comm.process_group import exit_now
+        exit_now(worker(args))  # worker() has destroyed the process group
+    return launch(args, argv)
 
 
 if __name__ == "__main__":
