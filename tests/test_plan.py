@@ -268,3 +268,9 @@ def test_every_counted_op_has_a_calibration_and_a_gpu_price():
     assert counted == set(makers)
     for run in (make() for make in makers.values()):
         run()  # each workload runs as the calibration runs it
+
+
+def test_plan_refuses_an_all_reduce_the_profile_has_not_fitted(capsys):
+    with pytest.raises(SystemExit):
+        plan.main(["--profile", "h100-nvlink", "--collectives", "mpi"])
+    assert "--collectives mpi: profile h100-nvlink has no fit of that all-reduce" in capsys.readouterr().err

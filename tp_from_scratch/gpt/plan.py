@@ -669,8 +669,6 @@ def calibrate_worker(out_path):
     """Run under torchrun: gloo's native all-reduce and ours over TorchComm (lockstep_fit), and
     the matmul rate of one process while the others multiply too. Under mpiexec: our ring
     all-reduce over MPI's point-to-point messages (key "mpi")."""
-    import torch
-
     from tp_from_scratch import collectives
     from tp_from_scratch.comm.launch import launcher_from_env
 
@@ -884,7 +882,12 @@ def main(argv=None):
     if args.profile not in PRESETS and not Path(args.profile).exists():
         parser.error(f"no profile {args.profile}: run with --calibrate first, or pass a preset "
                      f"({', '.join(PRESETS)})")
-    report(args, config, load_profile(args.profile))
+    profile = load_profile(args.profile)
+    if args.collectives not in profile["all_reduce"]:
+        parser.error(f"--collectives {args.collectives}: profile {args.profile} has no fit of that all-reduce "
+                     f"(it has {', '.join(profile['all_reduce'])}); --calibrate fits native and scratch, "
+                     f"and mpi where mpiexec is installed")
+    report(args, config, profile)
     return 0
 
 

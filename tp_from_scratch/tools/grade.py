@@ -17,7 +17,6 @@ status is 0 only if every graded exercise passed.
 """
 import argparse
 import csv
-import subprocess
 import sys
 import tempfile
 import textwrap
