@@ -37,6 +37,7 @@ from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.compare import TOLERANCE, assert_matches_reference
 from tp_from_scratch.gpt.data import global_batch, local_batch
 from tp_from_scratch.gpt.mesh import setup_mesh
+from tp_from_scratch.gpt.options import parse_valid_args
 from tp_from_scratch.gpt.model import GPTConfig, count_parameters, gpt_to_tp, init_gpt
 from tp_from_scratch.gpt.traffic import CollectiveCounter
 
@@ -459,22 +460,6 @@ def report(args, mesh, group, counter, first, losses, ref_losses, bad, elapsed):
         print(f"loss curves: {args.plot}")
     if args.save:
         print(f"checkpoint: {args.save} (step {args.steps}, tp={mesh.tp})")
-
-
-def parse_valid_args(parser, validate_fn, argv=None, world=None):
-    """Parse the command line and check it with ``validate_fn(args, world)`` (a message or None).
-
-    On a problem, rank 0 prints the usage and the message and every rank exits with status 2
-    (so a bad flag stops a torchrun job once, not once per rank). Later lessons' trainers use it.
-    """
-    args = parser.parse_args(argv)
-    world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
-    problem = validate_fn(args, world)
-    if problem:
-        if int(os.environ.get("RANK", "0")) == 0:
-            parser.error(problem)  # prints usage and the message, exits with status 2
-        sys.exit(2)
-    return args
 
 
 def main(argv=None):
