@@ -8,11 +8,13 @@ export PYTHONPATH := $(CURDIR)
 # one BLAS thread per process: ranks run oversubscribed on a laptop's few cores
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test test-slow grade lessons doctor bench measurements clean help
+.PHONY: demo test test-fast lint test-slow grade lessons doctor bench measurements clean help
 
 help:
 	@echo "make demo     run the main job (sets up .venv on first use)"
 	@echo "make test     run the whole suite: library tests, graders (reference), meta-tests, lessons"
+	@echo "make test-fast  the library tests without the launches (mpiexec, torchrun): the inner loop"
+	@echo "make lint     ruff: unused or undefined names and other real mistakes (make test runs it first)"
 	@echo "make test-slow  what does not fit make test: tp=8 on 8 processes (minutes on 2 cores)"
 	@echo "make grade    grade YOUR exercises in exercises/ and print a summary (EX=ex03: one exercise)"
 	@echo "make lessons  re-execute every notebook in place (outputs are committed)"
@@ -47,16 +49,24 @@ demo: $(STAMP)
 # The suite runs on TEST_WORKERS processes (pytest-xdist); --dist loadfile keeps each test file on
 # one worker, so a file's module-scoped launches (torchrun runs, grader subprocesses) happen once
 TEST_WORKERS ?= 2
-test: $(STAMP)
+test: lint
 	TP_IMPL=reference $(PY) -m pytest exercises -q
 	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 	$(PY) -m pytest --nbmake lessons -q -n $(TEST_WORKERS)
+
+# The inner loop: the library and meta-tests without the launched processes (@pytest.mark.slow),
+# the graders and the notebooks
+test-fast: $(STAMP)
+	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check --no-cache .
 
 # What does not fit make test's time: t = 8 (Llama 3's TP degree) on 8 processes, minutes on 2 cores
 test-slow: $(STAMP)
 	TP_TEST_SLOW=1 $(PY) -m pytest tests/test_slow_tp8.py -q
 
-# make grade EX=ex03 grades one exercise; COLLECTIVES=mine runs Exercises 3-6 on your own ex02 ring
+# make grade EX=ex03 grades one exercise; COLLECTIVES=mine runs Exercises 3-5 on your own ex02 ring
 grade: $(STAMP)
 	$(PY) -m tp_from_scratch.tools.grade $(foreach e,$(EX),--exercise $(e)) $(if $(COLLECTIVES),--collectives $(COLLECTIVES))
 

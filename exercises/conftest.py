@@ -3,8 +3,8 @@
 Run one exercise:     pytest exercises -m ex01
 Grade the reference:  TP_IMPL=reference pytest exercises
 Grade a submission:   TP_IMPL=/path/to/their/exercises pytest exercises
-On your own ring:     TP_COLLECTIVES=mine pytest exercises -m "ex03 or ex04 or ex05 or ex06"
-                      (Exercises 3-6 then run on YOUR Exercise 2 collectives)
+On your own ring:     TP_COLLECTIVES=mine pytest exercises -m "ex03 or ex04 or ex05a or ex05b"
+                      (Exercises 3-5 then run on YOUR Exercise 2 collectives)
 """
 import os
 

@@ -6,7 +6,7 @@ Shapes: X (B, H), W (H, F), t devices. Use numpy only; no communication yet.
 Every function returns NEW arrays (not views of its inputs, not an input returned as is
 when t = 1) and never modifies its inputs: the graders check both, and try t = 1, 2, 3, 4.
 """
-import numpy as np
+import numpy as np  # noqa: F401 (yours to use)
 
 
 def shard(array, world_size, axis):

@@ -3,7 +3,6 @@
 The TP forward/backward/step checks of both architectures run in test_model.py through
 gpt/checks.py's configs_for (simulated ranks and torchrun); here: what is particular to them.
 """
-from dataclasses import replace
 
 import pytest
 import torch

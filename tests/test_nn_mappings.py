@@ -164,7 +164,7 @@ def test_none_is_not_a_group(call):
 
 def _replicas(comm, seed, replicas):
     # every rank holds a copy of its block's weight; backward sums the copies' gradients
-    t, r = comm.world_size, comm.rank
+    r = comm.rank
     w = _data(seed, r // replicas, (3, 2))
     y = sum_over_replicas(comm, w, replicas)
     assert_matches_reference(y, w, name="forward (identity)", rank=r, exact=True)

@@ -1,5 +1,4 @@
 """Real text offline: the standard-library byte corpus, its split, and TP training on it."""
-import numpy as np
 import pytest
 import torch
 

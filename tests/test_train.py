@@ -17,7 +17,6 @@ import pytest
 
 from tp_from_scratch.gpt import checkpoint as ckpt
 from single_device import single_device_losses, single_device_weights
-from tp_from_scratch.gpt import train
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.comm.launchers import free_port, run_command, torchrun_command
 

@@ -5,7 +5,7 @@
   FAIL is one documented below (a new failure, or a documented one that went away, fails here);
 * four small broken adapters (tests/verify_adapters.py), each reproducing a bug picotron
   shipped, FAIL exactly the check aimed at them;
-* each known-wrong Exercise 5 implementation FAILs its targeted check through the adapter API,
+* each known-wrong Exercise 5a implementation FAILs its targeted check through the adapter API,
   while the reference passes the same checks through the same adapter.
 
 torchrun is launched once per world size, with every adapter in that one launch.
@@ -27,11 +27,11 @@ from tp_from_scratch.verify.adapter import FEATURES, Adapter
 from tp_from_scratch.verify.ours import ADAPTER as OURS
 
 REPO = Path(__file__).resolve().parent.parent
-KNOWN_WRONG = REPO / "tests" / "known_wrong" / "ex05_autograd_mappings"
+KNOWN_WRONG = REPO / "tests" / "known_wrong" / "ex05a_autograd_mappings"
 MEGATRON = REPO / "examples" / "megatron_core_adapter.py"
 HAS_MEGATRON = importlib.util.find_spec("megatron") is not None
 
-# the check each known-wrong Exercise 5 implementation must FAIL
+# the check each known-wrong Exercise 5a implementation must FAIL
 KNOWN_WRONG_TARGETS = {
     "f_all_reduces_in_forward": ("f", "forward"),
     "g_without_all_reduce": ("g", "forward"),
@@ -105,7 +105,7 @@ def test_each_known_wrong_exercise_fails_its_targeted_check_through_the_adapter_
     untargeted = {p.stem for p in paths} - set(KNOWN_WRONG_TARGETS)
     assert not untargeted and len(paths) >= 4, f"give {sorted(untargeted)} a target in KNOWN_WRONG_TARGETS"
     # the adapter itself is right: the reference passes every check it reaches
-    reference = exercise_adapter(load_implementation("ex05", "reference"), "reference")
+    reference = exercise_adapter(load_implementation("ex05a", "reference"), "reference")
     rows = merge(run_spmd(run_suite, 2, reference, dtypes=(torch.float64,)))
     assert not failed(rows), table(rows)
     for path in paths:
@@ -115,9 +115,9 @@ def test_each_known_wrong_exercise_fails_its_targeted_check_through_the_adapter_
             f"{path.stem} passed {KNOWN_WRONG_TARGETS[path.stem]}:\n{table(rows)}"
 
 
-# the check each known-wrong Exercise 6 cross-entropy must FAIL (masks_target_in_place writes
+# the check each known-wrong Exercise 5b cross-entropy must FAIL (masks_target_in_place writes
 # into the caller's targets only where some are ignore_index: the ignore_index case sees it)
-KNOWN_WRONG_CE = REPO / "tests" / "known_wrong" / "ex06_vocab_parallel_cross_entropy"
+KNOWN_WRONG_CE = REPO / "tests" / "known_wrong" / "ex05b_vocab_parallel_cross_entropy"
 KNOWN_WRONG_CE_TARGETS = {
     "gathers_full_logits": "collectives",
     "ignore_index_not_masked": "ignore_index",
@@ -140,7 +140,7 @@ def test_each_known_wrong_cross_entropy_fails_its_targeted_check_through_the_ada
     paths = sorted(KNOWN_WRONG_CE.glob("*.py"))
     untargeted = {p.stem for p in paths} - set(KNOWN_WRONG_CE_TARGETS)
     assert not untargeted and len(paths) >= 4, f"give {sorted(untargeted)} a target in KNOWN_WRONG_CE_TARGETS"
-    reference = cross_entropy_adapter(load_implementation("ex06", "reference"), "reference")
+    reference = cross_entropy_adapter(load_implementation("ex05b", "reference"), "reference")
     rows = merge(run_spmd(run_suite, 2, reference, dtypes=(torch.float64,)))
     assert not failed(rows) and status(rows, "reference", "cross-entropy", "forward") == {"PASS"}, table(rows)
     for path in paths:

@@ -11,7 +11,7 @@ check aimed at it. Written here from the description of each pattern, not copied
                         local rows, so rank r > 0 zeroes the gradient of row start_r + padding_idx
 
 They call torch.distributed directly, as picotron does, so they run under torchrun only.
-``exercise_adapter(module)`` describes an Exercise 5 implementation (a known-wrong one, say).
+``exercise_adapter(module)`` describes an Exercise 5a implementation (a known-wrong one, say).
 """
 import torch
 import torch.distributed as dist
@@ -99,7 +99,7 @@ TARGETS = {
 
 
 def exercise_adapter(module, name):
-    """An Exercise 5 module (its four mapping Functions and two layers) as an Adapter."""
+    """An Exercise 5a module (its four mapping Functions and two layers) as an Adapter."""
     return Adapter(
         name=name,
         column=lambda group, linear, gather_output=False: module.ColumnParallelLinear.from_linear(

@@ -12,7 +12,7 @@ HERE = Path(__file__).resolve().parent
 NAME = "05_autograd_tensor_parallel.ipynb"
 
 cells = [
-    new_markdown_cell(r"""# Lesson 5 (ex05, ex06): tensor parallelism with PyTorch autograd
+    new_markdown_cell(r"""# Lesson 5 (ex05a, ex05b): tensor parallelism with PyTorch autograd
 
 In Lessons 3 and 4 every layer had a hand-written backward, and f and g were four little numpy
 functions. PyTorch already differentiates everything else; all it needs from us is the
@@ -68,7 +68,7 @@ the gradient reaches that point of the graph. Megatron's pair, written out:
 Each backward is the forward's transpose. If x is copied to t ranks and each uses it, the loss
 depends on x through t paths, so its gradient is the **sum** of the t contributions: f's
 backward all-reduces. If y is the sum of t partials, $\partial y/\partial x_r = 1$: g's backward
-passes the gradient through unchanged. Exercise 5 asks you to write these four Functions; the
+passes the gradient through unchanged. Exercise 5a asks you to write these four Functions; the
 library's own are in `tp_from_scratch/nn/mappings.py` (read them after you have tried). Every
 mapping takes the group first, as every collective of Lesson 2 takes the communicator first,
 and the paper's short names are there too: `nn.f` is `copy_to_tp_region`, `nn.g` is
@@ -315,12 +315,12 @@ print("replicated masks identical on all ranks:", all(torch.equal(r[0], per_rank
 print("sharded masks all different:", len({tuple(r[1].flatten().tolist()) for r in per_rank}) == t)"""),
     new_markdown_cell(r"""## Your turn: exercises 5 and 6
 
-* `exercises/ex05_autograd_mappings.py`: write the four mappings' forward and backward, then
+* `exercises/ex05a_autograd_mappings.py`: write the four mappings' forward and backward, then
   `from_linear` and `forward` of both parallel linear layers, using your mappings.
-* `exercises/ex06_vocab_parallel_cross_entropy.py`: the loss from this rank's block of logits,
+* `exercises/ex05b_vocab_parallel_cross_entropy.py`: the loss from this rank's block of logits,
   with its gradient, and no gathering.
 
-        make grade                    # or: .venv/bin/python -m pytest exercises -m ex05 -x (ex06)
+        make grade                    # or: .venv/bin/python -m pytest exercises -m ex05a -x (ex05b)
 
 The graders run your code on 1-4 simulated ranks against `torch.nn.Linear` and
 `F.cross_entropy` (outputs, every gradient, the weights after an SGD step) and read the meter:

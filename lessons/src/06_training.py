@@ -171,12 +171,12 @@ act = B * T * H * 4  # one float32 (B, T, H) activation, in bytes
 expected = (4 * L + 2) * act + 3 * B * T * 4   # 4 per block + embedding + head, and the loss
 print(f"formula: {expected:,} bytes/step; meter: {per_step['all_reduce']['bytes_sent']:,.0f}")
 assert expected == per_step["all_reduce"]["bytes_sent"]"""),
-    new_markdown_cell(r"""### Exercise 10: assemble the block, and account for every all-reduce
+    new_markdown_cell(r"""### Exercise 6: assemble the block, and account for every all-reduce
 
-`exercises/ex10_training_step.py` asks for two functions:
+`exercises/ex06_training_step.py` asks for two functions:
 
 * `tp_block(group, block, config)`: this rank's tensor-parallel copy of a single-device
-  `gpt.model.Block`, built from your Exercise 5 layers (`ColumnParallelLinear.from_linear` for q,
+  `gpt.model.Block`, built from your Exercise 5a layers (`ColumnParallelLinear.from_linear` for q,
   k, v and fc, `RowParallelLinear.from_linear` for o and proj, ONE f in front of q, k and v, the
   LayerNorms copied whole). The graders train it for one step on t = 1, 2, 3 and 4 simulated
   ranks and compare the output, every gradient and every updated weight with the single-device
@@ -191,7 +191,7 @@ assert expected == per_step["all_reduce"]["bytes_sent"]"""),
   `2N - chunk_r - chunk_{r+1}` numbers: see `tp_from_scratch/collectives.py`). At t = 2
   above, every rank sent exactly the payload.
 
-Grade it with `make grade EX=ex10` (or `.venv/bin/python -m pytest exercises -m ex10`)."""),
+Grade it with `make grade EX=ex06` (or `.venv/bin/python -m pytest exercises -m ex06`)."""),
     new_markdown_cell(r"""## 4. The real thing: torchrun, gloo, separate processes
 
 The same training script that `make demo` runs, launched from here on 2 processes with a free

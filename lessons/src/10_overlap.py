@@ -36,7 +36,7 @@ one algorithm: the ring. Production TP does two more things:
 Everything here is in `tp_from_scratch/overlap/`: `algorithms.py` (four all-reduces and the
 selector), `nonblocking.py` (an all-reduce you start and wait for), `linear.py` (the
 overlapping layer), `collective_matmul.py` and `collective_matmul_nn.py` (the fused loops, numpy
-and torch). Exercise 9 (`exercises/ex09_recursive_halving_doubling.py`) asks you to
+and torch). Exercise 10 (`exercises/ex10_recursive_halving_doubling.py`) asks you to
 write one of the algorithms.
 
 Legend: p ranks, N bytes of the array, alpha seconds per message, beta seconds per byte."""),
@@ -346,10 +346,10 @@ end). On the CPU, where one core both copies and multiplies, the model predicts 
 all; what a measurement shows beyond that is waiting for the neighbour that the fused loop
 filled with work, and the noise of a shared machine is as large.
 
-## Exercise 9
+## Exercise 10
 
-Write `all_reduce_rabenseifner(comm, x, op)` in `exercises/ex09_recursive_halving_doubling.py`
-on `comm.send` and `comm.recv` only; `pytest exercises -m ex09` grades it: the sum on every
+Write `all_reduce_rabenseifner(comm, x, op)` in `exercises/ex10_recursive_halving_doubling.py`
+on `comm.send` and `comm.recv` only; `pytest exercises -m ex10` grades it: the sum on every
 rank for p = 1..8, the same bits everywhere, the input untouched, and the meter and the
 partners of recursive halving-doubling (not a ring, not recursive doubling)."""),
 ]

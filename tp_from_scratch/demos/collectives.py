@@ -84,8 +84,8 @@ def run(comm, rows):
         shape = "None" if got is None else str(got.shape)
         say(f"{name:<24} {shape:>18} {verdict_native:>10} {verdict_numpy:>10}")
     comm.barrier()
-    say(f"\nEvery rank checked every result bit for bit (a mismatch would have stopped the job).")
-    say(f"\nTraffic of the from-scratch collectives on rank 0 (payload bytes; native calls not counted):\n")
+    say("\nEvery rank checked every result bit for bit (a mismatch would have stopped the job).")
+    say("\nTraffic of the from-scratch collectives on rank 0 (payload bytes; native calls not counted):\n")
     say(comm.meter.table())
     n = p * rows * 4 * 4  # bytes of one (p*k, 4) float32 array
     ar = comm.meter.by_collective["all_reduce"].bytes_sent

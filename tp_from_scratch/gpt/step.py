@@ -1,5 +1,5 @@
 """One training step of the tensor-parallel GPT: a block assembled from the parallel layers,
-and every all-reduce of the step accounted for (Lesson 6, Exercise 10).
+and every all-reduce of the step accounted for (Lesson 6, Exercise 6).
 
     tp_block(group, block, config)                         this rank's shard of a single-device Block
     all_reduces_of_a_step(config, batch_size, t, rank)     [(phase, where, elements, bytes_sent)]

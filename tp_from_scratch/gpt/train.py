@@ -25,7 +25,6 @@ tp, and equals the single-device loss on the whole batch up to summation order.
 """
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path

@@ -20,5 +20,5 @@ the same bias choices (no attn.k.bias). One difference, on purpose: numpy keeps 
 layout W (in, out) and computes y = x @ W + b, while torch's nn.Linear stores weight (out, in)
 = W^T. reference.params_from_torch / params_to_torch convert, transposing the 2-D weights.
 """
-from tp_from_scratch.layers import reference
-from tp_from_scratch.layers.reference import BlockConfig
+from tp_from_scratch.layers import reference  # noqa: F401 (re-exported)
+from tp_from_scratch.layers.reference import BlockConfig  # noqa: F401 (re-exported)

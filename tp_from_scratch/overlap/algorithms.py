@@ -150,7 +150,6 @@ def all_reduce_rabenseifner(comm, x, op="sum"):
     """
     x = np.asarray(x)
     combine = _combine(op)
-    p = comm.world_size
     with comm.collective("all_reduce_rabenseifner", x, shape=x.shape, dtype=x.dtype, op=op):
         partial = _fold(comm, np.array(x, copy=True).reshape(-1), combine)  # (N,)
         if partial is not None:

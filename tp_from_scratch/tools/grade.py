@@ -5,13 +5,13 @@
     python -m tp_from_scratch.tools.grade class/*/         # an instructor: one row per submission
     python -m tp_from_scratch.tools.grade class/*/ --csv grades.csv
     python -m tp_from_scratch.tools.grade --exercise ex03  # one exercise (make grade EX=ex03)
-    python -m tp_from_scratch.tools.grade --collectives mine   # Exercises 3-6 on YOUR ring (ex02)
+    python -m tp_from_scratch.tools.grade --collectives mine   # Exercises 3-5 on YOUR ring (ex02)
 
 A submission is a directory holding files named like the stubs (ex01_split_matmul.py, ...).
 "not yet" means every failure is the stub's NotImplementedError; "failing" shows the
 first failure (its whole message, wrapped at word boundaries, hints included) and the
 command that re-runs that exercise's graders alone. Grading your own exercises/, once
-Exercise 2 passes, Exercises 3-6 are graded a second time on your own ring collectives
+Exercise 2 passes, Exercises 3-5 are graded a second time on your own ring collectives
 (TP_COLLECTIVES=mine), so finishing Exercise 2 powers the rest of the course. The exit
 status is 0 only if every graded exercise passed.
 """
@@ -143,7 +143,7 @@ def print_summary(results, title=None, out=sys.stdout, impl="", collectives="lib
             print(f"      re-run it alone: {rerun_command(r.exercise, impl, collectives)}", file=out)
 
 
-ON_YOUR_RING = ("ex03", "ex04", "ex05", "ex06")  # the exercises whose graders run on ex02's collectives
+ON_YOUR_RING = ("ex03", "ex04", "ex05a", "ex05b")  # the exercises whose graders run on ex02's collectives
 _NOT_GRADED = ExerciseResult("none")
 
 
@@ -154,7 +154,7 @@ def main(argv=None):
     parser.add_argument("--exercise", action="append", choices=sorted(EXERCISES), help="only these")
     parser.add_argument("--csv", help="also write one row per submission and exercise to this file")
     parser.add_argument("--collectives", choices=["library", "mine", "both"], default=None,
-                        help="run Exercises 3-6 on the library's ring, on the ring of the graded "
+                        help="run Exercises 3-5 on the library's ring, on the ring of the graded "
                              "Exercise 2 (mine), or both (the default for your own exercises/)")
     args = parser.parse_args(argv)
 
@@ -175,7 +175,7 @@ def main(argv=None):
         built_on = [e for e in ON_YOUR_RING if e in results and results[e].status != "not yet"]
         if collectives == "both" and built_on and results.get("ex02", _NOT_GRADED).status == "passed":
             mine = run_graders(target, built_on, collectives="mine")
-            print_summary(mine, title=f"{title}: Exercises 3-6 again, on YOUR ring collectives from ex02",
+            print_summary(mine, title=f"{title}: Exercises 3-5 again, on YOUR ring collectives from ex02",
                           impl=target, collectives="mine")
             all_passed &= all(r.status == "passed" for r in mine.values())
     if args.csv:

@@ -20,20 +20,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 EXERCISE_DIR = REPO / "exercises"
 
-# exercise id -> (file stem in exercises/, library modules that hold the reference versions)
+# exercise id (ex + its lesson's number, a letter where a lesson has two) -> (file stem in exercises/, library modules that hold the reference versions)
 EXERCISES = {
     "ex01": ("ex01_split_matmul", ["tp_from_scratch.sharding", "tp_from_scratch.matmul"]),
     "ex02": ("ex02_ring_collectives", ["tp_from_scratch.collectives"]),
     "ex03": ("ex03_parallel_mlp", ["tp_from_scratch.layers.mappings", "tp_from_scratch.layers.linear",
                                    "tp_from_scratch.layers.mlp"]),
     "ex04": ("ex04_parallel_attention", ["tp_from_scratch.layers.attention"]),
-    "ex05": ("ex05_autograd_mappings", ["tp_from_scratch.nn.mappings", "tp_from_scratch.nn.linear"]),
-    "ex06": ("ex06_vocab_parallel_cross_entropy", ["tp_from_scratch.nn.cross_entropy"]),
+    "ex05a": ("ex05a_autograd_mappings", ["tp_from_scratch.nn.mappings", "tp_from_scratch.nn.linear"]),
+    "ex05b": ("ex05b_vocab_parallel_cross_entropy", ["tp_from_scratch.nn.cross_entropy"]),
+    "ex06": ("ex06_training_step", ["tp_from_scratch.gpt.step"]),
     "ex07": ("ex07_sequence_parallel", ["tp_from_scratch.sequence_parallel.mappings",
                                         "tp_from_scratch.sequence_parallel.layernorm"]),
     "ex08": ("ex08_partial_sync", ["tp_from_scratch.partial_sync.autograd"]),
-    "ex09": ("ex09_recursive_halving_doubling", ["tp_from_scratch.overlap.algorithms"]),
-    "ex10": ("ex10_training_step", ["tp_from_scratch.gpt.step"]),
+    "ex10": ("ex10_recursive_halving_doubling", ["tp_from_scratch.overlap.algorithms"]),
     "ex11": ("ex11_one_f_one_b", ["tp_from_scratch.parallelisms.schedules"]),
 }
 

@@ -1,4 +1,4 @@
-"""Run Exercises 3-6 on the learner's own ring collectives (Exercise 2) instead of the library's.
+"""Run Exercises 3-5 on the learner's own ring collectives (Exercise 2) instead of the library's.
 
     TP_COLLECTIVES=mine pytest exercises -m ex03      # or: make grade COLLECTIVES=mine
 

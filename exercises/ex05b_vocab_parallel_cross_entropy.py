@@ -1,8 +1,8 @@
-"""Exercise 6: cross-entropy over vocabulary-parallel logits, without gathering them
+"""Exercise 5b: cross-entropy over vocabulary-parallel logits, without gathering them
 (lessons/05_autograd_tensor_parallel.ipynb).
 
 Replace the `raise NotImplementedError(...)` with your code, then run
-    make grade            (or: pytest exercises -m ex06)
+    make grade            (or: pytest exercises -m ex05b)
 
 The LM head is column-parallel over the vocabulary: rank r holds the logits of the ids
 [vocab_start, vocab_start + V_r), a block of the last dim. Gathering the full (N, V)
@@ -37,4 +37,4 @@ def vocab_parallel_cross_entropy(group, local_logits, target, ignore_index=-100,
     Return a scalar tensor, the same on every rank, whose gradient w.r.t. local_logits is this
     rank's block of the single-device gradient. Do not modify local_logits or target.
     """
-    raise NotImplementedError("Exercise 6 (vocab_parallel_cross_entropy): see lessons/05_autograd_tensor_parallel.ipynb")
+    raise NotImplementedError("Exercise 5b (vocab_parallel_cross_entropy): see lessons/05_autograd_tensor_parallel.ipynb")

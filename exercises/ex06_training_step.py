@@ -1,8 +1,8 @@
-"""Exercise 10: assemble the tensor-parallel transformer block, and account for every
+"""Exercise 6: assemble the tensor-parallel transformer block, and account for every
 all-reduce of a training step (lessons/06_training.ipynb).
 
 Replace each `raise NotImplementedError(...)` with your code, then run
-    make grade            (or: pytest exercises -m ex10)
+    make grade            (or: pytest exercises -m ex06)
 
 Everything runs on ONE rank; `group` is that rank's communicator (the graders pass the
 simulated ranks' Comm). The graders then train: they run the single-device block and yours
@@ -12,7 +12,7 @@ single-device ones; and they run a whole TensorParallelGPT step (gpt.model.gpt_t
 blocks replaced by yours) and compare your account of its all-reduces with what the meter
 counted on every rank: how many, forward and backward, and how many bytes each rank sent.
 
-Your layers: the ColumnParallelLinear / RowParallelLinear you wrote in Exercise 5 are the
+Your layers: the ColumnParallelLinear / RowParallelLinear you wrote in Exercise 5a are the
 library's (imported below), with two more options used here:
     ColumnParallelLinear.from_linear(linear, group=group)   -> this rank's rows of W and b
     layer.input_is_copied = True     the layer skips its own f: the caller applied one already
@@ -41,7 +41,7 @@ def tp_block(group, block, config):
     weight that is a view of block's, would move with it). No communication. Forward must
     make 2 all-reduces (the two g's), backward 2 (the two f's); at t = 1 you may skip them.
     """
-    raise NotImplementedError("Exercise 10 (tp_block): see lessons/06_training.ipynb")
+    raise NotImplementedError("Exercise 6 (tp_block): see lessons/06_training.ipynb")
 
 
 def all_reduces_of_a_step(config, batch_size, t, rank, itemsize=4):
@@ -62,4 +62,4 @@ def all_reduces_of_a_step(config, batch_size, t, rank, itemsize=4):
     Raises ValueError (naming the quantity) when rank is not one of the t ranks, when t < 1,
     or when t does not divide n_heads, n_kv_heads, hidden or ffn. config is not modified.
     """
-    raise NotImplementedError("Exercise 10 (all_reduces_of_a_step): see lessons/06_training.ipynb")
+    raise NotImplementedError("Exercise 6 (all_reduces_of_a_step): see lessons/06_training.ipynb")

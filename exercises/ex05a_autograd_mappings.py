@@ -1,8 +1,8 @@
-"""Exercise 5: Megatron's region mappings as torch autograd Functions, and the parallel
+"""Exercise 5a: Megatron's region mappings as torch autograd Functions, and the parallel
 linear layers built on them (lessons/05_autograd_tensor_parallel.ipynb).
 
 Replace each `raise NotImplementedError(...)` with your code, then run
-    make grade            (or: pytest exercises -m ex05)
+    make grade            (or: pytest exercises -m ex05a)
 
 Everything runs on ONE rank. `group` is that rank's communicator: the graders pass the
 simulated ranks' Comm, a real run passes a torch ProcessGroup; you never need to know
@@ -43,11 +43,11 @@ class CopyToTensorParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, group, x):
-        raise NotImplementedError("Exercise 5 (CopyToTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
+        raise NotImplementedError("Exercise 5a (CopyToTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
 
     @staticmethod
     def backward(ctx, grad):
-        raise NotImplementedError("Exercise 5 (CopyToTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
+        raise NotImplementedError("Exercise 5a (CopyToTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
 
 
 class ReduceFromTensorParallelRegion(torch.autograd.Function):
@@ -55,11 +55,11 @@ class ReduceFromTensorParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, group, x):
-        raise NotImplementedError("Exercise 5 (ReduceFromTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
+        raise NotImplementedError("Exercise 5a (ReduceFromTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
 
     @staticmethod
     def backward(ctx, grad):
-        raise NotImplementedError("Exercise 5 (ReduceFromTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
+        raise NotImplementedError("Exercise 5a (ReduceFromTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
 
 
 class ScatterToTensorParallelRegion(torch.autograd.Function):
@@ -67,11 +67,11 @@ class ScatterToTensorParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, group, x):
-        raise NotImplementedError("Exercise 5 (ScatterToTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
+        raise NotImplementedError("Exercise 5a (ScatterToTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
 
     @staticmethod
     def backward(ctx, grad):
-        raise NotImplementedError("Exercise 5 (ScatterToTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
+        raise NotImplementedError("Exercise 5a (ScatterToTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
 
 
 class GatherFromTensorParallelRegion(torch.autograd.Function):
@@ -79,11 +79,11 @@ class GatherFromTensorParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, group, x):
-        raise NotImplementedError("Exercise 5 (GatherFromTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
+        raise NotImplementedError("Exercise 5a (GatherFromTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
 
     @staticmethod
     def backward(ctx, grad):
-        raise NotImplementedError("Exercise 5 (GatherFromTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
+        raise NotImplementedError("Exercise 5a (GatherFromTensorParallelRegion): see lessons/05_autograd_tensor_parallel.ipynb")
 
 
 # -- the two parallel linear layers -----------------------------------------------------------
@@ -112,11 +112,11 @@ class ColumnParallelLinear(nn.Module):
         The result must have linear's dtype; e.g. build it, then `.to(linear.weight.dtype)`
         and copy the data in under `torch.no_grad()`.
         """
-        raise NotImplementedError("Exercise 5 (ColumnParallelLinear): see lessons/05_autograd_tensor_parallel.ipynb")
+        raise NotImplementedError("Exercise 5a (ColumnParallelLinear): see lessons/05_autograd_tensor_parallel.ipynb")
 
     def forward(self, x):
         """x (B, T, in), replicated -> (B, T, out/t), or (B, T, out) with gather_output."""
-        raise NotImplementedError("Exercise 5 (ColumnParallelLinear): see lessons/05_autograd_tensor_parallel.ipynb")
+        raise NotImplementedError("Exercise 5a (ColumnParallelLinear): see lessons/05_autograd_tensor_parallel.ipynb")
 
 
 class RowParallelLinear(nn.Module):
@@ -133,8 +133,8 @@ class RowParallelLinear(nn.Module):
     @classmethod
     def from_linear(cls, linear, *, group, input_is_parallel=True):
         """A RowParallelLinear holding this rank's columns of linear.weight and the whole bias."""
-        raise NotImplementedError("Exercise 5 (RowParallelLinear): see lessons/05_autograd_tensor_parallel.ipynb")
+        raise NotImplementedError("Exercise 5a (RowParallelLinear): see lessons/05_autograd_tensor_parallel.ipynb")
 
     def forward(self, x):
         """x (B, T, in/t) (or (B, T, in) when not input_is_parallel) -> (B, T, out), replicated."""
-        raise NotImplementedError("Exercise 5 (RowParallelLinear): see lessons/05_autograd_tensor_parallel.ipynb")
+        raise NotImplementedError("Exercise 5a (RowParallelLinear): see lessons/05_autograd_tensor_parallel.ipynb")

@@ -1,4 +1,4 @@
-"""Graders for Exercise 10: the tensor-parallel block in a training step, and its all-reduces.
+"""Graders for Exercise 6: the tensor-parallel block in a training step, and its all-reduces.
 
 The block: t simulated ranks (run_spmd) each build theirs from the same single-device
 gpt.model.Block with random weights and biases, run forward, a replicated loss, backward and

@@ -1,4 +1,4 @@
-"""Graders for Exercise 5: the autograd region mappings and the parallel linear layers in torch.
+"""Graders for Exercise 5a: the autograd region mappings and the parallel linear layers in torch.
 
 Every test runs t simulated ranks (run_spmd: threads in one process, the from-scratch
 collectives underneath) and compares each rank's output and every gradient with single-device

@@ -1,4 +1,4 @@
-"""Graders for Exercise 9: the recursive halving-doubling (Rabenseifner) all-reduce.
+"""Graders for Exercise 10: the recursive halving-doubling (Rabenseifner) all-reduce.
 
 Each test runs the implementation on p simulated ranks (run_spmd), gives each rank its own
 random data (rank_rng(seed, rank)) and compares every rank's result with numpy on the

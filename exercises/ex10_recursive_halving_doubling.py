@@ -1,8 +1,8 @@
-"""Exercise 9: the recursive halving-doubling all-reduce (Rabenseifner), on send and recv
+"""Exercise 10: the recursive halving-doubling all-reduce (Rabenseifner), on send and recv
 (lessons/10_overlap.ipynb).
 
 Replace the `raise NotImplementedError(...)` with your code, then run
-    make grade            (or: pytest exercises -m ex09)
+    make grade            (or: pytest exercises -m ex10)
 The graders run your function on the simulator (tp_from_scratch.comm.run_spmd) for world
 sizes 1 to 8 (so also 3, 5, 6, 7: not powers of two) and arrays whose length p does not divide.
 
@@ -32,4 +32,4 @@ def all_reduce_rabenseifner(comm, x, op="sum"):
     Same contract as collectives.all_reduce: any p >= 1, any shape (0-d too), the result a
     new array of x's shape and dtype, the same bits on every rank, x never modified.
     """
-    raise NotImplementedError("Exercise 9 (all_reduce_rabenseifner): see lessons/10_overlap.ipynb")
+    raise NotImplementedError("Exercise 10 (all_reduce_rabenseifner): see lessons/10_overlap.ipynb")

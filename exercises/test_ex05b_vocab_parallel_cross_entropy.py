@@ -1,4 +1,4 @@
-"""Graders for Exercise 6: vocab-parallel cross-entropy.
+"""Graders for Exercise 5b: vocab-parallel cross-entropy.
 
 Every test runs t simulated ranks (run_spmd), hands each rank its block of random logits,
 and compares the loss and the rank's block of d loss / d logits with
