@@ -76,6 +76,8 @@ def test_f_is_identity_forward_and_all_reduce_backward(impl, t):
         comm.meter.reset()
         dx = impl.f_backward(comm, given["grad"])
         check_unchanged(given, {"x": x, "grad": grad}, comm.rank)
+        # the all-reduce's result is a new array, at t = 1 too (where it may skip the call)
+        assert_not_aliased(dx, [given["grad"]], "f backward", comm.rank)
         return y, dx, grad, forward_calls, collective_calls(comm)
 
     results = run_graded(on_rank, t)
@@ -101,6 +103,7 @@ def test_g_is_all_reduce_forward_and_identity_backward(impl, t):
         comm.meter.reset()
         dx = impl.g_backward(comm, given["grad"])
         check_unchanged(given, {"partial": partial, "grad": grad}, comm.rank)
+        assert_not_aliased(y, [given["partial"]], "g forward", comm.rank)  # t = 1 too
         return y, dx, partial, forward_calls, collective_calls(comm)
 
     results = run_graded(on_rank, t)

@@ -73,6 +73,8 @@ def test_g_reduce_from_region_is_all_reduce_forward_and_identity_backward(impl, 
         comm.meter.reset()
         y = impl.ReduceFromTensorParallelRegion.apply(comm, x)
         forward = calls(comm)
+        # the all-reduce's result is a new tensor, at t = 1 too (where it may skip the call)
+        assert_not_aliased(y, [x], "g's forward output", comm.rank)
         backward_with(y, integers(53, 0, (B, T, H)))  # the gradient of a replicated output
         return y.detach(), x.grad, x.detach(), forward, calls(comm)
 
@@ -121,6 +123,7 @@ def test_gather_all_gathers_forward_and_keeps_own_chunk_backward(impl, t):
         comm.meter.reset()
         y = impl.GatherFromTensorParallelRegion.apply(comm, x)
         forward = calls(comm)
+        assert_not_aliased(y, [x], "gather's forward output", comm.rank)  # t = 1 too
         backward_with(y, integers(57, 0, (B, T, H)))  # replicated gradient of the full output
         assert torch.equal(x.detach(), integers(56, comm.rank, (B, T, n))), "gather modified its input"
         return y.detach(), x.grad, forward, calls(comm)

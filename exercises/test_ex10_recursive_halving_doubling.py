@@ -12,17 +12,32 @@ bytes, plus the fold for p that are not powers of two) and on who talks to whom.
 import numpy as np
 import pytest
 
-from tp_from_scratch.comm import run_spmd
+from tp_from_scratch.comm import SPMDError
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.sharding import shard_sizes
 from tp_from_scratch.testing import random_array, rank_rng
+from tp_from_scratch.tools.grading import run_graded
 
 WORLD_SIZES = range(1, 9)  # 3, 5, 6, 7 need the fold
 GRADER_TIMEOUT = 10.0  # seconds; a blocked exchange fails with the simulator's message instead
 
 
+OUT_OF_RANGE_HINT = (
+    "Hint: an index or a shape out of range during the exchange usually means the ranks disagree on "
+    "who owns which chunk. While halving, the rank whose bit is 0 keeps the LOWER half and sends the "
+    "upper one, so that after log2 p2 rounds rank v owns chunk v; the doubling then sends that chunk "
+    "and the blocks it has gathered since (see lessons/10_overlap.ipynb).")
+
+
 def spmd(fn, p):
-    return run_spmd(fn, p, timeout=GRADER_TIMEOUT)
+    """Every rank's result; a rank's IndexError or ValueError comes with the hint above."""
+    __tracebackhide__ = True
+    try:
+        return run_graded(fn, p, timeout=GRADER_TIMEOUT)
+    except SPMDError as error:
+        if isinstance(error.error, (IndexError, ValueError)):
+            raise AssertionError(f"{error}\n{OUT_OF_RANGE_HINT}") from error
+        raise
 
 
 def inputs(seed, p, shape, dtype=np.float64, integer=True):
@@ -84,7 +99,7 @@ def test_extreme_magnitudes_add_exactly(impl):
         assert_matches_reference(got, np.max(xs, axis=0), name="max of infinities", rank=rank, exact=True)
 
 
-@pytest.mark.parametrize("p", [3, 6])
+@pytest.mark.parametrize("p", [1, 3, 6])  # p = 1 too: nothing to add, but still a new array
 def test_input_untouched_and_result_new(impl, p):
     xs = inputs(95, p, (8,))
     given = [x.copy() for x in xs]
@@ -92,7 +107,8 @@ def test_input_untouched_and_result_new(impl, p):
     for rank in range(p):
         assert_matches_reference(given[rank], xs[rank], name="input (must not change)", rank=rank, exact=True)
         assert not np.shares_memory(got[rank], given[rank]), (
-            f"rank {rank}: the result shares memory with the input; return a new array")
+            f"rank {rank} of {p}: the result shares memory with the input (the input itself, or a view "
+            f"of it); return a new array (np.copy), at p = 1 too")
 
 
 # ---------------------------------------------------------------- the cost and the partners

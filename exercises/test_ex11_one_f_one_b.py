@@ -81,7 +81,7 @@ def test_the_bubble_on_an_ideal_clock_is_the_formula(impl, p, m):
         pytest.fail(f"{error}{shown(schedule)}")
     assert bubble(timelines)["fraction"] == pytest.approx(bubble_formula(p, m), abs=1e-12), (
         f"the stages idle {bubble(timelines)['fraction']:.3f} of the time, "
-        f"(p-1)/(m+p-1) = {bubble_formula(p, m):.3f}: a receive placed too early waits{shown(schedule)}")
+        f"(p-1)/(m+p-1) = {bubble_formula(p, m):.3f}: a send placed too late (or a receive placed too early) keeps the next stage waiting{shown(schedule)}")
 
 
 def test_every_call_returns_a_new_schedule(impl):

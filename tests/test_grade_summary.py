@@ -24,3 +24,23 @@ def test_a_failing_exercise_shows_its_hint_and_how_to_rerun_it():
     assert "Hint: add the bias once" in text
     assert "TP_COLLECTIVES=mine .venv/bin/python -m pytest exercises -m ex03 -x" in text
     assert rerun_command("ex03") == ".venv/bin/python -m pytest exercises -m ex03 -x"
+
+
+def _results(**statuses):
+    """{exercise: ExerciseResult} with the given status each ("passed", "not yet", "failing")."""
+    counts = {"passed": dict(passed=2), "not yet": dict(failed=2, not_implemented=2),
+              "failing": dict(passed=1, failed=1)}
+    return {e: ExerciseResult(e, **counts[status]) for e, status in statuses.items()}
+
+
+def test_make_grade_exits_0_while_exercises_are_not_yet_started_and_1_when_one_fails(monkeypatch, capsys):
+    from tp_from_scratch.tools import grade
+
+    skipped_ahead = _results(ex01="not yet", ex02="not yet", ex07="passed", ex08="passed")
+    one_wrong = _results(ex01="not yet", ex07="passed", ex08="failing")
+    for results, status in [(skipped_ahead, 0), (one_wrong, 1)]:
+        monkeypatch.setattr(grade, "run_graders", lambda *args, results=results, **kwargs: results)
+        assert grade.main(["--collectives", "library"]) == status
+    out = capsys.readouterr().out
+    assert "nothing failed (exercise gradings: 2 passed, 2 not yet, 0 failing)" in out
+    assert "some failed (exercise gradings: 1 passed, 1 not yet, 1 failing)" in out

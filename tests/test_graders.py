@@ -20,6 +20,7 @@ from tp_from_scratch.tools.grade import run_graders
 from tp_from_scratch.tools.grading import EXERCISE_DIR, EXERCISES, REPO
 
 KNOWN_WRONG = Path(__file__).parent / "known_wrong"
+KNOWN_RIGHT = Path(__file__).parent / "known_right"  # correct, but not the library's way: must pass
 
 # exercise id -> number of graded tests it must collect
 EXPECTED_TESTS = {
@@ -30,9 +31,9 @@ EXPECTED_TESTS = {
     "ex05a": 36,
     "ex05b": 23,
     "ex06": 15,
-    "ex07": 45,
+    "ex07": 47,
     "ex08": 27,
-    "ex10": 37,
+    "ex10": 38,
     "ex11": 67,
 }
 
@@ -45,6 +46,14 @@ EXPECTED_HINTS = {
     ("ex05a", "row_bias_on_every_rank"): "(t-1)*b",
     ("ex05b", "no_max_subtraction"): "exp overflowed",
     ("ex05b", "ignore_index_not_masked"): "ignore_index",
+    # a collective skipped at t = 1 must still return a new array / tensor
+    ("ex03", "g_forward_returns_the_input_at_t1"): "g forward on rank 0 shares memory",
+    ("ex05a", "g_forward_returns_the_input_at_t1"): "g's forward output on rank 0 shares memory",
+    ("ex10", "returns_the_input_at_p1"): "at p = 1 too",
+    ("ex06", "shares_the_layernorms"): "tp_block's ln1.weight",
+    ("ex07", "layernorm_variance_from_mean_of_squares"): "mean of (x - mean)^2",
+    ("ex10", "keeps_the_wrong_half_then_indexes_past_the_end"): "the rank whose bit is 0 keeps the LOWER half",
+    ("ex11", "sends_activation_after_the_backward"): "a send placed too late",
 }
 
 WRONG_CASES = sorted(
@@ -140,6 +149,32 @@ def test_known_wrong_implementation_fails(wrong_results, exercise, wrong):
     if hint:
         assert hint in result.first_failure_message, (
             f"{wrong.name}: the first failure lacks the hint {hint!r}: {result.first_failure_message}")
+
+
+RIGHT_CASES = sorted(
+    (exercise, path)
+    for exercise, (stem, _) in EXERCISES.items()
+    for path in (KNOWN_RIGHT / stem).glob("*.py")
+)
+
+
+@pytest.mark.slow  # grader subprocesses: not in make test-fast
+@pytest.mark.timeout(300)
+def test_known_right_implementations_pass_every_grader(tmp_path):
+    # e.g. ex07 skipping its collectives at t = 1, which the graders promise to accept
+    assert RIGHT_CASES, f"no known-right implementations in {KNOWN_RIGHT}"
+    by_exercise = {}
+    for exercise, path in RIGHT_CASES:
+        by_exercise.setdefault(exercise, []).append(path)
+    for i in range(max(map(len, by_exercise.values()))):
+        directory = tmp_path / f"batch{i}"
+        directory.mkdir()
+        batch = {e: paths[i] for e, paths in by_exercise.items() if i < len(paths)}
+        for exercise, path in batch.items():
+            shutil.copy(path, directory / f"{EXERCISES[exercise][0]}.py")
+        for exercise, result in run_graders(str(directory), list(batch)).items():
+            assert result.total == EXPECTED_TESTS[exercise], f"{exercise}: collected {result.total} tests"
+            assert result.status == "passed", f"{batch[exercise].name}: {result.failures[:3]}"
 
 
 def test_every_expected_hint_names_a_known_wrong_implementation():

@@ -13,7 +13,8 @@ first failure (its whole message, wrapped at word boundaries, hints included) an
 command that re-runs that exercise's graders alone. Grading your own exercises/, once
 Exercise 2 passes, Exercises 3-5 are graded a second time on your own ring collectives
 (TP_COLLECTIVES=mine), so finishing Exercise 2 powers the rest of the course. The exit
-status is 0 only if every graded exercise passed.
+status is 1 only if an attempted exercise fails: exercises not yet started (their stubs
+still raise NotImplementedError) are not failures, so a learner who skipped ahead gets 0.
 """
 import argparse
 import csv
@@ -128,7 +129,8 @@ def _message_lines(message, width=100):
     return lines
 
 
-def print_summary(results, title=None, out=sys.stdout, impl="", collectives="library"):
+def print_summary(results, title=None, out=None, impl="", collectives="library"):
+    out = out or sys.stdout
     if title:
         print(f"== {title}", file=out)
     for r in results.values():
@@ -141,6 +143,19 @@ def print_summary(results, title=None, out=sys.stdout, impl="", collectives="lib
             for line in _message_lines(r.first_failure_message or r.first_failure):
                 print(f"        {line}", file=out)
             print(f"      re-run it alone: {rerun_command(r.exercise, impl, collectives)}", file=out)
+
+
+def exit_status(results):
+    """1 if any graded exercise failed (or collected no tests), else 0: "not yet" is no failure."""
+    return int(any(r.status in ("failing", "no tests") for r in results))
+
+
+def print_totals(results, out=None):
+    out = out or sys.stdout
+    counts = {status: sum(r.status == status for r in results) for status in ("passed", "not yet", "failing")}
+    verdict = "some failed" if exit_status(results) else "nothing failed"
+    print(f"{verdict} (exercise gradings: " + ", ".join(f"{n} {status}" for status, n in counts.items()) + ")",
+          file=out)
 
 
 ON_YOUR_RING = ("ex03", "ex04", "ex05a", "ex05b")  # the exercises whose graders run on ex02's collectives
@@ -160,7 +175,7 @@ def main(argv=None):
 
     targets = ["reference"] if args.reference else (args.submissions or [""])
     collectives = args.collectives or ("both" if targets == [""] else "library")
-    rows, all_passed = [], True
+    rows, graded = [], []
     for target in targets:
         if target not in ("", "reference") and not Path(target).is_dir():
             parser.error(f"{target} is not a directory")
@@ -169,19 +184,20 @@ def main(argv=None):
         results = run_graders(target, args.exercise, collectives=first)
         print_summary(results, title=title + (" on your own ring (ex02)" if first == "mine" else ""),
                       impl=target, collectives=first)
+        graded += results.values()
         for r in results.values():
-            all_passed &= r.status == "passed"
             rows.append([target or "exercises", r.exercise, r.status, r.passed, r.total, r.first_failure])
         built_on = [e for e in ON_YOUR_RING if e in results and results[e].status != "not yet"]
         if collectives == "both" and built_on and results.get("ex02", _NOT_GRADED).status == "passed":
             mine = run_graders(target, built_on, collectives="mine")
             print_summary(mine, title=f"{title}: Exercises 3-5 again, on YOUR ring collectives from ex02",
                           impl=target, collectives="mine")
-            all_passed &= all(r.status == "passed" for r in mine.values())
+            graded += mine.values()
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             csv.writer(f).writerows([["submission", "exercise", "status", "passed", "total", "first failure"], *rows])
-    return 0 if all_passed else 1
+    print_totals(graded)
+    return exit_status(graded)
 
 
 if __name__ == "__main__":

@@ -152,10 +152,11 @@ def assert_not_aliased(result, inputs, name, rank=None):
                 shared = got.untyped_storage().nbytes() > 0
             else:
                 shared = False
+            fix = ("a new tensor (tensor.clone(), or an nn.Parameter of a clone)" if _storage_key(got)
+                   else "a new array (np.copy / np.concatenate)")
             assert not shared, (
-                f"{where} shares memory with an input (the input itself, or a view of it): return a new "
-                f"array (np.copy / np.concatenate / tensor.clone()), or writing into the result "
-                f"changes the caller's data")
+                f"{where} shares memory with an input (the input itself, or a view of it): return {fix}, "
+                f"or writing into the result changes the caller's data")
 
 
 def expected_calls(t, calls):
