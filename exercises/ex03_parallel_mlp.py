@@ -14,7 +14,8 @@ call it: both pass, and the graders count collectives only for t > 1.
 
 Never modify an array you are given (inputs, weights, incoming gradients): the graders
 check them afterwards. f's forward and g's backward are identities and may return their
-input itself; every layer returns new arrays.
+input itself; f's backward and g's forward return new arrays (at t = 1 too, where they may
+skip the all-reduce: return a copy), and so does every layer.
 
 Shapes: x (B, T, H); a linear layer computes y = x @ w + b with w of shape (in, out)
 (torch's nn.Linear stores the transpose, (out, in); the parameter names are the torch GPT's).

@@ -20,7 +20,8 @@ An autograd Function's forward receives `ctx` (keep what backward needs on it, e
 `(group, x)`, and returns the output; backward receives dL/d(output) and returns one
 gradient per forward input, in the same order (None for `group`). The graders count your
 collectives: an extra or a missing all-reduce fails even when the numbers come out right.
-At t = 1 you may skip a collective (Megatron-LM does); the graders count them only for t > 1.
+At t = 1 you may skip a collective (Megatron-LM does); the graders count them only for t > 1,
+but g's and gather's forward still return a new tensor there (x.clone()), never x itself.
 Never modify a forward input or the gradient backward receives (the graders check both).
 An identity (f's forward, g's backward) may return its input as is, as Megatron's does;
 scatter's chunk may not (also at t = 1): it is a new tensor, never a view x[..., chunk]

@@ -18,6 +18,10 @@ arrays and never modify their input:
 
 The graders count your collectives with the meter: g and g-bar each make exactly one
 collective in each direction, and a right answer reached with a costlier collective fails.
+At t = 1 you may skip them (Megatron-LM does): the graders count collectives only for t > 1,
+but every result is still a new array (a copy), never the input itself. LayerNorm is also
+graded at activations around 1e4 in float32, where only a variance computed as the mean of
+(x - mean)^2 keeps its digits.
 
 Naming (Korthikanti et al. 2022, Figs. 5-6): the paper's g is all-gather forward and
 reduce-scatter backward; its g-bar is reduce-scatter forward and all-gather backward.

@@ -19,7 +19,7 @@ and numpy. The algorithm, for p a power of two (p2 = p):
   3. all-gather by recursive doubling: for mask = 1, 2, ..., p2/2, swap everything you own
      with rank ^ mask (you own mask chunks, so does your partner);
 and when p is not a power of two, first fold: with rem = p - p2 (p2 the largest power of
-two below p), even ranks r < 2*rem send their array to r + 1 and sit out; rank 2i+1 plays
+two not above p), even ranks r < 2*rem send their array to r + 1 and sit out; rank 2i+1 plays
 rank i, a rank r >= 2*rem plays r - rem; at the end send the result back to the ranks that sat out.
 The graders read comm.meter: per rank 2 log2(p2) messages (one more each way if you fold
 or sat out), 2 (p2-1)/p2 of the array in bytes, and peers only your partners.
@@ -30,6 +30,7 @@ def all_reduce_rabenseifner(comm, x, op="sum"):
     """Reduce x over all ranks (elementwise sum, max, min or prod); every rank gets the result.
 
     Same contract as collectives.all_reduce: any p >= 1, any shape (0-d too), the result a
-    new array of x's shape and dtype, the same bits on every rank, x never modified.
+    new array of x's shape and dtype (at p = 1 too: a copy, never x itself), the same bits on
+    every rank, x never modified.
     """
     raise NotImplementedError("Exercise 10 (all_reduce_rabenseifner): see lessons/10_overlap.ipynb")

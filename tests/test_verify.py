@@ -101,7 +101,8 @@ def _load(path):
 
 
 def test_each_known_wrong_exercise_fails_its_targeted_check_through_the_adapter_api():
-    paths = sorted(KNOWN_WRONG.glob("*.py"))
+    # a file wrong only at t = 1 (named *_at_t1) is the graders' business: this suite runs t = 2
+    paths = sorted(p for p in KNOWN_WRONG.glob("*.py") if not p.stem.endswith("_at_t1"))
     untargeted = {p.stem for p in paths} - set(KNOWN_WRONG_TARGETS)
     assert not untargeted and len(paths) >= 4, f"give {sorted(untargeted)} a target in KNOWN_WRONG_TARGETS"
     # the adapter itself is right: the reference passes every check it reaches
