@@ -76,13 +76,15 @@ def _parse_junit(path, results):
                 result.first_failure_message = f"{case.get('name')}: {full or message}"
 
 
-def run_graders(impl="", exercises=None, timeout=900, stop_at_first_failure=False, collectives="library"):
+def run_graders(impl="", exercises=None, timeout=900, stop_at_first_failure=False, collectives="library",
+                keyword=None):
     """Run the graders in a fresh pytest process; return {exercise id: ExerciseResult}.
 
     impl: "" (the learner's exercises/), "reference", or a submission directory.
     stop_at_first_failure: each exercise stops at its own first failure (pytest -x per exercise,
         exercises/conftest.py): enough to prove that a known-wrong implementation fails.
     collectives: "library", or "mine" to run on the ring of impl's Exercise 2 (TP_COLLECTIVES).
+    keyword: only the graders pytest's -k selects with it (None: all of them).
     """
     exercises = list(exercises or EXERCISES)
     results = {e: ExerciseResult(e) for e in exercises}
@@ -92,7 +94,7 @@ def run_graders(impl="", exercises=None, timeout=900, stop_at_first_failure=Fals
         # only the one plugin the graders use (their timeouts): auto-loading every installed
         # plugin (jupyter's nbmake, hypothesis, ...) costs ~3 s per run, ~0.4 s without
         cmd = [sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider", "-p", "pytest_timeout",
-               "-o", "junit_family=xunit1", f"--junitxml={junit}"]
+               "-o", "junit_family=xunit1", f"--junitxml={junit}", *(["-k", keyword] if keyword else [])]
         env = subprocess_env(TP_IMPL=impl, TP_COLLECTIVES="mine" if collectives == "mine" else "",
                              PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
                              TP_GRADE_FIRST_FAILURE="1" if stop_at_first_failure else "")
