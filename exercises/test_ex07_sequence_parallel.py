@@ -150,8 +150,14 @@ def test_a_shard_that_breaks_the_array_split_rule_is_refused(impl, which):
     def on_rank(comm):
         return getattr(impl, which)(comm, np.zeros((B, 1 + 2 * comm.rank, H)))
 
-    with pytest.raises(SPMDError) as caught:
+    try:
         run_graded(on_rank, 2)
+    except SPMDError as error:
+        caught = pytest.ExceptionInfo.from_exception(error)
+    else:
+        pytest.fail(f"{which} accepted shards of 1 and 3 positions (T = 4 on 2 ranks), where the "
+                    f"array_split rule gives 2 and 2: check each rank's shard length and raise a "
+                    f"ValueError that names the rank")
     assert isinstance(caught.value.error, ValueError), f"expected a ValueError, got {caught.value.error!r}"
     assert "rank" in str(caught.value.error), f"the error should name the rank: {caught.value.error}"
 

@@ -54,6 +54,7 @@ EXPECTED_HINTS = {
     ("ex07", "layernorm_variance_from_mean_of_squares"): "mean of (x - mean)^2",
     ("ex10", "keeps_the_wrong_half_then_indexes_past_the_end"): "the rank whose bit is 0 keeps the LOWER half",
     ("ex11", "sends_activation_after_the_backward"): "a send placed too late",
+    ("ex07", "g_forward_no_shard_check"): "the array_split rule gives 2 and 2",
 }
 
 WRONG_CASES = sorted(
