@@ -30,7 +30,7 @@ TINY = ["--hidden", "32", "--heads", "8", "--kv-heads", "4", "--seq-len", "16",
 
 
 def trainer_args(trainer, *extra, layers=2):
-    return trainer.build_parser().parse_args(TINY + ["--layers", str(layers)] + [str(a) for a in extra])
+    return trainer.parse(TINY + ["--layers", str(layers)] + [str(a) for a in extra])
 
 
 def checked(name, status, mesh, failures):

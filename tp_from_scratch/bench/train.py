@@ -1,6 +1,6 @@
 """Training-step time: tp_from_scratch's TP GPT against PyTorch's own TP (DTensor), same model.
 
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench train [--tp 2] [--hidden 128]
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench train --hidden 128
 
 Three versions start from the same single-device weights and train on the same batches:
 
@@ -32,6 +32,7 @@ import torch.distributed as dist
 from tp_from_scratch.comm.process_group import init_process_group
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.train import train_step
 
 
 def parse(argv):
@@ -60,19 +61,13 @@ def parse(argv):
 def timed_steps(model, optimizer, batches, context=contextlib.nullcontext, losses=None):
     """Seconds per step over ``batches`` (a barrier before and after, so all ranks agree).
 
-    context: what forward and backward run inside (loss_parallel for the vocab-sharded DTensor
-    plan); losses: a list the step losses are appended to (read after the timing stops).
+    Each step is Lesson 6's (gpt.train.train_step). context: what forward and backward run
+    inside (loss_parallel for the vocab-sharded DTensor plan); losses: a list the step losses
+    are appended to (read after the timing stops).
     """
     dist.barrier()
     t0 = time.perf_counter()
-    kept = []
-    for x, y in batches:
-        optimizer.zero_grad(set_to_none=True)
-        with context():
-            _, loss = model(x, y)
-            loss.backward()
-        optimizer.step()
-        kept.append(loss.detach())
+    kept = [train_step(model, optimizer, x, y, context=context) for x, y in batches]
     dist.barrier()
     seconds = (time.perf_counter() - t0) / len(batches)
     if losses is not None:
