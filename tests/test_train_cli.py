@@ -8,7 +8,7 @@ from tp_from_scratch.gpt import train
 
 
 @pytest.mark.parametrize("argv, world, message", [
-    (["--steps", "-3"], 1, "--steps must be 0 or more, got -3"),
+    (["--steps", "-3"], 1, "--steps must be at least 0, got -3"),
     (["--tp", "0"], 1, "--tp must be at least 1, got 0"),
     (["--tp", "2"], 3, "world size 3 is not divisible by tp=2"),
     (["--tp", "2", "--batch-size", "7"], 4, "batch size 7 is not divisible by dp=2"),
@@ -41,8 +41,7 @@ def test_only_rank_0_prints_the_message(monkeypatch, capsys):
 
 
 def test_good_arguments_pass_validation():
-    args = train.build_parser().parse_args(["--tp", "2", "--steps", "0"])
-    assert train.validate(args, 4) is None
+    assert train.validate(train.parse(["--tp", "2", "--steps", "0"]), 4) is None
 
 
 @pytest.mark.slow

@@ -47,8 +47,11 @@ SINGLE_FORMAT = "tp_from_scratch single-device state dict v1"
 KEEP = 2  # complete checkpoints kept in a root; older ones are deleted after a save
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used: missing, corrupt, truncated or for another model."""
+class CheckpointError(RuntimeError, ValueError):
+    """A checkpoint that cannot be used: missing, corrupt, truncated or for another model.
+
+    Also a ValueError (bad input), so an entry point that reports ValueErrors as one line
+    (generate, convert) reports it the same way."""
 
 
 # ---------------------------------------------------------------------------------------

@@ -117,7 +117,7 @@ def parse_config(parser, validate_fn, argv=None, config_class=TrainConfig, world
 
 def parse(argv=()):
     """Lesson 6's settings for the command line ``argv`` (no validation: in-process use)."""
-    return TrainConfig.from_args(build_parser().parse_args(list(argv)))
+    return TrainConfig.from_args(build_parser().parse_args([str(a) for a in argv]))
 
 
 # ---------------------------------------------------------------------------------------

@@ -91,7 +91,7 @@ def t_stream_run(config, opts, tp, start=None):
 
 
 def parse(argv=()):
-    return CaatTrainConfig.from_args(build_parser().parse_args(list(argv)))
+    return CaatTrainConfig.from_args(build_parser().parse_args([str(a) for a in argv]))
 
 
 def t_stream_losses(argv):
