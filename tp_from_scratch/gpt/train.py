@@ -40,7 +40,7 @@ from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.compare import TOLERANCE, assert_matches_reference
 from tp_from_scratch.gpt.data import global_batch, local_batch
 from tp_from_scratch.gpt.mesh import setup_mesh
-from tp_from_scratch.gpt.options import at_least, first_problem, parse_valid_args, positive
+from tp_from_scratch.gpt.options import at_least, first_problem, greater_than_zero, parse_valid_args, positive
 from tp_from_scratch.gpt.model import GPTConfig, count_parameters, gpt_to_tp, init_gpt
 from tp_from_scratch.gpt.traffic import CollectiveCounter
 
@@ -187,16 +187,31 @@ def config_from_args(opts):
                      arch=opts.arch)
 
 
+def flag_problem(opts):
+    """The first shared flag that is wrong on its own or without the flag it needs; None if fine.
+
+    Every trainer checks these first, so a shared flag is refused with the same words by all."""
+    problem = first_problem(
+        at_least("--steps", opts.steps, 0), positive("--tp", opts.tp), positive("--batch-size", opts.batch_size),
+        at_least("--save-every", opts.save_every, 0), at_least("--eval-every", opts.eval_every, 0),
+        positive("--equal-steps", opts.equal_steps), greater_than_zero("--timeout", opts.timeout),
+        greater_than_zero("--lr", opts.lr))
+    if problem:
+        return problem
+    if opts.save_every and not opts.save:
+        return "--save-every N saves into --save DIR: give --save too"
+    if opts.equal_steps is not None and not opts.compares:
+        return "--equal-steps N says how many steps must equal one device's: give --compare-single or --plot"
+    return None
+
+
 def validate(opts, world_size, description=None):
     """The first problem with the settings for this world size, as a sentence; None if fine.
 
     description: the model a --load checkpoint must hold (checkpoint.model_description; a
     later lesson's trainer passes its own), checked with the step and config before any work.
     """
-    problem = first_problem(
-        at_least("--steps", opts.steps, 0), positive("--tp", opts.tp),
-        at_least("--save-every", opts.save_every, 0), at_least("--eval-every", opts.eval_every, 0),
-        positive("--equal-steps", opts.equal_steps))
+    problem = flag_problem(opts)
     if problem:
         return problem
     if world_size % opts.tp != 0:
@@ -205,12 +220,6 @@ def validate(opts, world_size, description=None):
     dp = world_size // opts.tp
     if opts.batch_size < 1 or opts.batch_size % dp != 0:
         return f"batch size {opts.batch_size} is not divisible by dp={dp}"
-    if opts.timeout <= 0:
-        return f"--timeout must be positive, got {opts.timeout}"
-    if opts.save_every and not opts.save:
-        return "--save-every N saves into --save DIR: give --save too"
-    if opts.equal_steps is not None and not opts.compares:
-        return "--equal-steps N says how many steps must equal one device's: give --compare-single or --plot"
     if opts.impl == "dtensor" and (opts.save or opts.load):
         return "--save and --load work with --impl scratch only"
     if opts.impl == "dtensor" and opts.kv_heads is not None and opts.kv_heads % opts.tp != 0:

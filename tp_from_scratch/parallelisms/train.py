@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from tp_from_scratch.gpt import train
 from tp_from_scratch.gpt.model import gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.options import at_least, first_problem, positive
 from tp_from_scratch.gpt.traffic import CollectiveCounter
 from tp_from_scratch.parallelisms.memory import SavedActivations, memory_snapshot
 from tp_from_scratch.parallelisms.mesh import setup_mesh3d
@@ -89,8 +90,10 @@ def degrees(opts, world):
 
 def validate(opts, world):
     """The first problem with the arguments, as a sentence; None if fine."""
-    if opts.pp < 1 or opts.dp < 0:
-        return f"--pp must be at least 1 and --dp at least 0, got pp={opts.pp}, dp={opts.dp}"
+    problem = first_problem(train.flag_problem(opts), positive("--pp", opts.pp), at_least("--dp", opts.dp, 0),
+                            positive("--micro-batches", opts.micro_batches))
+    if problem:
+        return problem
     dp, pp, tp = degrees(opts, world)
     if dp * pp * tp != world:
         return (f"dp={dp} x pp={pp} x tp={tp} = {dp * pp * tp} ranks, but {world} processes were "
