@@ -27,9 +27,9 @@ def save(root, tp=2, step=6, sync_fraction=1.0):
     records = [ckpt.write_shard(root, name, r, tp, shard_state_dict(model.state_dict(), tp, r, CONFIG),
                                 ckpt.shard_optimizer_state(ckpt.optimizer_state_by_name(model, opt), tp, r, CONFIG))
                for r in range(tp)]
-    extra = {"optimizer": "adamw", "sync_fraction": sync_fraction}
-    ckpt.commit(root, name, CONFIG, tp, step, records, extra,
-                description=ckpt.model_description(CONFIG, tp, sync_fraction))
+    # the metadata Lesson 8's trainer has always written (p in "sync_fraction"), from which
+    # the model description follows
+    ckpt.commit(root, name, CONFIG, tp, step, records, {"optimizer": "adamw", "sync_fraction": sync_fraction})
     return root
 
 

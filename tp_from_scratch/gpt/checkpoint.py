@@ -248,14 +248,15 @@ def write_shard(root, name, tp_rank, tp, model_state, optimizer_state=None, rng_
 def commit(root, name, config, tp, step, shard_records, extra=None, keep=KEEP, description=None):
     """Write meta.json for a checkpoint whose shards are all on disk, then point ``latest`` at it.
 
-    description: the model it holds (model_description; default the ordinary GPT of ``config``)."""
+    description: the model it holds (model_description; default: described from ``extra``'s
+    sync_fraction, if any, so an older caller's metadata keeps its meaning)."""
     root = Path(root)
     records = sorted(shard_records, key=lambda r: r["tp_rank"])
     if [r["tp_rank"] for r in records] != list(range(tp)):
         raise CheckpointError(f"commit of {name}: expected shards of tp ranks 0..{tp - 1}, "
                               f"got {[r['tp_rank'] for r in records]}")
     meta = {"format": FORMAT, "step": step, "tp": tp, "config": config.to_dict(),
-            "model": description or model_description(config),
+            "model": description or description_of({"tp": tp, "config": config.to_dict(), **(extra or {})}),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "shards": records, **(extra or {})}
     write_atomic(root / name / "meta.json", json.dumps(meta, indent=1).encode())
