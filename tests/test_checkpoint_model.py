@@ -105,6 +105,11 @@ def test_F1_checkpoint_export_refuses_it(caat, tmp_path, capsys):
     assert not (tmp_path / "out.pt").exists()
 
 
+def test_checkpoint_info_shows_any_model_and_says_which(caat, capsys):
+    ckpt.main(["info", str(caat)])
+    assert "holds a partially synchronized GPT (--arch gpt, --sync-fraction 0.5 at --tp 2)" in capsys.readouterr().out
+
+
 def test_F1_convert_export_refuses_it(caat, tmp_path, capsys):
     from tp_from_scratch.gpt import convert
     with pytest.raises(SystemExit) as exit_info:

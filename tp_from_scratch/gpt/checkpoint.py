@@ -423,9 +423,10 @@ def main(argv=None):
             print(f"wrote {args.out}: step {full['step']}, {len(full['model'])} tensors, "
                   f"from tp={full['meta']['tp']}")
         else:
-            full = load_full(args.root)
+            full = load_full(args.root, description={})   # any model: info only shows it
             meta = full["meta"]
             print(json.dumps({k: meta[k] for k in ("step", "tp", "config")}, indent=1))
+            print(f"holds {describe(description_of(meta))}")
             print(f"{len(meta['shards'])} shards verified (size and sha256)")
     except CheckpointError as e:
         parser.exit(1, f"error: {e}\n")
