@@ -38,7 +38,7 @@ import contextlib
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Callable, Optional
@@ -484,11 +484,11 @@ def run(opts, config, mesh, hooks=None):
     hooks: what a later lesson's trainer changes (Hooks); the step, loop, checkpoints,
     metrics and report stay this lesson's."""
     hooks = hooks or Hooks()
-    description = hooks.description or ckpt.model_description(config)
-    hooks.description = description
+    if hooks.description is None:   # Lesson 6's own model: the ordinary GPT of this config
+        hooks = replace(hooks, description=ckpt.model_description(config))
     start = None
     if opts.load:
-        start = ckpt.load_full(opts.load, config, description)
+        start = ckpt.load_full(opts.load, config, hooks.description)
         ckpt.check_resume(start["meta"], opts.load, opts.steps, opts.optimizer)
     group = tp_group_for(opts, mesh)
     model, optimizer, first = build(opts, config, mesh, start, group, hooks.parallelize)
