@@ -82,7 +82,8 @@ def assert_losses_match(losses, ref, what, dtype, first=0, exact=False):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", ["dp2tp2-f32", "tp4-f32", "dp2tp2-scratch-f32", "tp4-f64"])  # float64 at tp=2: the two-node run
+# float64 at dp=2 x tp=2: the two-node run
+@pytest.mark.parametrize("name", ["dp2tp2-f32", "tp4-f32", "dp2tp2-scratch-f32", "tp4-f64"])
 def test_losses_equal_single_device(runs, name):
     # 50 steps at tp=4 and dp=2 x tp=2, float32 and float64: every step's loss must
     # equal the single-device loss under the per-dtype tolerance (near-bitwise in float64)
