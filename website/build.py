@@ -1,0 +1,239 @@
+"""make site: the course as a static website, built offline from the committed, executed notebooks.
+
+    .venv/bin/python website/build.py                   # -> site/index.html
+    .venv/bin/python website/build.py --out /tmp/site   # anywhere else
+
+It lays out a Sphinx source tree (in runs/site-build/ unless --work says otherwise), runs Sphinx
+there with conf.py beside this file, and copies the HTML to --out. The tree holds:
+
+    index.md            the landing page: README.md with the course map (plots.draw_course_map) under its intro
+    lessons/*.ipynb     the notebooks as committed (nothing re-executed), each with a last cell
+                        linking its exercise and the commands that grade it
+    docs/*.md           every page in docs/, whatever is there at build time
+    exercises/*.md      a page per exercise of tools/grading.py's EXERCISES: the stub and how to grade it
+    api/*.md            autodoc of each lesson's packages (website/course.py), shared support, the verify contract
+
+Nothing is downloaded: MathJax comes from the sphinx-mathjax-offline package (requirements-site.txt).
+"""
+import argparse
+import io
+import json
+import os
+import pkgutil
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run as a script from anywhere: the package and course.py importable
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")  # the course map is drawn without a display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from tp_from_scratch.plots import draw_course_map  # noqa: E402
+from tp_from_scratch.tools.grading import EXERCISES  # noqa: E402
+from website.course import LESSONS  # noqa: E402
+
+PACKAGE = REPO / "tp_from_scratch"
+SUPPORT = ("compare", "testing", "plots")          # floor 0: what every lesson uses
+TOOLING = ("tools", "bench", "demos", "verify")    # not a learner's API, except the verify contract below
+VERIFY_CONTRACT = ("verify", "verify.adapter")
+
+
+def lesson_notebooks():
+    """{lesson number: notebook path}, from the file names lessons/NN_*.ipynb."""
+    return {int(p.name[:2]): p for p in sorted((REPO / "lessons").glob("[0-9][0-9]_*.ipynb"))}
+
+
+def lesson_of_exercise(exercise_id):
+    """The lesson an exercise belongs to: 'ex05a' -> 5 (ids are ex + the lesson's two digits + a letter)."""
+    return int(exercise_id[2:4])
+
+
+class SourceTree:
+    """The staged Sphinx sources: files written only when they change (so a rebuild re-reads only
+    those pages), and files of an earlier build that were not written again removed by prune()."""
+
+    def __init__(self, root):
+        self.root, self.written = Path(root), set()
+
+    def write(self, relative, content):
+        path = self.root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = content.encode() if isinstance(content, str) else content
+        if not path.exists() or path.read_bytes() != data:
+            path.write_bytes(data)
+        self.written.add(path)
+
+    def prune(self):
+        for path in self.root.rglob("*"):
+            if path.is_file() and path not in self.written:
+                path.unlink()
+
+
+def grade_commands(exercise_id, stem):
+    return (f"make grade EX={exercise_id}\n"
+            f".venv/bin/python -m pytest exercises/test_{stem}.py -x   # the same, with the full messages\n")
+
+
+def exercise_cell(exercises):
+    """A notebook markdown cell linking this lesson's exercises and the commands that grade them."""
+    lines = ["## Grade your exercise" + ("s" if len(exercises) > 1 else ""), ""]
+    for exercise_id, stem in exercises:
+        lines += [f"[Exercise {exercise_id}](../exercises/{stem}.md): edit `exercises/{stem}.py`, then",
+                  "", "```bash", grade_commands(exercise_id, stem).rstrip(), "```", ""]
+    return {"cell_type": "markdown", "id": "grade-your-exercise", "metadata": {}, "source": "\n".join(lines)}
+
+
+def stage_lessons(src, exercises_by_lesson):
+    for number, notebook in lesson_notebooks().items():
+        nb = json.loads(notebook.read_text())
+        if exercises_by_lesson.get(number):
+            nb["cells"].append(exercise_cell(exercises_by_lesson[number]))
+        src.write(Path("lessons") / notebook.name, json.dumps(nb, indent=1))
+
+
+def exercise_title(stub):
+    """'Exercise 1: split a matmul ... (lessons/01_split_matmul.ipynb).' -> 'split a matmul ...'."""
+    first = stub.read_text().split('"""')[1].strip().splitlines()[0]
+    return re.sub(r"\s*\(lessons/[^)]*\)\.?$", "", first.split(":", 1)[-1]).strip()
+
+
+def stage_exercises(src):
+    """A page per exercise; returns {lesson number: [(id, stem)]}."""
+    by_lesson, notebooks = {}, lesson_notebooks()
+    for exercise_id, (stem, _) in EXERCISES.items():
+        lesson = lesson_of_exercise(exercise_id)
+        by_lesson.setdefault(lesson, []).append((exercise_id, stem))
+        stub = REPO / "exercises" / f"{stem}.py"
+        lesson_link = (f"[Lesson {lesson}](../lessons/{notebooks[lesson].name})" if lesson in notebooks
+                       else f"Lesson {lesson}")
+        page = (f"# Exercise {exercise_id}: {exercise_title(stub)}\n\n"
+                f"From {lesson_link}. Edit `exercises/{stem}.py` (below) in your clone, then grade it "
+                f"from the repository's root:\n\n```bash\n{grade_commands(exercise_id, stem)}```\n\n"
+                f"`make grade` with no `EX=` grades every exercise and prints a summary.\n\n"
+                f"```{{literalinclude}} {os.path.relpath(stub, src.root / 'exercises')}\n:language: python\n```\n")
+        src.write(f"exercises/{stem}.md", page)
+    return by_lesson
+
+
+def modules_of(component):
+    """'layers' -> ['tp_from_scratch.layers', 'tp_from_scratch.layers.attention', ...]; 'compare' -> [it]."""
+    name, path = f"tp_from_scratch.{component}", PACKAGE / component.replace(".", "/")
+    if not path.is_dir():
+        return [name] if path.with_suffix(".py").exists() else []
+    return [name] + [f"{name}.{m.name}" for m in pkgutil.iter_modules([str(path)])
+                     if not m.name.startswith("_")]
+
+
+def api_page(title, intro, modules):
+    parts = [f"# {title}\n\n{intro}\n"]
+    for module in modules:
+        parts.append(f"## `{module}`\n\n```{{eval-rst}}\n.. automodule:: {module}\n   :members:\n```\n")
+    return "\n".join(parts)
+
+
+def stage_api(src):
+    """One page per lesson (its packages from course.py), shared support, the verify contract, the rest."""
+    pages, listed = [], set(SUPPORT) | set(TOOLING)
+    pages.append(("support", "Shared support", "What every lesson uses: the comparison helper and its "
+                  "tolerance policy, rank-distinct test data, the pictures.",
+                  [m for c in SUPPORT for m in modules_of(c)]))
+    for number, title, teaches, _, packages in LESSONS:
+        modules = [m for c in packages for m in modules_of(c)]
+        listed |= set(packages)
+        if modules:
+            pages.append((f"lesson_{number:02d}", f"Lesson {number}: {title}", f"{teaches.capitalize()}.", modules))
+    others = sorted(p.stem if p.suffix == ".py" else p.name for p in PACKAGE.iterdir()
+                    if (p.suffix == ".py" or (p / "__init__.py").exists()) and not p.name.startswith("_"))
+    others = [c for c in others if c not in listed]
+    if others:
+        pages.append(("other", "Other modules", "Packages no lesson's line in website/course.py names yet.",
+                      [m for c in others for m in modules_of(c)]))
+    pages.append(("verify", "The verify adapter contract", "How another tensor-parallel library plugs into "
+                  "the conformance suite (`python -m tp_from_scratch.verify`): the Adapter it fills in.",
+                  [f"tp_from_scratch.{c}" for c in VERIFY_CONTRACT]))
+    for name, title, intro, modules in pages:
+        src.write(f"api/{name}.md", api_page(title, intro, modules))
+    index = ["# API", "", "The library's public functions and classes, from their docstrings, lesson by lesson.", "",
+             "```{toctree}", ":maxdepth: 1", ""] + [f"{name}" for name, *_ in pages] + ["```", ""]
+    src.write("api/index.md", "\n".join(index))
+
+
+def stage_index(src):
+    """README.md as the landing page, with the course map and the lessons' links under its intro."""
+    fig, _ = draw_course_map([row[:4] for row in LESSONS])
+    svg = io.BytesIO()
+    fig.savefig(svg, format="svg", metadata={"Date": None})  # no date: the same map is the same file
+    plt.close(fig)
+    src.write("_static/course_map.svg", svg.getvalue())
+    notebooks = lesson_notebooks()
+    links = " · ".join(f"[{n} {title}](lessons/{notebooks[n].name})" for n, title, *_ in LESSONS if n in notebooks)
+    course_map = ("## The course map\n\n"
+                  "```{figure} _static/course_map.svg\n:alt: the lessons as a graph, each below the lessons it "
+                  "builds on\n:width: 100%\n\nEach lesson with the parallelism it teaches; an arrow points from "
+                  "a lesson to one that builds on it.\n```\n\n" + links + "\n\n")
+    readme = (REPO / "README.md").read_text()
+    at = readme.find("\n## ")  # after the intro, before the first section
+    at = len(readme) if at < 0 else at + 1
+    toctrees = "".join(
+        f"\n```{{toctree}}\n:hidden:\n:caption: {caption}\n:glob:\n\n{pattern}\n```\n"
+        for caption, pattern in (("Lessons", "lessons/*"), ("Docs", "docs/*"), ("Exercises", "exercises/*"),
+                                 ("Reference", "api/index")))
+    src.write("index.md", readme[:at] + course_map + readme[at:] + toctrees)
+
+
+def stage_docs(src):
+    for page in sorted((REPO / "docs").glob("*.md")):
+        src.write(f"docs/{page.name}", page.read_bytes())
+
+
+def stage(root):
+    """Lay out the whole source tree in ``root``; files an earlier build left there and this one did not write, go."""
+    src = SourceTree(root)
+    stage_index(src)
+    stage_lessons(src, stage_exercises(src))
+    stage_docs(src)
+    stage_api(src)
+    src.prune()
+
+
+def build(out, work, quiet=True):
+    """Stage the sources in ``work``/src, build the HTML in ``work``/html, and mirror it into ``out``.
+
+    Sphinx builds next to its doctrees and myst-nb's jupyter_execute/ (which myst-nb puts beside
+    the HTML folder), all inside ``work``, so a rebuild re-reads only what changed and nothing
+    lands in the repository but ``out``. Returns Sphinx's exit status.
+    """
+    from sphinx.cmd.build import build_main
+
+    work, out = Path(work).resolve(), Path(out).resolve()
+    stage(work / "src")
+    html = work / "html"
+    status = build_main((["-q"] if quiet else []) + ["-b", "html", "-c", str(Path(__file__).parent),
+                                                      "-d", str(work / "doctrees"), str(work / "src"), str(html)])
+    if status == 0 and out != html:
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(html, out)
+    return status
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(REPO / "site"), help="where the HTML goes (default: site/)")
+    parser.add_argument("--work", default=str(REPO / "runs" / "site-build"),
+                        help="where the staged sources and Sphinx's doctrees go (kept out of --out)")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    status = build(args.out, args.work)
+    if status == 0:
+        print(f"site built in {time.perf_counter() - start:.1f} s: {Path(args.out) / 'index.html'}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
