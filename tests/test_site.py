@@ -4,6 +4,7 @@ The build part runs wherever the site's requirements are installed (make test in
 The browser part drives Debian's chromium through its chromedriver (selenium); where no
 Chromium is installed it skips with one line naming the command that installs it. The browser
 is told no host resolves but 127.0.0.1, and its network log must show nothing else asked for.
+Screenshots go to runs/site/: the landing page, and each lesson at its first figure and its math.
 """
 import html as html_module
 import http.server
@@ -43,8 +44,8 @@ def test_every_notebook_has_its_line_in_the_course_map_and_every_line_its_notebo
 
 
 def test_the_map_puts_each_lesson_below_every_lesson_it_builds_on_and_no_two_in_one_place():
-    layout = course_layout([(number, builds_on) for number, _, _, builds_on, _ in LESSONS])
-    for number, _, _, builds_on, _ in LESSONS:
+    layout = course_layout([(number, builds_on) for number, _, _, builds_on in LESSONS])
+    for number, _, _, builds_on in LESSONS:
         for prerequisite in builds_on:
             assert layout[prerequisite][1] < layout[number][1], (prerequisite, number, layout)
     assert len(set(layout.values())) == len(layout), layout
@@ -164,7 +165,7 @@ MathJax.startup.promise.then(() => done("typeset"), (e) => done("failed: " + e))
 """
 
 PAGE_FACTS = """
-const prose = [...document.querySelectorAll("article p, article li, article td, article h1, article h2, article h3")]
+const prose = [...document.querySelectorAll("p, li, td, h1, h2, h3")]
   .filter((e) => !e.closest("pre, code, .highlight, .cell_output, mjx-container"));
 return {
   math: document.querySelectorAll("article .math").length,
@@ -213,10 +214,16 @@ def broken_internal_links(base, html, url, links):
     return broken
 
 
+def site_pages(html):
+    """The site's pages: every .html but those under _static/ (the theme ships template fragments there)."""
+    return sorted(p.relative_to(html).as_posix() for p in html.rglob("*.html")
+                  if not p.relative_to(html).parts[0].startswith("_"))
+
+
 @pytest.mark.timeout(BUILD_TIMEOUT_S + 240)
 def test_every_page_loads_clean_offline_with_its_figures_math_and_links(site, server, browser):
     base, html = server
-    pages = sorted(p.relative_to(html).as_posix() for p in html.rglob("*.html"))
+    pages = site_pages(html)
     requested_urls(browser)  # drop what the browser did before the first page
     problems, shots = [], {}
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -244,19 +251,27 @@ def test_every_page_loads_clean_offline_with_its_figures_math_and_links(site, se
         outside = [u for u in requested_urls(browser) if not u.startswith((base, "data:", "blob:"))]
         problems += [f"{page}: requested outside 127.0.0.1: {u}" for u in outside]
         if page == "index.html" or page.startswith("lessons/"):
-            shots[page] = screenshot_figure_and_math(browser, page, facts)
+            shots[page] = screenshot_figure_and_math(browser, page), facts["math"] > 0
     assert not problems, "\n".join(problems[:40])
-    assert any(f.endswith("index.png") for f in shots["index.html"])
+    for page, (files, has_math) in shots.items():  # a lesson that writes no LaTeX has no math to show
+        kinds = {Path(f).stem.rsplit("_", 1)[-1] for f in files}
+        assert page == "index.html" or kinds == ({"figure", "math"} if has_math else {"figure"}), (page, files)
 
 
-def screenshot_figure_and_math(driver, page, facts):
-    """runs/site/<page>.png (the top), and for a lesson <page>_figure.png and <page>_math.png."""
+def screenshot_figure_and_math(driver, page):
+    """runs/site/index.png (the landing page at its course map); for a lesson, <lesson>_figure.png centred on its
+    first figure and <lesson>_math.png on its first displayed equation (or inline math, if it has none)."""
     name = page.removesuffix(".html").replace("/", "_")
-    driver.execute_script("window.scrollTo(0, 0)")
-    files = [SCREENSHOTS / f"{name}.png"]
-    driver.save_screenshot(str(files[0]))
-    if page.startswith("lessons/"):
-        for what, selector in (("figure", ".cell_output img"), ("math", "article mjx-container[display='true']")):
+    if not page.startswith("lessons/"):
+        scroll_to(driver, 'img[src*="course_map"]')
+        driver.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
+        return [str(SCREENSHOTS / f"{name}.png")]
+    files = []
+    for what, selector in (("figure", ".cell_output img"), ("math", "article mjx-container[display='true']"),
+                           ("math", "article mjx-container")):
+        if what in (f.stem.rsplit("_", 1)[-1] for f in files):
+            continue
+        if driver.execute_script("return document.querySelector(arguments[0]) !== null", selector):
             scroll_to(driver, selector)
             files.append(SCREENSHOTS / f"{name}_{what}.png")
             driver.save_screenshot(str(files[-1]))

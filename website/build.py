@@ -11,7 +11,8 @@ there with conf.py beside this file, and copies the HTML to --out. The tree hold
                         linking its exercise and the commands that grade it
     docs/*.md           every page in docs/, whatever is there at build time
     exercises/*.md      a page per exercise of tools/grading.py's EXERCISES: the stub and how to grade it
-    api/*.md            autodoc of each lesson's packages (website/course.py), shared support, the verify contract
+    api/*.md            autodoc of each lesson's packages (tests/test_layout.py's map), shared support,
+                        the verify contract
 
 Nothing is downloaded: MathJax comes from the sphinx-mathjax-offline package (requirements-site.txt).
 """
@@ -36,12 +37,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from tp_from_scratch.plots import draw_course_map  # noqa: E402
 from tp_from_scratch.tools.grading import EXERCISES  # noqa: E402
+from tests.test_layout import LESSON as LESSON_OF_COMPONENT  # noqa: E402
 from website.course import LESSONS  # noqa: E402
 
 PACKAGE = REPO / "tp_from_scratch"
-SUPPORT = ("compare", "testing", "plots")          # floor 0: what every lesson uses
-TOOLING = ("tools", "bench", "demos", "verify")    # not a learner's API, except the verify contract below
-VERIFY_CONTRACT = ("verify", "verify.adapter")
+VERIFY_CONTRACT = ("verify", "verify.adapter")   # of the tooling, only the contract a library fills in
 
 
 def lesson_notebooks():
@@ -138,22 +138,19 @@ def api_page(title, intro, modules):
 
 
 def stage_api(src):
-    """One page per lesson (its packages from course.py), shared support, the verify contract, the rest."""
-    pages, listed = [], set(SUPPORT) | set(TOOLING)
-    pages.append(("support", "Shared support", "What every lesson uses: the comparison helper and its "
-                  "tolerance policy, rank-distinct test data, the pictures.",
-                  [m for c in SUPPORT for m in modules_of(c)]))
-    for number, title, teaches, _, packages in LESSONS:
-        modules = [m for c in packages for m in modules_of(c)]
-        listed |= set(packages)
-        if modules:
-            pages.append((f"lesson_{number:02d}", f"Lesson {number}: {title}", f"{teaches.capitalize()}.", modules))
-    others = sorted(p.stem if p.suffix == ".py" else p.name for p in PACKAGE.iterdir()
-                    if (p.suffix == ".py" or (p / "__init__.py").exists()) and not p.name.startswith("_"))
-    others = [c for c in others if c not in listed]
-    if others:
-        pages.append(("other", "Other modules", "Packages no lesson's line in website/course.py names yet.",
-                      [m for c in others for m in modules_of(c)]))
+    """A page per lesson with its packages (tests/test_layout.py's LESSON map, the one place that
+    says which package is which lesson's), shared support first, the verify contract last."""
+    by_lesson = {}
+    for component, lesson in sorted(LESSON_OF_COMPONENT.items()):
+        if component != "__init__":
+            by_lesson.setdefault(lesson, []).extend(modules_of(component))
+    titles = {number: (title, teaches) for number, title, teaches, _ in LESSONS}
+    pages = [("support", "Shared support", "What every lesson uses: the comparison helper and its tolerance "
+              "policy, rank-distinct test data, the pictures.", by_lesson.pop(0, []))]
+    for number, modules in sorted(by_lesson.items()):
+        title, teaches = titles.get(number, ("", ""))
+        pages.append((f"lesson_{number:02d}", f"Lesson {number}: {title}".rstrip(": "),
+                      f"The library of Lesson {number}" + (f": {teaches}." if teaches else "."), modules))
     pages.append(("verify", "The verify adapter contract", "How another tensor-parallel library plugs into "
                   "the conformance suite (`python -m tp_from_scratch.verify`): the Adapter it fills in.",
                   [f"tp_from_scratch.{c}" for c in VERIFY_CONTRACT]))
@@ -166,7 +163,7 @@ def stage_api(src):
 
 def stage_index(src):
     """README.md as the landing page, with the course map and the lessons' links under its intro."""
-    fig, _ = draw_course_map([row[:4] for row in LESSONS])
+    fig, _ = draw_course_map(LESSONS)
     svg = io.BytesIO()
     fig.savefig(svg, format="svg", metadata={"Date": None})  # no date: the same map is the same file
     plt.close(fig)
