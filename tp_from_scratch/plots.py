@@ -534,26 +534,27 @@ def course_layout(lessons):
     return {n: (x[n], row[n]) for n, _ in lessons}
 
 
-def draw_course_map(lessons, *, box_width=2.5, box_height=0.78, gap=0.3):
+def draw_course_map(lessons, *, box_width=3.0, box_height=0.8, gap=0.25, inches_per_unit=0.66):
     """The course as a graph, top down: a box per lesson (title, what it teaches), an arrow per prerequisite.
 
-    ``lessons``: (number, title, teaches, builds_on) rows, prerequisites first. Returns the
-    figure and {number: (x, y)} of each box's centre in data units.
+    ``lessons``: (number, title, teaches, builds_on) rows, prerequisites first. Sizes are in data
+    units, ``inches_per_unit`` of the figure each. Returns the figure and {number: (x, y)} of
+    each box's centre in data units.
     """
     layout = course_layout([(n, builds_on) for n, _, _, builds_on in lessons])
     columns = max(1, max(2 * abs(x) + 1 for x, _ in layout.values()))
     rows = 1 + max(r for _, r in layout.values())
     pitch_x, pitch_y = box_width + gap, box_height + 2 * gap
-    fig, ax = plt.subplots(figsize=(0.95 * columns * pitch_x, 0.95 * rows * pitch_y))
+    fig, ax = plt.subplots(figsize=(inches_per_unit * columns * pitch_x, inches_per_unit * rows * pitch_y))
     centre = {n: (x * pitch_x, -r * pitch_y) for n, (x, r) in layout.items()}
     for number, title, teaches, _ in lessons:
         cx, cy = centre[number]
         ax.add_patch(FancyBboxPatch((cx - box_width / 2, cy - box_height / 2), box_width, box_height,
                                     boxstyle="round,pad=0.02,rounding_size=0.12", zorder=2,
                                     fc="#eaf3fb", ec=device_color(0), lw=1.4))
-        ax.text(cx, cy + 0.14, f"{number}  {title}", ha="center", va="center", fontsize=10.5,
+        ax.text(cx, cy + 0.15, f"{number}  {title}", ha="center", va="center", fontsize=10,
                 weight="bold", zorder=3)
-        ax.text(cx, cy - 0.17, teaches, ha="center", va="center", fontsize=9, color="0.25", zorder=3)
+        ax.text(cx, cy - 0.18, teaches, ha="center", va="center", fontsize=9, color="0.2", zorder=3)
     for number, _, _, builds_on in lessons:
         for prerequisite in builds_on:
             (x0, y0), (x1, y1) = centre[prerequisite], centre[number]

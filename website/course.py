@@ -6,16 +6,16 @@ tests/test_site.py checks that every notebook in lessons/ has its line and every
 (Which package is which lesson's is tests/test_layout.py's LESSON map; the API pages read it there.)
 """
 LESSONS = [
-    # number, title, what it teaches, builds on
+    # number, title, what it teaches (short: it is drawn in a box), builds on
     (1, "Split a matmul", "column and row shards", ()),
-    (2, "Collectives", "all-reduce from send/recv", (1,)),
-    (3, "Parallel MLP", "tensor parallelism: f and g", (2,)),
+    (2, "Collectives", "all-reduce on send/recv", (1,)),
+    (3, "Parallel MLP", "TP of the MLP: f and g", (2,)),
     (4, "Parallel attention", "TP over attention heads", (3,)),
     (5, "TP in autograd", "TP layers for torch", (4,)),
-    (6, "Training a TP GPT", "TP training, torch.distributed", (5,)),
-    (7, "Sequence parallelism", "sequence parallelism (SP)", (6,)),
-    (8, "Partial sync", "partially synced activations", (6,)),
+    (6, "Training a TP GPT", "TP training, torchrun", (5,)),
+    (7, "Sequence parallel", "sequence parallelism", (6,)),
+    (8, "Partial sync", "partially synced TP", (6,)),
     (9, "When TP pays", "compute vs communication", (6,)),
     (10, "Overlap", "hiding communication", (7,)),
-    (11, "Parallelisms", "data, ZeRO, pipeline with TP", (6,)),
+    (11, "Parallelisms", "DP, ZeRO, pipelines + TP", (6,)),
 ]
