@@ -24,6 +24,7 @@ from tp_from_scratch.comm.launchers import run_command
 from tp_from_scratch.plots import course_layout
 from tp_from_scratch.tools.grading import EXERCISES
 from website.build import lesson_notebooks, lesson_of_exercise
+from website.build import main as build_main
 from website.course import LESSONS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,6 +55,18 @@ def test_the_map_puts_each_lesson_below_every_lesson_it_builds_on_and_no_two_in_
 def test_a_lesson_that_builds_on_one_not_yet_listed_is_refused():
     with pytest.raises(ValueError, match="lesson 2 builds on \\[3\\]"):
         course_layout([(1, ()), (2, (3,)), (3, (1,))])
+
+
+def test_the_build_refuses_an_out_folder_it_would_wipe_before_any_work(tmp_path, capsys):
+    keep = tmp_path / "notes"
+    keep.mkdir()
+    (keep / "mine.txt").write_text("not a site")
+    for out in (REPO, keep, keep / "mine.txt"):
+        with pytest.raises(SystemExit) as refused:
+            build_main(["--out", str(out), "--work", str(tmp_path / "work")])
+        assert refused.value.code != 0
+        assert f"--out {out}" in capsys.readouterr().err
+    assert (keep / "mine.txt").read_text() == "not a site" and not (tmp_path / "work").exists()
 
 
 # --- the build ---------------------------------------------------------------------------------

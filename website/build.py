@@ -17,6 +17,8 @@ there with conf.py beside this file, and copies the HTML to --out. The tree hold
 Nothing is downloaded: MathJax comes from the sphinx-mathjax-offline package (requirements-site.txt).
 """
 import argparse
+import ast
+import importlib.util
 import io
 import json
 import os
@@ -99,8 +101,8 @@ def stage_lessons(src, exercises_by_lesson):
 
 def exercise_title(stub):
     """'Exercise 1: split a matmul ... (lessons/01_split_matmul.ipynb).' -> 'split a matmul ...'."""
-    first = stub.read_text().split('"""')[1].strip().splitlines()[0]
-    return re.sub(r"\s*\(lessons/[^)]*\)\.?$", "", first.split(":", 1)[-1]).strip()
+    docstring = ast.get_docstring(ast.parse(stub.read_text())) or stub.stem
+    return re.sub(r"\s*\(lessons/[^)]*\)\.?$", "", docstring.splitlines()[0].split(":", 1)[-1]).strip()
 
 
 def stage_exercises(src):
@@ -177,10 +179,11 @@ def stage_index(src):
     readme = (REPO / "README.md").read_text()
     at = readme.find("\n## ")  # after the intro, before the first section
     at = len(readme) if at < 0 else at + 1
-    toctrees = "".join(
-        f"\n```{{toctree}}\n:hidden:\n:caption: {caption}\n:glob:\n\n{pattern}\n```\n"
-        for caption, pattern in (("Lessons", "lessons/*"), ("Docs", "docs/*"), ("Exercises", "exercises/*"),
-                                 ("Reference", "api/index")))
+    toctrees = "".join(  # the sidebar; a folder with no page yet (docs/ in a young clone) has no entry
+        f"\n```{{toctree}}\n:hidden:\n:caption: {caption}\n:glob:\n\n{folder}/{pattern}\n```\n"
+        for caption, folder, pattern in (("Lessons", "lessons", "*"), ("Docs", "docs", "*"),
+                                         ("Exercises", "exercises", "*"), ("Reference", "api", "index"))
+        if list((REPO / folder).glob("*")) or folder == "api")
     src.write("index.md", readme[:at] + course_map + readme[at:] + toctrees)
 
 
@@ -219,12 +222,32 @@ def build(out, work, quiet=True):
     return status
 
 
+SITE_PACKAGES = ("sphinx", "myst_nb", "sphinx_book_theme", "sphinx_copybutton")
+
+
+def refusal(out, work):
+    """Why this build must not start (one line), or None: missing packages, or an --out it would wipe wrongly."""
+    missing = [name for name in SITE_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"missing {', '.join(missing)}: .venv/bin/pip install -r requirements-site.txt (make site does it)"
+    if out == work / "html":
+        return None
+    if out in (REPO, *REPO.parents) or out == work or (out.exists() and not out.is_dir()):
+        return f"--out {out}: not a folder this build may replace with the site"
+    if out.is_dir() and any(out.iterdir()) and not (out / ".buildinfo").exists():
+        return f"--out {out}: holds files that are not a site built here (no .buildinfo); give a new or empty folder"
+    return None
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "site"), help="where the HTML goes (default: site/)")
     parser.add_argument("--work", default=str(REPO / "runs" / "site-build"),
                         help="where the staged sources and Sphinx's doctrees go (kept out of --out)")
     args = parser.parse_args(argv)
+    problem = refusal(Path(args.out).resolve(), Path(args.work).resolve())
+    if problem:
+        parser.error(problem)
     start = time.perf_counter()
     status = build(args.out, args.work)
     if status == 0:
