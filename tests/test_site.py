@@ -23,7 +23,7 @@ import pytest
 from tp_from_scratch.comm.launchers import run_command
 from tp_from_scratch.plots import course_layout
 from tp_from_scratch.tools.grading import EXERCISES
-from website.build import lesson_notebooks, lesson_of_exercise
+from website.build import lesson_notebooks, lesson_of_exercise, project_pages
 from website.build import main as build_main
 from website.course import LESSONS
 
@@ -33,6 +33,8 @@ BUILD_TIMEOUT_S = 300   # about a minute on 2 quiet cores; generous for a loaded
 WAIT_S = 30             # any one page load, script or search in the browser
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 INSTALL_CHROMIUM = "apt-get install -y chromium chromium-driver"
+# any test may be the one whose fixture builds the site (pytest -k): each gets the build's time and more
+pytestmark = pytest.mark.timeout(BUILD_TIMEOUT_S + 240)
 
 
 # --- the course map's table --------------------------------------------------------------------
@@ -84,7 +86,6 @@ def site(tmp_path_factory):
     return work / "html", result.stdout, seconds
 
 
-@pytest.mark.timeout(BUILD_TIMEOUT_S + 60)
 def test_the_site_builds_without_a_warning_and_has_a_page_per_lesson_doc_and_exercise(site):
     html, log, seconds = site
     print(f"site built in {seconds:.1f} s")
@@ -92,6 +93,7 @@ def test_the_site_builds_without_a_warning_and_has_a_page_per_lesson_doc_and_exe
     expected = ["index.html", "search.html", "api/index.html", "api/verify.html"]
     expected += [f"lessons/{p.stem}.html" for p in lesson_notebooks().values()]
     expected += [f"docs/{p.stem}.html" for p in sorted((REPO / "docs").glob("*.md"))]
+    expected += [f"{p.stem}.html" for p in project_pages()]
     expected += [f"exercises/{stem}.html" for stem, _ in EXERCISES.values()]
     missing = [page for page in expected if not (html / page).is_file()]
     assert not missing, f"pages missing from the site: {missing}"
@@ -233,8 +235,7 @@ def site_pages(html):
                   if not p.relative_to(html).parts[0].startswith("_"))
 
 
-@pytest.mark.timeout(BUILD_TIMEOUT_S + 240)
-def test_every_page_loads_clean_offline_with_its_figures_math_and_links(site, server, browser):
+def test_every_page_loads_clean_offline_with_its_figures_math_and_links(browser, site, server):
     base, html = server
     pages = site_pages(html)
     requested_urls(browser)  # drop what the browser did before the first page
@@ -291,8 +292,7 @@ def screenshot_figure_and_math(driver, page):
     return [str(f) for f in files]
 
 
-@pytest.mark.timeout(BUILD_TIMEOUT_S + 60)
-def test_the_site_search_finds_reduce_scatter(site, server, browser):
+def test_the_site_search_finds_reduce_scatter(browser, site, server):
     from selenium.webdriver.support.ui import WebDriverWait
 
     base, _ = server

@@ -10,6 +10,7 @@ there with conf.py beside this file, and copies the HTML to --out. The tree hold
     lessons/*.ipynb     the notebooks as committed (nothing re-executed), each with a last cell
                         linking its exercise and the commands that grade it
     docs/*.md           every page in docs/, whatever is there at build time
+    *.md                the other top-level pages (CONTRIBUTING.md, ...), which the README links to
     exercises/*.md      a page per exercise of tools/grading.py's EXERCISES: the stub and how to grade it
     api/*.md            autodoc of each lesson's packages (tests/test_layout.py's map), shared support,
                         the verify contract
@@ -179,17 +180,26 @@ def stage_index(src):
     readme = (REPO / "README.md").read_text()
     at = readme.find("\n## ")  # after the intro, before the first section
     at = len(readme) if at < 0 else at + 1
-    toctrees = "".join(  # the sidebar; a folder with no page yet (docs/ in a young clone) has no entry
-        f"\n```{{toctree}}\n:hidden:\n:caption: {caption}\n:glob:\n\n{folder}/{pattern}\n```\n"
-        for caption, folder, pattern in (("Lessons", "lessons", "*"), ("Docs", "docs", "*"),
-                                         ("Exercises", "exercises", "*"), ("Reference", "api", "index"))
-        if list((REPO / folder).glob("*")) or folder == "api")
+    sidebar = [("Lessons", ["lessons/*"]), ("Docs", ["docs/*"] if list((REPO / "docs").glob("*.md")) else []),
+               ("Exercises", ["exercises/*"]), ("Reference", ["api/index"]),
+               ("Project", [p.stem for p in project_pages()])]
+    toctrees = "".join(  # the sidebar; a section with no page yet (docs/ in a young clone) has no entry
+        f"\n```{{toctree}}\n:hidden:\n:caption: {caption}\n:glob:\n\n" + "\n".join(entries) + "\n```\n"
+        for caption, entries in sidebar if entries)
     src.write("index.md", readme[:at] + course_map + readme[at:] + toctrees)
 
 
+def project_pages():
+    """The repository's own top-level pages (CONTRIBUTING.md, ...), which README.md and docs/ link to."""
+    return [p for p in sorted(REPO.glob("*.md")) if p.name != "README.md"]
+
+
 def stage_docs(src):
+    """docs/*.md, whatever is there, and the top-level pages beside README.md, at the same relative places."""
     for page in sorted((REPO / "docs").glob("*.md")):
         src.write(f"docs/{page.name}", page.read_bytes())
+    for page in project_pages():
+        src.write(page.name, page.read_bytes())
 
 
 def stage(root):
