@@ -21,7 +21,7 @@ from urllib.parse import unquote, urljoin, urlparse
 import pytest
 
 from tp_from_scratch.comm.launchers import run_command
-from tp_from_scratch.plots import course_layout
+from tp_from_scratch.plots import course_layout, draw_course_map
 from tp_from_scratch.tools.grading import EXERCISES
 from website.build import lesson_notebooks, lesson_of_exercise, project_pages
 from website.build import main as build_main
@@ -52,6 +52,23 @@ def test_the_map_puts_each_lesson_below_every_lesson_it_builds_on_and_no_two_in_
         for prerequisite in builds_on:
             assert layout[prerequisite][1] < layout[number][1], (prerequisite, number, layout)
     assert len(set(layout.values())) == len(layout), layout
+
+
+def test_the_map_draws_a_box_per_lesson_with_its_title_and_an_arrow_per_prerequisite():
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.patches import FancyBboxPatch
+
+    fig, centre = draw_course_map(LESSONS)
+    ax = fig.axes[0]
+    texts = {t.get_text() for t in ax.texts}
+    assert {f"{number}  {title}" for number, title, _, _ in LESSONS} | {t for _, _, t, _ in LESSONS} <= texts
+    assert len([p for p in ax.patches if isinstance(p, FancyBboxPatch)]) == len(LESSONS)
+    arrows = [(a.xyann, a.xy) for a in ax.texts if hasattr(a, "arrow_patch") and a.arrow_patch]
+    assert len(arrows) == sum(len(builds_on) for *_, builds_on in LESSONS)
+    for (x0, y0), (x1, y1) in arrows:  # each arrow runs down, from a box's bottom to a lower box's top
+        assert y1 < y0
+    matplotlib.pyplot.close(fig)
 
 
 def test_a_lesson_that_builds_on_one_not_yet_listed_is_refused():
