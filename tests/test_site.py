@@ -205,6 +205,8 @@ return {
   raw_dollars: prose.map((e) => e.innerText).filter((t) => /\\$[^$\\s][^$]*\\$/.test(t)).slice(0, 3),
   images: [...document.images].map((i) => [i.getAttribute("src"), i.complete && i.naturalWidth > 0]),
   links: [...document.querySelectorAll("a[href]")].map((a) => a.getAttribute("href")),
+  code: document.querySelectorAll("div.highlight pre").length,
+  copy_buttons: document.querySelectorAll("button.copybtn").length,
 };
 """
 
@@ -253,6 +255,9 @@ def site_pages(html):
 
 
 def test_every_page_loads_clean_offline_with_its_figures_math_and_links(browser, site, server):
+    """Each page, as a reader gets it: no console error, nothing asked of another host, every image
+    loaded, the math typeset (no $...$ left raw), every link into the site resolving, down to its
+    anchor, and a copy button on each code block of a lesson."""
     base, html = server
     pages = site_pages(html)
     requested_urls(browser)  # drop what the browser did before the first page
@@ -269,6 +274,8 @@ def test_every_page_loads_clean_offline_with_its_figures_math_and_links(browser,
                 problems.append(f"{page}: math not typeset ({status}, {facts['typeset']} of {facts['math']})")
         if facts["raw_dollars"]:
             problems.append(f"{page}: raw $...$ left: {facts['raw_dollars']}")
+        if page.startswith("lessons/") and not 0 < facts["code"] <= facts["copy_buttons"]:
+            problems.append(f"{page}: {facts['copy_buttons']} copy buttons for {facts['code']} code blocks")
         unloaded = [src for src, loaded in facts["images"] if not loaded]
         if unloaded:  # a lazy image loads once on screen
             for src in unloaded:
