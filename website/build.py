@@ -79,8 +79,10 @@ class SourceTree:
 
 
 def grade_commands(exercise_id, stem):
+    """The two ways to grade one exercise, as typed at the repository's root."""
     return (f"make grade EX={exercise_id}\n"
-            f".venv/bin/python -m pytest exercises/test_{stem}.py -x   # the same, with the full messages\n")
+            f"# or the same through pytest, with its full messages:\n"
+            f".venv/bin/python -m pytest exercises/test_{stem}.py -x\n")
 
 
 def exercise_cell(exercises):
@@ -136,7 +138,9 @@ def modules_of(component):
 def api_page(title, intro, modules):
     parts = [f"# {title}\n\n{intro}\n"]
     for module in modules:
-        parts.append(f"## `{module}`\n\n```{{eval-rst}}\n.. automodule:: {module}\n   :members:\n```\n")
+        # :ignore-module-all: a package's __all__ re-exports what its modules define: document each once, there
+        parts.append(f"## `{module}`\n\n```{{eval-rst}}\n.. automodule:: {module}\n   :members:\n"
+                     f"   :ignore-module-all:\n```\n")
     return "\n".join(parts)
 
 

@@ -19,12 +19,15 @@ nb_execution_mode = "off"       # the committed outputs are the lesson: never re
 nb_merge_streams = True
 myst_enable_extensions = ["dollarmath", "amsmath"]  # the lessons write $...$ and $$...$$
 myst_heading_anchors = 3
+smartquotes = False             # commands stay as typed: --standalone, not an en dash
+highlight_language = "none"     # a docstring's table or command is not Python; code cells say their language
 
 autodoc_default_options = {"member-order": "bysource"}
 autodoc_typehints = "none"      # the docstrings say the shapes; signatures stay short
 
 html_theme = "sphinx_book_theme"
-html_theme_options = {"show_toc_level": 2, "use_download_button": False, "use_fullscreen_button": False}
+html_theme_options = {"show_toc_level": 2, "use_download_button": False, "use_fullscreen_button": False,
+                      "footer_content_items": []}  # no "By <author>" line
 html_context = {"default_mode": "light"}     # the theme's mode switch logs an error without one
 html_static_path = [str(__import__("pathlib").Path(__file__).parent / "_static")]
 html_css_files = ["site.css"]
@@ -38,6 +41,11 @@ autodoc_inherit_docstrings = False  # torch.autograd.Function.forward's own docs
 def docstring_as_written(app, what, name, obj, options, lines):
     """The course's docstrings are plain text, not reStructuredText: an indented run of lines (a table
     of functions, a command, a shape legend) is shown as a literal block, as it reads in the source."""
+    if what == "module" and obj.__doc__:
+        # a module's docstring sits at column 0: keep its indents as written (autodoc strips the
+        # common indent, which turns a docstring that is all table below its first line into prose)
+        raw = [line.rstrip() for line in obj.__doc__.expandtabs().splitlines()]
+        lines[:] = [raw[0].strip()] + raw[1:] + [""]
     out, in_block = [], False
     for line in lines:
         indented = line.startswith((" ", "\t")) and line.strip()
