@@ -265,7 +265,8 @@ def main(argv=None):
     start = time.perf_counter()
     status = build(args.out, args.work)
     if status == 0:
-        print(f"site built in {time.perf_counter() - start:.1f} s: {Path(args.out) / 'index.html'}")
+        print(f"site built in {time.perf_counter() - start:.1f} s: {Path(args.out) / 'index.html'}\n"
+              f"(search shows page excerpts when served: .venv/bin/python -m http.server -d {args.out} -b 127.0.0.1)")
     return status
 
 
