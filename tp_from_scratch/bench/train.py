@@ -1,6 +1,6 @@
 """Training-step time: tp_from_scratch's TP GPT against PyTorch's own TP (DTensor), same model.
 
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench train [--tp 2] [--hidden 128]
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench train [--tp 2] [--hidden 128]
 
 Three versions start from the same single-device weights and train on the same batches:
 

@@ -1,18 +1,18 @@
 """Train the small GPT with tensor parallelism (and data parallelism), checked against one device.
 
     # 2 CPU processes, tp=2, each step's loss next to the single-device loss, a loss plot
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --compare-single --plot runs/loss.png
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --compare-single --plot runs/loss.png
     # dp=2 x tp=2 on 4 processes; float64, the mode to debug in
-    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.gpt.train --tp 2 --dtype float64
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.gpt.train --tp 2 --dtype float64
     # PyTorch's own TP (DTensor) on the same model and weights
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --impl dtensor
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --impl dtensor
     # save at tp=2, resume at tp=4
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --steps 20 --save runs/ckpt
-    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.gpt.train --tp 4 --steps 50 --load runs/ckpt
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --steps 20 --save runs/ckpt
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.gpt.train --tp 4 --steps 50 --load runs/ckpt
     # one node with 8 GPUs: tp=8 (NCCL)
-    torchrun --standalone --nproc-per-node 8 -m tp_from_scratch.gpt.train --tp 8 --device cuda
+    .venv/bin/torchrun --standalone --nproc-per-node 8 -m tp_from_scratch.gpt.train --tp 8 --device cuda
     # two nodes with 8 GPUs each: tp=8 inside a node, dp=2 across nodes; run on each node
-    torchrun --nnodes 2 --node-rank 0|1 --nproc-per-node 8 --master-addr NODE0 --master-port 29500 \\
+    .venv/bin/torchrun --nnodes 2 --node-rank 0|1 --nproc-per-node 8 --master-addr NODE0 --master-port 29500 \\
         -m tp_from_scratch.gpt.train --tp 8 --device cuda
 
 The world of ranks is a dp x tp mesh (tp_from_scratch/gpt/mesh.py): rank = dp_index * tp + tp_index,

@@ -1,9 +1,9 @@
 """A tensor-parallel vision transformer: the GPT's Block on image patches, trained on digits.
 
-    python -m tp_from_scratch.gpt.vit                      # one device
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.vit --compare-single
+    .venv/bin/python -m tp_from_scratch.gpt.vit                      # one device
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.vit --compare-single
     # where TP and one device part: t=2 on simulated ranks, against a one-ulp perturbation
-    python -m tp_from_scratch.gpt.vit --drift lessons/measurements/vit_drift_float32.json --steps 300
+    .venv/bin/python -m tp_from_scratch.gpt.vit --drift lessons/measurements/vit_drift_float32.json --steps 300
 
 Nothing in the TP layers knows about language. The ViT is the same Block (same column and
 row layers, same f and g) with three changes around it:
@@ -236,7 +236,7 @@ def write_drift(path, steps, dtype, seed):
     tol = TOLERANCE[str(dtype).removeprefix("torch.")]
     first = {which: next((r["step"] for r in rows if r[f"loss_diff_{which}"] > tol), None)
              for which in ("tp", "perturbed")}
-    record = {"command": f"python -m tp_from_scratch.gpt.vit --drift {path} --steps {steps} --dtype "
+    record = {"command": f".venv/bin/python -m tp_from_scratch.gpt.vit --drift {path} --steps {steps} --dtype "
                          f"{str(dtype).removeprefix('torch.')} --seed {seed}",
               "schedule_steps": STEPS, "tolerance": tol, "first_step_beyond_tolerance": first, "rows": rows}
     Path(path).parent.mkdir(parents=True, exist_ok=True)

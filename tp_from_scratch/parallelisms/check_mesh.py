@@ -1,6 +1,6 @@
 """Check several ways of training on one dp x pp x tp mesh in a single launch (the tests use it).
 
-    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.check_mesh \\
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.check_mesh \\
         --dp 2 --tp 2 --variant= --variant=--ddp --variant="--zero 1" --variant="--zero 2"
 
 For every --variant (extra trainer flags, which may change the mesh too: --variant="--pp 2

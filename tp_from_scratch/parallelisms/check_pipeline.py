@@ -1,8 +1,8 @@
 """Check pipeline training against one device, on the simulator, torchrun or mpiexec.
 
-    python -m tp_from_scratch.parallelisms.check_pipeline                      # simulated, pp = 2, 3
-    torchrun --nproc-per-node 4 -m tp_from_scratch.parallelisms.check_pipeline --tp 2   # pp=2 x tp=2
-    mpiexec -n 2 python -m tp_from_scratch.parallelisms.check_pipeline          # pp=2
+    .venv/bin/python -m tp_from_scratch.parallelisms.check_pipeline                      # simulated, pp = 2, 3
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.check_pipeline --tp 2   # pp=2 x tp=2
+    .venv/bin/mpiexec -n 2 .venv/bin/python -m tp_from_scratch.parallelisms.check_pipeline          # pp=2
     ... --model vit                                                             # the ViT only
 
 For each model (the tiny GPT on token ids, then the tiny ViT on images), schedule (GPipe,

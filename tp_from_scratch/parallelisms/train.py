@@ -1,16 +1,16 @@
 """Train the GPT on a dp x pp x tp mesh, each step's loss checked against one device (Lesson 11).
 
     # dp=2 x tp=2 on 4 processes, gradients averaged by PyTorch's DistributedDataParallel
-    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.train --dp 2 --tp 2 --ddp --compare-single
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.train --dp 2 --tp 2 --ddp --compare-single
     # dp=4 with the optimizer state sharded, gradients reduce-scattered (ZeRO-2)
-    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.train --dp 4 --zero 2 --compare-single
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.train --dp 4 --zero 2 --compare-single
     # a 2-stage pipeline of tp=2 stages, 1F1B over 4 micro-batches
-    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.train --pp 2 --tp 2 \\
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.train --pp 2 --tp 2 \\
         --schedule 1f1b --micro-batches 4 --compare-single
     # all three: dp=2 x pp=2 x tp=2 on 8 processes
-    torchrun --standalone --nproc-per-node 8 -m tp_from_scratch.parallelisms.train --dp 2 --pp 2 --tp 2 --zero 1
+    .venv/bin/torchrun --standalone --nproc-per-node 8 -m tp_from_scratch.parallelisms.train --dp 2 --pp 2 --tp 2 --zero 1
 
-The command line is Lesson 6's (``python -m tp_from_scratch.gpt.train --help``: model size,
+The command line is Lesson 6's (``.venv/bin/python -m tp_from_scratch.gpt.train --help``: model size,
 optimizer, batch, --compare-single, --metrics ...) plus the mesh and how DP synchronises:
 
     --dp D --pp P --tp T     D * P * T = the number of processes; rank layout in

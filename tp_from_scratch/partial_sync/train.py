@@ -1,11 +1,11 @@
 """Train the CAAT GPT (partially synchronized activations) with tensor parallelism.
 
     # tp=2, half the channels synced, each step's loss next to the single-device t-stream model
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.partial_sync.train --tp 2 --sync-fraction 0.5 --compare-single
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.partial_sync.train --tp 2 --sync-fraction 0.5 --compare-single
     # the from-scratch ring collectives, whose meter counts every byte sent
-    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.partial_sync.train --tp 4 --sync-fraction 0.25 --collectives scratch
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.partial_sync.train --tp 4 --sync-fraction 0.25 --collectives scratch
     # no launcher: t simulated ranks in one process (threads), the meter counts every byte
-    python -m tp_from_scratch.partial_sync.train --tp 2 --sync-fraction 0.5
+    .venv/bin/python -m tp_from_scratch.partial_sync.train --tp 2 --sync-fraction 0.5
 
 Every option of tp_from_scratch.gpt.train works the same (model size, optimizer, batch, seed,
 --metrics, --save / --load), plus --sync-fraction p (default 1.0: ordinary TP). A training

@@ -1,19 +1,19 @@
 """Train the GPT tensor- AND sequence-parallel, each step checked against one device (Lesson 7).
 
     # 2 processes, tp=2, every step's loss next to the single-device loss
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.train --tp 2 --compare-single
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.train --tp 2 --compare-single
     # dp=2 x tp=2 on 4 processes, float64, with selective recomputation of the attention core
-    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.sequence_parallel.train --tp 2 \\
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.sequence_parallel.train --tp 2 \\
         --dtype float64 --recompute-attention --compare-single
     # the from-scratch ring collectives (TorchComm) under the same processes
-    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.sequence_parallel.train --tp 4 --collectives scratch
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.sequence_parallel.train --tp 4 --collectives scratch
     # PyTorch's own sequence parallelism (DTensor: SequenceParallel, PrepareModuleInput) on the same GPT
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.train --tp 2 --impl dtensor --compare-single
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.train --tp 2 --impl dtensor --compare-single
     # the checkpoint does not know about SP: save with it at tp=2, resume without it at tp=4
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.train --tp 2 --steps 20 --save runs/sp
-    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.gpt.train --tp 4 --steps 50 --load runs/sp
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.train --tp 2 --steps 20 --save runs/sp
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.gpt.train --tp 4 --steps 50 --load runs/sp
 
-The command line is Lesson 6's (``python -m tp_from_scratch.gpt.train --help``) plus
+The command line is Lesson 6's (``.venv/bin/python -m tp_from_scratch.gpt.train --help``) plus
 --recompute-attention, and running it means ``--sequence-parallel``: Lesson 6's run (data,
 optimizer, checkpoints, report) with the model built sequence-parallel. --impl scratch wraps
 the TP model in SequenceParallelGPT (same modules, same state dict, so checkpoints move
