@@ -142,8 +142,10 @@ for name, config in [("8.3B", MEGATRON["8.3B"]), ("GPT-2 small", GPT2_SMALL)]:
 Everything the planner prints for one configuration: the exact count, memory per rank by t
 (weights, gradients, AdamW state, and activations from Korthikanti et al. 2022's formulas,
 with and without sequence parallelism and selective recomputation: those columns are the
-paper's formula, not a count of our model), the collectives of one step with their bytes,
-and the predicted step time by t. Here Megatron's 8.3B model in mixed precision on one
+paper's formula, not a count of our model), the collectives of one step with their bytes
+(all in the activations' dtype, the cross-entropy's three small all-reduces too, where a
+vocab-parallel loss usually reduces in fp32: a few KB either way), and the predicted step
+time by t. Here Megatron's 8.3B model in mixed precision on one
 8-GPU NVLink node."""),
     new_code_cell("""args = plan.build_parser().parse_args(
     "--arch gpt2 --hidden 3072 --heads 32 --layers 72 --vocab-size 51200 --seq-len 1024 "
