@@ -1,9 +1,9 @@
 """Check pipeline training against one device, on the simulator, torchrun or mpiexec.
 
-    .venv/bin/python -m tp_from_scratch.parallelisms.check_pipeline                      # simulated, pp = 2, 3
-    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.check_pipeline --tp 2   # pp=2 x tp=2
-    .venv/bin/mpiexec -n 2 .venv/bin/python -m tp_from_scratch.parallelisms.check_pipeline          # pp=2
-    ... --model vit                                                             # the ViT only
+    .venv/bin/python -m tp_from_scratch.parallelisms.check_pipeline                                           # simulated, pp = 2, 3
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.check_pipeline --tp 2  # pp=2 x tp=2
+    .venv/bin/mpiexec -n 2 .venv/bin/python -m tp_from_scratch.parallelisms.check_pipeline                    # pp=2
+    ... --model vit                                                                                           # the ViT only
 
 For each model (the tiny GPT on token ids, then the tiny ViT on images), schedule (GPipe,
 1F1B) and micro-batch count, a few AdamW steps in float64: every step's loss, every gradient

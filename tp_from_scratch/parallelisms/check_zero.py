@@ -1,7 +1,7 @@
 """ZeRO-1 and ZeRO-2 on any communicator, against unsharded AdamW after every step.
 
-    .venv/bin/python -m tp_from_scratch.parallelisms.check_zero                  # simulated ranks, dp = 1..4
-    .venv/bin/mpiexec -n 3 .venv/bin/python -m tp_from_scratch.parallelisms.check_zero     # MPI, from-scratch ring collectives
+    .venv/bin/python -m tp_from_scratch.parallelisms.check_zero                         # simulated ranks, dp = 1..4
+    .venv/bin/mpiexec -n 3 .venv/bin/python -m tp_from_scratch.parallelisms.check_zero  # MPI, from-scratch ring collectives
     .venv/bin/torchrun --standalone --nproc-per-node 3 -m tp_from_scratch.parallelisms.check_zero
 
 Every rank trains a small model (58 parameters: uneven over 3 and 4 ranks) on its own random

@@ -1,7 +1,7 @@
 """The loss-vs-bytes experiment of Lesson 8: how much does partial synchronization cost here?
 
-    .venv/bin/python -m tp_from_scratch.partial_sync.experiment            # the full sweep (about 10 min on 2 cores)
-    .venv/bin/python -m tp_from_scratch.partial_sync.experiment --quick    # tp=2, p in {1, 0.5, 0}, one seed, seconds
+    .venv/bin/python -m tp_from_scratch.partial_sync.experiment          # the full sweep (about 10 min on 2 cores)
+    .venv/bin/python -m tp_from_scratch.partial_sync.experiment --quick  # tp=2, p in {1, 0.5, 0}, one seed, seconds
 
 For tp in {2, 4} and p in {1, 0.75, 0.5, 0.25, 0}, with several seeds (the seed draws the
 initial weights; every run sees the same training tokens and is scored on the same held-out
