@@ -9,7 +9,7 @@ without torch. torchrun must also choose its rendezvous (``--standalone``, or ``
 ``--rdzv-...`` for several nodes): without it, it takes a fixed default port.
 
 1. Extraction: every command shown in lessons/src/*.py, in the notebooks (cells and outputs),
-   in README.md, CONTRIBUTING.md and docs/*.md, and in the module docstrings of tp_from_scratch/
+   in README.md, CONTRIBUTING.md, STYLE.md and docs/*.md, and in the module docstrings of tp_from_scratch/
    and of the exercise stubs, checked for bare launchers.
 2. A sample, one short command per lesson 6-11, run exactly as printed (found in the lesson's
    source and in its notebook, then launched from the repository root).
@@ -104,7 +104,7 @@ def shown(area):
         texts.update({p: "\n".join(notebook_texts(p)) for p in sorted((ROOT / "lessons").glob("*.ipynb"))})
         return texts
     if area == "docs":
-        return {p: p.read_text() for p in [ROOT / "README.md", ROOT / "CONTRIBUTING.md",
+        return {p: p.read_text() for p in [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "STYLE.md",
                                            *sorted((ROOT / "docs").glob("*.md"))] if p.exists()}
     if area == "library docstrings":
         return {p: module_docstring(p) for p in sorted((ROOT / "tp_from_scratch").rglob("*.py"))}
