@@ -1,9 +1,9 @@
 """Grader plumbing: every test in test_exNN_*.py gets the marker exNN and an ``impl`` fixture.
 
-Run one exercise:     pytest exercises -m ex01
-Grade the reference:  TP_IMPL=reference pytest exercises
-Grade a submission:   TP_IMPL=/path/to/their/exercises pytest exercises
-On your own ring:     TP_COLLECTIVES=mine pytest exercises -m "ex03 or ex04 or ex05a or ex05b"
+Run one exercise:     .venv/bin/python -m pytest exercises -m ex01
+Grade the reference:  TP_IMPL=reference .venv/bin/python -m pytest exercises
+Grade a submission:   TP_IMPL=/path/to/their/exercises .venv/bin/python -m pytest exercises
+On your own ring:     TP_COLLECTIVES=mine .venv/bin/python -m pytest exercises -m "ex03 or ex04 or ex05a or ex05b"
                       (Exercises 3-5 then run on YOUR Exercise 2 collectives)
 """
 import os

@@ -1,7 +1,7 @@
 """Exercise 1: split a matmul by columns and by rows (lessons/01_split_matmul.ipynb).
 
 Replace each `raise NotImplementedError(...)` with your code, then run
-    make grade            (or: pytest exercises -m ex01)
+    make grade            (or: .venv/bin/python -m pytest exercises -m ex01 -x)
 Shapes: X (B, H), W (H, F), t devices. Use numpy only; no communication yet.
 Every function returns NEW arrays (not views of its inputs, not an input returned as is
 when t = 1) and never modifies its inputs: the graders check both, and try t = 1, 2, 3, 4.

@@ -1,7 +1,7 @@
 """Exercise 2: ring collectives written on send and recv only (lessons/02_collectives.ipynb).
 
 Replace each `raise NotImplementedError(...)` with your code, then run
-    make grade            (or: pytest exercises -m ex02)
+    make grade            (or: .venv/bin/python -m pytest exercises -m ex02 -x)
 The graders run your functions on the simulator (tp_from_scratch.comm.run_spmd), on world
 sizes that are not powers of two and arrays whose length p does not divide.
 

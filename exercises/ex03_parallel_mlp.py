@@ -2,7 +2,7 @@
 (lessons/03_parallel_mlp.ipynb).
 
 Replace each `raise NotImplementedError(...)` with your code, then run
-    make grade            (or: pytest exercises -m ex03)
+    make grade            (or: .venv/bin/python -m pytest exercises -m ex03 -x)
 
 Every function runs on ONE rank and takes that rank's communicator `comm`
 (comm.rank, comm.world_size); t = comm.world_size is the TP degree.

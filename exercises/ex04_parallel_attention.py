@@ -2,7 +2,7 @@
 (lessons/04_parallel_attention.ipynb).
 
 Replace each `raise NotImplementedError(...)` with your code, then run
-    make grade            (or: pytest exercises -m ex04)
+    make grade            (or: .venv/bin/python -m pytest exercises -m ex04 -x)
 
 Shapes: x (B, T, H); nh query heads and nkv key/value heads of size hs; t = TP degree.
 Full (single-device) parameters, named as in the torch GPT, weights in the math convention

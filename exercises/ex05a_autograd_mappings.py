@@ -2,7 +2,7 @@
 linear layers built on them (lessons/05_autograd_tensor_parallel.ipynb).
 
 Replace each `raise NotImplementedError(...)` with your code, then run
-    make grade            (or: pytest exercises -m ex05a)
+    make grade            (or: .venv/bin/python -m pytest exercises -m ex05a -x)
 
 Everything runs on ONE rank. `group` is that rank's communicator: the graders pass the
 simulated ranks' Comm, a real run passes a torch ProcessGroup; you never need to know

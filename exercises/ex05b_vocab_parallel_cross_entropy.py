@@ -2,7 +2,7 @@
 (lessons/05_autograd_tensor_parallel.ipynb).
 
 Replace the `raise NotImplementedError(...)` with your code, then run
-    make grade            (or: pytest exercises -m ex05b)
+    make grade            (or: .venv/bin/python -m pytest exercises -m ex05b -x)
 
 The LM head is column-parallel over the vocabulary: rank r holds the logits of the ids
 [vocab_start, vocab_start + V_r), a block of the last dim. Gathering the full (N, V)

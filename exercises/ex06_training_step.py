@@ -2,7 +2,7 @@
 all-reduce of a training step (lessons/06_training.ipynb).
 
 Replace each `raise NotImplementedError(...)` with your code, then run
-    make grade            (or: pytest exercises -m ex06)
+    make grade            (or: .venv/bin/python -m pytest exercises -m ex06 -x)
 
 Everything runs on ONE rank; `group` is that rank's communicator (the graders pass the
 simulated ranks' Comm). The graders then train: they run the single-device block and yours

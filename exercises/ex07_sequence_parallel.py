@@ -2,7 +2,7 @@
 (lessons/07_sequence_parallelism.ipynb).
 
 Replace each `raise NotImplementedError(...)` with your code, then run
-    make grade            (or: pytest exercises -m ex07)
+    make grade            (or: .venv/bin/python -m pytest exercises -m ex07 -x)
 
 Every function runs on ONE rank and takes that rank's communicator `comm` first
 (comm.rank, comm.world_size; t = comm.world_size). Activations are (B, T, H) and the

@@ -2,7 +2,7 @@
 for the parameters every rank applies to its own stream (lessons/08_partial_sync.ipynb).
 
 Replace each `raise NotImplementedError(...)` with your code, then run
-    make grade            (or: pytest exercises -m ex08)
+    make grade            (or: .venv/bin/python -m pytest exercises -m ex08 -x)
 
 Everything runs on ONE rank. `group` is that rank's communicator (the graders pass the
 simulated ranks' Comm; a real run passes a torch ProcessGroup). The library gives you:

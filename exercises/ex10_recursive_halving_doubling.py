@@ -2,7 +2,7 @@
 (lessons/10_overlap.ipynb).
 
 Replace the `raise NotImplementedError(...)` with your code, then run
-    make grade            (or: pytest exercises -m ex10)
+    make grade            (or: .venv/bin/python -m pytest exercises -m ex10 -x)
 The graders run your function on the simulator (tp_from_scratch.comm.run_spmd) for world
 sizes 1 to 8 (so also 3, 5, 6, 7: not powers of two) and arrays whose length p does not divide.
 

@@ -2,7 +2,7 @@
 (lessons/11_parallelisms.ipynb).
 
 Replace the `raise NotImplementedError(...)` with your code, then run
-    make grade            (or: pytest exercises -m ex11)
+    make grade            (or: .venv/bin/python -m pytest exercises -m ex11 -x)
 
 A pipeline of p stages trains on m micro-batches. A schedule is a list with one program per
 stage (stage 0 first); a program is a list of Action(op, mb), run top to bottom:
