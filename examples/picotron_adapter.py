@@ -4,13 +4,14 @@ picotron is not a package on an index: clone it and point PICOTRON at the clone.
 picotron is copied here; this file only describes its classes to tp_from_scratch.verify.
 
     git clone https://github.com/huggingface/picotron ~/picotron
-    git -C ~/picotron checkout 59714b1        # the commit the README's table was measured at
-    PICOTRON=~/picotron torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.verify \\
+    git -C ~/picotron checkout 59714b1        # the commit docs/verify.md's table was measured at
+    PICOTRON=~/picotron .venv/bin/python -m tp_from_scratch.verify \\
         examples/picotron_adapter.py:ADAPTER examples/picotron_adapter.py:ASYNC_ADAPTER
 
 picotron keeps its TP group in a global (picotron.process_group_manager), so ``setup`` builds
-it over the whole world (tp = world size, no cp/pp/dp), and its layers and mappings find the
-group there, not in an argument: the group the suite passes is only used to know the rank.
+it with tp = the suite's group size and dp = the rest of the world (consecutive ranks form a
+TP group, as the suite's do), and its layers and mappings find the group there, not in an
+argument: the group the suite passes is only used to know the rank.
 Its layers build themselves with their own initialisation; the factories then load the
 single-device module's shard into them. ADAPTER uses the plain column layer (f, then
 F.linear); ASYNC_ADAPTER the one that all-reduces dX while computing dW (async_all_reduce).
@@ -37,7 +38,8 @@ from tp_from_scratch.verify import Adapter  # noqa: E402
 
 
 def setup(group):
-    pgm.setup_process_group_manager(tp_size=dist.get_world_size(group), cp_size=1, pp_size=1, dp_size=1)
+    tp = dist.get_world_size(group)
+    pgm.setup_process_group_manager(tp_size=tp, cp_size=1, pp_size=1, dp_size=dist.get_world_size() // tp)
 
 
 def _load(layer, weight, bias=None):

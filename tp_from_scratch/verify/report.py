@@ -52,6 +52,9 @@ def merge(per_rank):
             state = row["status"] + (f": {row['detail']}" if row["detail"] else "")
             states.setdefault(key, {})[rank] = state
             if row["status"] in ("ERROR", "FAIL"):
+                if not into["failed_ranks"] or (SEVERITIES.index(row["severity"])
+                                                < SEVERITIES.index(into["severity"])):
+                    into["severity"] = row["severity"]
                 into["failed_ranks"].append(rank)
                 if into["status"] != "ERROR":
                     into["status"] = row["status"]
@@ -124,10 +127,13 @@ def summary(rows, metadata=None):
         lines.append(f"{severity} failures ({len(bad)} rows):")
         grouped = {}
         for r in bad:
-            grouped.setdefault((r["adapter"], r["component"], r["check"], r["status"]), set()).add(
-                f"t={r['t']} {r['dtype']}")
-        for (adapter, component, check, status), where in grouped.items():
-            lines.append(f"  {status:<5} {adapter}: {component} / {check}  ({', '.join(sorted(where))})")
+            checks, where = grouped.setdefault((r["adapter"], r["component"]), ({}, set()))
+            checks[r["check"]] = checks.get(r["check"], r["status"])
+            where.update({f"t={r['t']}", r["dtype"]} - {"-"})
+        for (adapter, component), (checks, where) in grouped.items():
+            listed = ", ".join(f"{check}{'' if status == 'FAIL' else ' (' + status + ')'}"
+                               for check, status in checks.items())
+            lines.append(f"  {adapter}: {component}: {listed}  [{' '.join(sorted(where))}]")
     xfails = sum(r["status"] == "XFAIL" for r in rows)
     if xfails:
         lines.append(f"{xfails} expected failures (XFAIL), each with the adapter's reason in the table")

@@ -42,11 +42,11 @@ EVEN, UNEVEN = 12, 13      # 12 divides by 2, 3 and 4; 13 by none of them
 SEVERITIES = ("value", "aliasing", "convention")
 
 
-def severity(check):
-    """How much a failure of this check matters: value > aliasing > convention."""
-    if check in ("collectives", "default init"):
+def severity(name):
+    """How much a failure of this check (or measured quantity) matters: value > aliasing > convention."""
+    if name.startswith(("collectives", "default init")):
         return "convention"
-    if check in ("inputs untouched", "fresh output"):
+    if "untouched" in name or name.startswith(("fresh output", "output fresh")):
         return "aliasing"
     return "value"
 
@@ -338,8 +338,9 @@ def row(adapter, component, check, dtype, t, status, detail="", **measured):
     """One row of the report, every field present (None where nothing was measured)."""
     blank = dict(error=None, bound=None, forward=None, backward=None, fwd_bytes=None,
                  bwd_bytes=None, inputs="", expected=None, traceback="")
+    measured.setdefault("severity", severity(check))
     return dict(blank, adapter=adapter, component=component, check=check, dtype=dtype, t=t,
-                status=status, severity=severity(check), detail=detail, **measured)
+                status=status, detail=detail, **measured)
 
 
 def _label(name, check):
@@ -406,7 +407,9 @@ def run_case(case, group, dtype, adapter, exclusive=None, seed=0, device="cpu", 
         worst = max(entries, key=lambda e: e.error / e.bound if e.bound > 0 else (0 if e.error == 0 else float("inf")))
         failed = [e for e in entries if not e.ok]
         status = "ERROR" if any(e.raised for e in failed) else "FAIL" if failed else "PASS"
+        worst_kind = min((SEVERITIES.index(severity(e.name)) for e in failed), default=None)
         out.append(row(*where, check, dtype_name, t, status, "; ".join(e.why for e in failed),
+                       severity=severity(check) if worst_kind is None else SEVERITIES[worst_kind],
                        error=worst.error, bound=worst.bound, forward=counts["forward"][0],
                        backward=counts["backward"][0], fwd_bytes=counts["forward"][1],
                        bwd_bytes=counts["backward"][1], inputs=case.inputs,

@@ -149,7 +149,7 @@ def run_world(config, world, group_size, logs=None, names=None):
         for item in complete:
             per_rank = [records[item][r]["rows"] for r in range(world)]
             rows += merge(per_rank)
-            if out_of_step(list(records[item].values())):
+            if parse_key(item)[1] == 2 and out_of_step(list(records[item].values())):
                 rows.append(_out_of_step_row(_what(store, launch, item, names), records[item], t))
         if all(code == FINISHED for code in codes.values()):
             return rows
