@@ -18,6 +18,10 @@ F.linear); ASYNC_ADAPTER the one that all-reduces dX while computing dW (async_a
 
 Declared unsupported: uneven sizes (every size must divide by t), a row layer that scatters
 its input (no input_is_parallel), a scatter mapping and a vocab-parallel cross-entropy (none).
+
+EXPECTED declares, with reasons, what picotron does on purpose (the rows read XFAIL). The
+FAIL rows left are its bugs (docs/verify.md): the embedding applies the global padding_idx
+to its local rows, and the async column layer takes only 3-D inputs.
 """
 import os
 import sys
@@ -84,12 +88,25 @@ def default_init(group, kind, n_in, n_out, dtype):
     return cls(n_in, n_out, bias=True).to(dtype)
 
 
+_IN_PLACE_F = ("in place by design (as Megatron): f's backward all-reduces the incoming "
+               "gradient in place")
+_IN_PLACE_G = "in place by design (as Megatron): g all-reduces its input in place and returns it"
+_GLOBAL_TP = ("its layers read t from a global (process_group_manager), not from the group they "
+              "are given, so the t = 1 layer the init check compares with cannot be built beside them")
+EXPECTED = {
+    **{f"f/{check}": _IN_PLACE_F for check in ("inputs untouched", "2-D input", "4-D input",
+                                               "non-contiguous input", "random shapes")},
+    **{f"g/{check}": _IN_PLACE_G for check in ("inputs untouched", "fresh output", "2-D input",
+                                               "4-D input", "non-contiguous input", "random shapes")},
+    "*/default init": _GLOBAL_TP,
+}
+
 ADAPTER = Adapter(
     name="picotron", column=_column(False), row=row, embedding=embedding,
     f=lambda group, x: CopyToModelParallelRegion.apply(x),
     g=lambda group, x: ReduceFromModelParallelRegion.apply(x),
     gather=lambda group, x: GatherFromModelParallelRegion.apply(x),
-    default_init=default_init, setup=setup,
+    default_init=default_init, setup=setup, expected_failures=EXPECTED,
     supports={"gather_output", "padding_idx"})
 
 ASYNC_ADAPTER = Adapter(name="picotron async column", column=_column(True), setup=setup,

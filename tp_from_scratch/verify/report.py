@@ -8,8 +8,9 @@ Exit status of ``python -m tp_from_scratch.verify``:
 """
 import json
 
+from tp_from_scratch.verify.suite import SEVERITIES
+
 STATUSES = ("ERROR", "FAIL", "XFAIL", "PASS", "SKIP", "NOT PROVIDED")
-SEVERITIES = ("value", "aliasing", "convention")
 SCHEMA = "tp_from_scratch.verify/2"
 ALL_PASS, SOME_FAIL, COULD_NOT_RUN, NOTHING_CHECKED = 0, 1, 2, 3
 

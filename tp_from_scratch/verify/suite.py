@@ -25,7 +25,7 @@ leading dims and sizes from the run's seed (the same on every rank).
 import inspect
 import traceback
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch

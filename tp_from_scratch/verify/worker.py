@@ -132,6 +132,8 @@ def main(argv=None):
     dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
     device = (torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if args.device == "cuda"
               else "cpu")
+    if args.device == "cuda":
+        torch.set_default_device(device)  # what default_init builds lands on this rank's GPU
     values_seed = args.seed + group_index  # a strict subgroup: different data in every group
     after = parse_key(args.after) if args.after else (-1,)
     broken = {int(a) for a in args.broken.split(",") if a}
