@@ -1,7 +1,7 @@
 """tp_from_scratch.verify, proven on implementations whose verdict we know.
 
-* our own tp_from_scratch.nn passes every check: on simulated ranks at t = 2, 3, 4, and in
-  worker processes at t = 2, t = 3 and in two TP groups of 2 on 4 processes;
+* our own tp_from_scratch.nn and Lesson 7's SP layers pass every check: on simulated ranks at
+  t = 2, 3, 4, and in worker processes at t = 2, t = 3 and in two TP groups of 2 on 4 processes;
 * PyTorch DTensor and Megatron-Core run through the same suite; every row they FAIL is a
   bug documented in docs/verify.md, every other failure is an XFAIL the adapter declared;
 * broken adapters (tests/verify_adapters.py) FAIL exactly the check aimed at them: one per
@@ -13,8 +13,9 @@
 * a correct cross-entropy that fuses two all-reduces passes the collectives check;
 * the exit status tells all-pass (0), some FAIL (1), could-not-run (2), nothing checked (3).
 
-Processes are launched twice for the whole module: the libraries at t = 2, and the broken
-adapters with ours at t = 3 and 2 x 2 (python -m tp_from_scratch.verify --t 3).
+Processes are launched three times for the whole module (python -m tp_from_scratch.verify):
+the libraries at t = 2; ours, the from-scratch adapter of docs/verify.md and the broken ones at
+t = 3; ours, that adapter and the group-ignoring one in two TP groups of 2 on 4 processes.
 """
 import importlib.util
 import json
@@ -25,7 +26,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.verify_adapters import (FUSED_CROSS_ENTROPY, INPUT_TARGETS, TARGETS, exercise_adapter)
+from tests import verify_adapters
+from tests.verify_adapters import FUSED_CROSS_ENTROPY, INPUT_TARGETS, TARGETS, exercise_adapter
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.comm.launchers import run_command, subprocess_env
 from tp_from_scratch.tools.grading import load_implementation
@@ -268,11 +270,12 @@ def launched(tmp_path_factory):
     # docs/verify.md's complete from-scratch adapter, exactly as printed there
     doc = (REPO / "docs" / "verify.md").read_text()
     (tmp / "mytp.py").write_text(doc.split("```python\n", 1)[1].split("```", 1)[0])
+    ours, mytp = "tp_from_scratch.verify.ours:ADAPTER", f"{tmp / 'mytp.py'}:ADAPTER"
     launches = {
-        "libraries": [*libraries, "--t", "2", "--no-subgroup"],
-        # t = 3, then two TP groups of 2 on 4 processes
-        "broken": ["tp_from_scratch.verify.ours:ADAPTER", *BROKEN, f"{tmp / 'mytp.py'}:ADAPTER",
-                   "--t", "3", "--dtypes", "float64"],
+        "libraries": [*libraries, "--t", "2"],
+        # a check timeout of 5 s: the hanging and the collective-skipping adapters cost 5-10 s
+        "broken": [ours, *BROKEN, mytp, "--t", "3", "--dtypes", "float64", "--check-timeout", "5"],
+        "subgroup": [ours, "tests.verify_adapters:F_G_WORLD", mytp, "--t", "2of4", "--dtypes", "float64"],
     }
 
     def get(name):
@@ -325,21 +328,21 @@ def test_each_bug_fails_the_check_aimed_at_it_and_nothing_else(launched):
     rows = document["rows"]
     assert result.returncode == 1
     for name, (component, check) in TARGETS.items():   # the picotron patterns, at t = 3
-        adapter = next(r["adapter"] for r in rows if r["adapter"].startswith("bug:")
-                       and r["component"] == component and r["status"] == "FAIL")
-        assert status([r for r in rows if r["t"] == 3], adapter, component, check) == {"FAIL"}, name
-    launch_t = {"t3": 3, "2x2": 2}
+        adapter = getattr(verify_adapters, name).name
+        assert status(rows, adapter, component, check) == {"FAIL"}, name
+        assert {c for c, _ in failed(rows, adapter)} == {component}, (name, failed(rows, adapter))
+    _, subgroup = launched("subgroup")
     for name, (component, check, launch) in INPUT_TARGETS.items():
-        adapter = {r["adapter"] for r in rows if r["component"] == component
-                   and r["adapter"].startswith("bug:") and r["status"] in ("FAIL", "ERROR")
-                   and r["check"] == check}
-        mine = [r for r in rows if r["adapter"] in adapter and r["t"] == launch_t[launch]]
-        assert adapter and status(mine, adapter.pop(), component, check) & {"FAIL", "ERROR"}, name
-        # before issue 26's inputs these passed: the fixed 3-D, even, contiguous, one-pass cases
-        assert not {k for c, k in failed(mine)} & {"forward", "grad weight", "3-D input"} or \
-            name in ("F_G_WORLD", "SCATTER_POW2_MASK"), (name, failed(mine))
+        adapter = getattr(verify_adapters, name).name
+        mine = [r for r in (rows if launch == "t3" else subgroup["rows"]) if r["adapter"] == adapter]
+        assert status(mine, adapter, component, check) & {"FAIL", "ERROR"}, (name, table(mine))
+        # each bug is invisible to the checks there were before: the fixed 3-D, even,
+        # contiguous, one-pass, bias=True cases, on a TP group that is the world
+        before = {"forward", "grad input", "grad weight", "grad bias", "SGD step", "AdamW step"}
+        assert name in ("F_G_WORLD", "SCATTER_POW2_MASK") or not {k for _, k in failed(mine)} & before, \
+            (name, failed(mine))
     # the world-wide f/g are right when the group is the world (t = 3), wrong in 2 groups of 2
-    assert not failed([r for r in rows if r["adapter"] == "bug: f/g on the world" and r["t"] == 3])
+    assert not failed(rows, verify_adapters.F_G_WORLD.name)
 
 
 @pytest.mark.slow
@@ -362,9 +365,10 @@ def test_a_rank_that_hangs_raises_or_skips_costs_one_named_row(launched):
     load = [r for r in rows if r["adapter"] == "tests/verify_rank1_import.py:ADAPTER"]
     assert {(r["check"], r["status"]) for r in load} == {("load", "ERROR")}, table(load)
     assert "rank 1: ERROR: RuntimeError: adapter import failed on rank 1 only (at " in load[0]["detail"]
-    # the rest of the launch lost nothing: ours complete and passing at t = 3 and in 2 x 2
+    # the rest of the launch lost nothing: ours complete and passing at t = 3 (and in 2of4)
     _ours_complete(rows, 3, (torch.float64,))
-    _ours_complete(rows, 2, (torch.float64,))
+    _ours_complete(launched("subgroup")[1]["rows"], 2, (torch.float64,))
     for name in (FUSED_CROSS_ENTROPY.name, "mytp"):  # correct ones: every row they reach passes
-        mine = [r for r in rows if r["adapter"] == name and r["status"] not in ("NOT PROVIDED", "SKIP")]
-        assert {r["t"] for r in mine} == {2, 3} and {r["status"] for r in mine} == {"PASS"}, table(mine)
+        mine = [r for r in rows + launched("subgroup")[1]["rows"] if r["adapter"] == name
+                and r["status"] not in ("NOT PROVIDED", "SKIP")]
+        assert mine and {r["status"] for r in mine} == {"PASS"}, table(mine)

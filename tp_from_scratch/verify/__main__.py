@@ -4,9 +4,9 @@
     .venv/bin/python -m tp_from_scratch.verify examples/megatron_core_adapter.py:ADAPTER --t 2 --json out.json
 
 Each argument names an Adapter (tp_from_scratch.verify.adapter) as module:NAME or file.py:NAME
-(NAME may also be a function returning one). The command starts the worker processes itself:
-by default t = 2, 3 and 4 (each its own world), then 4 processes cut into two TP groups of 2
-with different data (--no-subgroup leaves that out). Each check runs fenced off from the
+(NAME may also be a function returning one). The command starts the worker processes itself,
+one launch per entry of --t: "3" is a world of 3 ranks in one TP group, "2of4" 4 processes cut
+into two TP groups of 2 with different data. Default: 2,3,4,2of4. Each check runs fenced off from the
 next (verify/worker.py, verify/supervisor.py): a rank that raises, skips a collective or
 deadlocks is reported as that check's row, naming every rank's state, and the run goes on.
 Rank 0 of nothing: the supervisor prints the table, the summary, and writes --json.
@@ -38,10 +38,9 @@ def _parser():
     parser = argparse.ArgumentParser(prog="python -m tp_from_scratch.verify", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("adapters", nargs="+", help="module:NAME or file.py:NAME of an Adapter")
-    parser.add_argument("--t", default=None, help="comma-separated TP degrees, each its own launch "
-                        "(default 2,3,4; under torchrun its WORLD_SIZE)")
-    parser.add_argument("--no-subgroup", action="store_true",
-                        help="leave out the launch of 4 processes in two TP groups of 2")
+    parser.add_argument("--t", default=None, help="comma-separated launches: t (a world of t "
+                        "ranks) or TofW (TP groups of T on W processes); default 2,3,4,2of4 "
+                        "(under torchrun: its WORLD_SIZE)")
     parser.add_argument("--json", help="also write the schema, the run's metadata and every row here")
     parser.add_argument("--dtypes", default="float64,float32", help="comma-separated torch dtypes")
     parser.add_argument("--seed", type=int, default=None,
@@ -63,20 +62,21 @@ def _refuse(code, message):
 
 def _launches(args):
     """[(world, group_size)] to run, or an exit code and message."""
-    default = os.environ.get("WORLD_SIZE", "2,3,4") if "RANK" in os.environ else "2,3,4"
+    default = os.environ.get("WORLD_SIZE", "2") if "RANK" in os.environ else "2,3,4,2of4"
     text = args.t or default
-    try:
-        ts = [int(x) for x in text.split(",")]
-    except ValueError:
-        return None, (COULD_NOT_RUN, f"--t {text!r}: expected comma-separated integers such as 2,3,4")
-    if any(t < 1 for t in ts):
-        return None, (COULD_NOT_RUN, f"--t {text}: a TP degree is at least 1")
-    if 1 in ts:
-        return None, (NOTHING_CHECKED, f"--t {text}: nothing checked at t = 1 (one rank has no "
-                      "collective and no shard, so every TP bug vanishes); use t >= 2")
-    launches = [(t, t) for t in ts]
-    if not args.no_subgroup and "RANK" not in os.environ:
-        launches.append((4, 2))
+    launches = []
+    for entry in text.split(","):
+        group, _, world = entry.partition("of")
+        try:
+            group, world = int(group), int(world or group)
+        except ValueError:
+            return None, (COULD_NOT_RUN, f"--t {text!r}: expected entries such as 3 or 2of4")
+        if group < 1 or world % group:
+            return None, (COULD_NOT_RUN, f"--t {entry}: TP groups of {group} do not tile {world} processes")
+        if group == 1:
+            return None, (NOTHING_CHECKED, f"--t {text}: nothing checked at t = 1 (one rank has no "
+                          "collective and no shard, so every TP bug vanishes); use t >= 2")
+        launches.append((world, group))
     return launches, None
 
 

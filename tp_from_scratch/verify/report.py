@@ -120,7 +120,10 @@ def summary(rows, metadata=None):
     lines.append(f"{'adapter':<{wa}} " + " ".join(f"{s:>5}" if len(s) < 6 else s for s in STATUSES))
     for adapter in adapters:
         mine = counts([r for r in rows if r["adapter"] == adapter])
-        lines.append(f"{adapter:<{wa}} " + " ".join(f"{mine[s]:>{max(5, len(s))}}" for s in STATUSES))
+        nothing = "  <- nothing checked" if not (mine["PASS"] or mine["XFAIL"] or mine["FAIL"]
+                                                 or mine["ERROR"]) else ""
+        lines.append(f"{adapter:<{wa}} " + " ".join(f"{mine[s]:>{max(5, len(s))}}" for s in STATUSES)
+                     + nothing)
     for severity in SEVERITIES:
         bad = [r for r in rows if r["status"] in ("ERROR", "FAIL") and r["severity"] == severity]
         if not bad:

@@ -106,6 +106,10 @@ class Case:
     needs: tuple = ()           # features the adapter must declare
     inputs: str = ""            # what the case feeds in, when it is not the default
 
+    def runs_for(self, adapter):
+        """Whether the adapter gives what this case needs (else its row is NOT PROVIDED or SKIP)."""
+        return getattr(adapter, self.provider) is not None and set(self.needs) <= adapter.supports
+
 
 def check_mapping(group, dtype=torch.float64, seed=0, *, kind, fn, batch=(2, 3), features=12,
                   layout=None, judge=None, device="cpu", fed_non_contiguous=False):
