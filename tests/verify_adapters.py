@@ -260,13 +260,13 @@ SCATTER_POW2_MASK = Adapter(name="bug: scatter pow2 mask", supports=NATIVE - {"u
                             scatter=lambda group, x: _ScatterPow2.apply(group, x))
 
 # which (component, check) each one must FAIL, and the launch that shows it ("t3": t = 3,
-# "2x2": two TP groups of 2 on 4 processes)
+# "2of4": two TP groups of 2 on 4 processes)
 INPUT_TARGETS = {
     "ROW_VIEW": ("row", "non-contiguous input", "t3"),
     "ROW_ALWAYS_BIAS": ("row", "bias=False", "t3"),
     "COLUMN_PAD_TRIM": ("column", "gather_output, uneven (13)", "t3"),
     "COLUMN_OVERWRITES_GRAD": ("column", "two passes (accumulate)", "t3"),
-    "F_G_WORLD": ("g", "forward", "2x2"),
+    "F_G_WORLD": ("g", "forward", "2of4"),
     "COLUMN_SQUARE_ONLY": ("column", "random shapes", "t3"),
     "SCATTER_POW2_MASK": ("scatter", "forward", "t3"),
 }

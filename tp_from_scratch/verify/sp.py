@@ -112,10 +112,11 @@ def check_sp_layernorm(group, dtype, seed, *, make, layout, judge, device="cpu")
 def check_sp_block(group, dtype, seed, *, make, layout, judge, device="cpu"):
     """Block run sequence-parallel: Y and dX shards, every parameter's gradient (its block)."""
     rank, t = tp_rank(group), tp_world_size(group)
-    torch.manual_seed(seed)
-    with judge.exclusive():
-        block = Block(dtype=dtype).to(device)
     rng = rank_rng(seed, 0)
+    block = Block(dtype=dtype).to(device)
+    with torch.no_grad():  # drawn from the seed, not torch's RNG (which simulated ranks share)
+        for p in block.parameters():
+            p.copy_(_tensor(random_array(rng, tuple(p.shape)), dtype, device))
     x, dy = random_array(rng, (B, T, H)), random_array(rng, (B, T, H))
     mine, (lo, hi) = slice(*layout(T, rank, t)), layout(FFN, rank, t)
     layer = make(group, copy.deepcopy(block))

@@ -77,7 +77,7 @@ def _end(procs):
 
 
 def _progress(store, launch):
-    return sum(1 for k in store.list_keys() if k.startswith(f"{launch}/done/"))
+    return store.add(f"{launch}/progress", 0)   # records published so far
 
 
 def _watch(procs, store, launch, stall):
@@ -130,10 +130,13 @@ def _state(code, at, log_tail):
     return f"process exited with code {code} in {at or 'start-up'}: {log_tail}"
 
 
-def run_world(config, world, group_size, logs=None, names=None):
+def run_world(config, world, group_size):
     """Every adapter's merged rows for one launch of ``world`` workers in TP groups of ``group_size``."""
-    logs = Path(logs or tempfile.mkdtemp(prefix="verify_"))
-    names = names or config.adapters
+    with tempfile.TemporaryDirectory(prefix="verify_") as logs:
+        return _run_world(config, world, group_size, Path(logs), config.adapters)
+
+
+def _run_world(config, world, group_size, logs, names):
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=30))
     t = group_size
@@ -141,6 +144,9 @@ def run_world(config, world, group_size, logs=None, names=None):
     rows, after, broken = [], "", set()
     for attempt in range(MAX_RESTARTS):
         launch = f"{shape}/{attempt}"
+        if os.environ.get("TP_VERIFY_TRACE"):
+            print(f"verify: {shape} workers start {'' if not after else 'after ' + after} "
+                  f"at {time.monotonic():.1f}", file=sys.stderr, flush=True)
         procs = _spawn(config, world, group_size, store.port, launch, after, broken, logs)
         codes = _watch(procs, store, launch, config.stall)
         records = _records(store, launch, world)

@@ -85,6 +85,7 @@ class Fence:
 
     def publish(self, item, record):
         self.store.set(self.key("done", item, self.rank), json.dumps(record))
+        self.store.add(self.key("progress"), 1)
 
     def everyone(self, item, timeout):
         """Every rank's record of ``item``; leaves with GAVE_UP if one has not come in time."""
