@@ -144,9 +144,6 @@ def _run_world(config, world, group_size, logs, names):
     rows, after, broken = [], "", set()
     for attempt in range(MAX_RESTARTS):
         launch = f"{shape}/{attempt}"
-        if os.environ.get("TP_VERIFY_TRACE"):
-            print(f"verify: {shape} workers start {'' if not after else 'after ' + after} "
-                  f"at {time.monotonic():.1f}", file=sys.stderr, flush=True)
         procs = _spawn(config, world, group_size, store.port, launch, after, broken, logs)
         codes = _watch(procs, store, launch, config.stall)
         records = _records(store, launch, world)
