@@ -9,7 +9,7 @@ one launch per entry of --t: "3" is a world of 3 ranks in one TP group, "2of4" 4
 into two TP groups of 2 with different data. Default: 2,3,4,2of4. Each check runs fenced off from the
 next (verify/worker.py, verify/supervisor.py): a rank that raises, skips a collective or
 deadlocks is reported as that check's row, naming every rank's state, and the run goes on.
-Rank 0 of nothing: the supervisor prints the table, the summary, and writes --json.
+This process, the supervisor, prints the table and the summary and writes --json.
 
 Under torchrun (the older way, still accepted) rank 0 supervises a launch of WORLD_SIZE
 workers and the other ranks leave at once.
@@ -101,6 +101,12 @@ def main(argv=None):
     launches, refused = _launches(args)
     if refused:
         return _refuse(*refused)
+    for spec in args.adapters:
+        where, _, name = spec.rpartition(":")
+        if not where or not name:
+            return _refuse(COULD_NOT_RUN, f"adapter {spec!r}: expected module:NAME or file.py:NAME")
+        if where.endswith(".py") and not os.path.isfile(where):
+            return _refuse(COULD_NOT_RUN, f"adapter {spec!r}: no file {where}")
     dtypes = args.dtypes.split(",")
     bad = [d for d in dtypes if not isinstance(getattr(torch, d, None), torch.dtype)]
     if bad:
