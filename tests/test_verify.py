@@ -331,7 +331,8 @@ def test_libraries_in_two_tp_groups_fail_only_their_documented_bugs(launched):
     if HAS_PICOTRON:  # its two bugs FAIL; what it does on purpose is declared XFAIL
         mine = [r for r in rows if r["adapter"].startswith("picotron")]
         assert failed(mine, "picotron") == {("embedding", "padding_idx")}, table(mine)
-        assert failed(mine, "picotron async column") == {("column", "2-D input"), ("column", "4-D input")}
+        async_bug = {("column", "2-D input"), ("column", "4-D input")}  # and random shapes not 3-D
+        assert async_bug <= failed(mine, "picotron async column") <= async_bug | {("column", "random shapes")}
 
 
 @pytest.mark.slow
