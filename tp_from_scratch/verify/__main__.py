@@ -88,8 +88,7 @@ def _metadata(args, launches, dtypes):
         except importlib.metadata.PackageNotFoundError:
             pass
     return dict(command=sys.argv, adapters=args.adapters, versions=versions,
-                launches=", ".join(f"{g}" if w == g else f"{g} (x{w // g} groups on {w} processes)"
-                                   for w, g in launches),
+                launches=",".join(f"{g}" if w == g else f"{g}of{w}" for w, g in launches),
                 t=sorted({g for _, g in launches}), dtypes=dtypes, seed=args.seed,
                 device=args.device, check_timeout=args.check_timeout)
 

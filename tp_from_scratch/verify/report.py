@@ -80,6 +80,12 @@ def merge(per_rank):
     return out
 
 
+def launch(row):
+    """The row's launch as --t spells it: "3", or "2of4" for TP groups of 2 on 4 processes."""
+    world = row.get("world") or row["t"]
+    return str(row["t"]) if world == row["t"] else f"{row['t']}of{world}"
+
+
 def _number(x):
     return "-" if x is None else ("inf" if x == float("inf") else f"{x:.1e}")
 
@@ -88,7 +94,7 @@ def table(rows, verbose=False):
     """A text table, one line per row; a row that did not pass says why, for every rank."""
     width = lambda field, least: max([least] + [len(str(r[field])) for r in rows])  # noqa: E731
     wa, wc, wk = width("adapter", 7), width("component", 9), width("check", 5)
-    head = (f"{'adapter':<{wa}} {'component':<{wc}} {'check':<{wk}} {'dtype':<8} {'t':>3} "
+    head = (f"{'adapter':<{wa}} {'component':<{wc}} {'check':<{wk}} {'dtype':<8} {'t':>4} "
             f"{'status':<12} {'max error':>9} {'bound':>8} {'fwd':>3} {'bwd':>3}  detail")
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -96,7 +102,7 @@ def table(rows, verbose=False):
         if r["status"] != "PASS" and r.get("inputs"):
             detail = f"[{r['inputs']}] {detail}"
         lines.append(f"{r['adapter']:<{wa}} {r['component']:<{wc}} {r['check']:<{wk}} "
-                     f"{r['dtype']:<8} {str(r['t']):>3} {r['status']:<12} {_number(r['error']):>9} "
+                     f"{r['dtype']:<8} {launch(r):>4} {r['status']:<12} {_number(r['error']):>9} "
                      f"{_number(r['bound']):>8} {'-' if r['forward'] is None else r['forward']:>3} "
                      f"{'-' if r['backward'] is None else r['backward']:>3}  {detail}")
         if verbose and r.get("traceback"):
@@ -133,7 +139,7 @@ def summary(rows, metadata=None):
         for r in bad:
             checks, where = grouped.setdefault((r["adapter"], r["component"]), ({}, set()))
             checks[r["check"]] = checks.get(r["check"], r["status"])
-            where.update({f"t={r['t']}", r["dtype"]} - {"-"})
+            where.update({f"t={launch(r)}", r["dtype"]} - {"-"})
         for (adapter, component), (checks, where) in grouped.items():
             listed = ", ".join(f"{check}{'' if status == 'FAIL' else ' (' + status + ')'}"
                                for check, status in checks.items())

@@ -133,7 +133,8 @@ def _state(code, at, log_tail):
 def run_world(config, world, group_size):
     """Every adapter's merged rows for one launch of ``world`` workers in TP groups of ``group_size``."""
     with tempfile.TemporaryDirectory(prefix="verify_") as logs:
-        return _run_world(config, world, group_size, Path(logs), config.adapters)
+        rows = _run_world(config, world, group_size, Path(logs), config.adapters)
+    return [dict(r, world=world) for r in rows]   # t = group_size; world > t: a strict subgroup
 
 
 def _run_world(config, world, group_size, logs, names):
