@@ -21,6 +21,7 @@ import functools
 import importlib.util
 import json
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -218,7 +219,8 @@ def test_an_adapter_written_for_the_old_api_keeps_working_and_claims_nothing_new
 
 def _row(status, check="forward"):
     return dict(adapter="a", component="c", check=check, dtype="float64", t=2, status=status,
-                severity="value", detail="", error=None, bound=None, forward=None, backward=None)
+                severity="value", detail="", error=None, bound=None, forward=None, backward=None,
+                inputs="", traceback="")
 
 
 def test_exit_status_tells_pass_fail_and_nothing_checked():
@@ -244,6 +246,19 @@ def test_the_command_refuses_t_1_bad_arguments_and_a_missing_gpu_before_any_work
     assert not out.exists()
 
 
+@pytest.mark.parametrize("statuses, code", [(("PASS", "XFAIL", "SKIP"), 0), (("PASS", "FAIL"), 1),
+                                             (("NOT PROVIDED", "SKIP"), 3)])
+def test_the_command_exits_with_the_status_of_its_rows(monkeypatch, tmp_path, capsys, statuses, code):
+    # the launches replaced by rows of known statuses: main's printing, JSON and exit status
+    import tp_from_scratch.verify.__main__ as command
+    monkeypatch.setattr(command, "run_world", lambda config, world, t: [
+        dict(_row(s), t=t, world=world) for s in statuses])
+    out = tmp_path / "rows.json"
+    assert command.main(["x:ADAPTER", "--t", "2", "--json", str(out)]) == code
+    assert "nothing checked" in capsys.readouterr().out or code != 3
+    assert [r["status"] for r in json.loads(out.read_text())["rows"]] == list(statuses)
+
+
 def test_the_json_has_a_schema_run_metadata_and_every_row_whole(tmp_path):
     rows = _simulated(exercise_adapter(_load(KNOWN_WRONG / "g_without_all_reduce.py"), "g"), 2,
                       (torch.float64,))
@@ -260,7 +275,7 @@ def test_the_json_has_a_schema_run_metadata_and_every_row_whole(tmp_path):
 def _launch(args, tmp_path, name):
     out = tmp_path / f"{name}.json"
     env = subprocess_env(PICOTRON=os.environ.get("PICOTRON", "~/picotron"))
-    result = run_command([str(Path(os.sys.executable)), "-m", "tp_from_scratch.verify", *args,
+    result = run_command([sys.executable, "-m", "tp_from_scratch.verify", *args,
                           "--seed", "3", "--json", out], timeout=500, cwd=REPO, env=env)
     assert out.exists(), result.stdout[-4000:]
     return result, json.loads(out.read_text())
