@@ -38,10 +38,6 @@ from tp_from_scratch.sharding import shard_range
 
 FEATURES = ("uneven", "gather_output", "scatter_input", "padding_idx", "ignore_index", "comm")
 
-# the callable fields, in the order of the table (a check reports NOT PROVIDED without its field)
-COMPONENTS = ("column", "row", "embedding", "f", "g", "scatter", "gather", "cross_entropy",
-              "default_init", "sp_gather", "sp_scatter", "sp_layernorm", "sp_block")
-
 
 def chunk_range(n, rank, t):
     """torch.chunk's split (DTensor's Shard): blocks of ceil(n/t), the last ones short or empty."""
@@ -82,10 +78,6 @@ class Adapter:
             if "/" not in pattern or not str(reason).strip():
                 raise ValueError(f"adapter {self.name!r}: expected_failures[{pattern!r}] needs a "
                                  f"'component/check' pattern and a reason, got {reason!r}")
-
-    def provides(self):
-        """The components this adapter gives (the callable fields that are not None)."""
-        return [name for name in COMPONENTS if getattr(self, name) is not None]
 
     def expected_failure(self, component, check):
         """The reason the adapter gave for expecting this check to fail, or None."""
