@@ -160,12 +160,16 @@ def _run_world(config, world, group_size, logs, names):
         ats = {r: _get(store, f"{launch}/at/{r}") for r in range(world)}   # "item [phase]"
         if not done and not any(ats.values()):
             tails = "; ".join(f"rank {r}: {_tail(logs, launch, r)}" for r in range(world))
-            raise CouldNotRun(f"the {shape} workers never started a check: {tails}")
+            if attempt == 0:
+                raise CouldNotRun(f"the {shape} workers never started a check: {tails}")
+            rows.append(row("(verify)", "(all)", "(all)", "-", t, "ERROR",   # keep what ran
+                            f"fresh {shape} workers never started after {after}: {tails}"))
+            return rows
         stuck = [i for i in done if len(records[i]) < world]
         if stuck:
             item = stuck[0]
-        elif all(code == RESTART for code in codes.values()) and complete:
-            after = complete[-1]
+        elif any(code == RESTART for code in codes.values()) and complete:
+            after = complete[-1]   # out of step after it (slow leavers were ended, not stuck)
             continue
         else:
             item = min((a.split()[0] for a in ats.values() if a), key=parse_key)
