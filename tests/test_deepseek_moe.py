@@ -1,0 +1,219 @@
+"""DeepSeekMoE (Lesson 12): the router and the layer equal transformers' DeepseekV3, and the
+three ways to run it on t ranks each equal one device, outputs and every gradient, float64.
+
+Routing is discrete, so before any comparison the test measures how far the data is from a
+near-tie (router.routing_margin): a margin a million times float64's epsilon means no order
+of additions can pick a different expert, and a failure is then a bug, never a tie.
+"""
+import numpy as np
+import pytest
+import torch
+
+from tests.hf_models import deepseek_moe, deepseek_v3_config
+from tp_from_scratch.comm import SPMDError, run_spmd
+from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.deepseek import (LAYOUTS, DeepSeekMoE, ExpertParallelMoE, MoEConfig,
+                                      all_reduce_bytes_sent, check_routing_margin, ep_bytes_sent,
+                                      route, routing_margin, tokens_per_rank)
+from tp_from_scratch.testing import random_array, rank_rng
+
+# t = 3 needs experts, groups and widths divisible by 3
+SIZES = {1: {}, 2: {}, 4: {}, 3: dict(n_routed_experts=6, n_group=3, topk_group=2)}
+
+
+def hf_and_ours(t=1, seed=0):
+    hf = deepseek_moe(seed, **SIZES[t])
+    ours = DeepSeekMoE(MoEConfig.from_hf(hf.config)).double()
+    ours.load_state_dict(hf.state_dict())  # the same names and layouts: loads as it is
+    return hf, ours
+
+
+def tokens(seed, rank, n, hidden=32):
+    return torch.tensor(random_array(rank_rng(seed, rank), (n, hidden)), requires_grad=True)
+
+
+def margin_ok(moe, x):
+    g = moe.gate
+    return check_routing_margin(routing_margin(x.detach(), g.weight, g.e_score_correction_bias, moe.config),
+                                x.dtype)
+
+
+def test_our_router_picks_transformers_experts_with_its_weights_in_float32():
+    # transformers' own router, unpatched (float32): the same experts, the same weights
+    hf = deepseek_moe(3, dtype=torch.float32, patch=False)
+    config = MoEConfig.from_hf(hf.config)
+    x = tokens(4, 0, 40).float().detach()
+    check_routing_margin(routing_margin(x, hf.gate.weight, hf.gate.e_score_correction_bias, config), x.dtype)
+    _, hf_weights, hf_experts = hf.gate(x)
+    weights, experts = route(x, hf.gate.weight, hf.gate.e_score_correction_bias, config)
+    hf_order, order = hf_experts.argsort(-1), experts.argsort(-1)  # the k experts in any order
+    assert torch.equal(hf_experts.gather(1, hf_order), experts.gather(1, order)), "different experts chosen"
+    assert_matches_reference(weights.gather(1, order), hf_weights.gather(1, hf_order), name="routing weights")
+
+
+def test_the_float64_router_patch_restates_transformers_router():
+    # tests/hf_models.py's float64 router against transformers' float32 original on the same
+    # float32 data: any difference in selection would show as different experts
+    unpatched, patched = deepseek_moe(5, dtype=torch.float32, patch=False), deepseek_moe(5, dtype=torch.float32)
+    x = tokens(6, 0, 40).float().detach()
+    _, w0, e0 = unpatched.gate(x)
+    _, w1, e1 = patched.gate(x)
+    assert torch.equal(e0.sort(-1).values, e1.sort(-1).values)
+    assert_matches_reference(w1.gather(1, e1.argsort(-1)), w0.gather(1, e0.argsort(-1)), name="patched router")
+
+
+def test_deepseek_moe_equals_transformers_layer_outputs_and_gradients():
+    hf, ours = hf_and_ours(seed=7)
+    x = tokens(8, 0, 2 * 9).view(2, 9, 32).detach()
+    margin_ok(ours, x.view(-1, 32))
+    dy = torch.tensor(random_array(rank_rng(9), (2, 9, 32)))
+    results = []
+    for model in (hf, ours):
+        xi = x.clone().requires_grad_(True)
+        y = model(xi)
+        (y * dy).sum().backward()
+        results.append((y, xi.grad, {n: p.grad for n, p in model.named_parameters()}))
+    (y_hf, gx_hf, grads_hf), (y, gx, grads) = results
+    assert_matches_reference(y, y_hf, name="MoE output")
+    assert_matches_reference(gx, gx_hf, name="MoE input gradient")
+    assert grads.keys() == grads_hf.keys()
+    for name in grads:
+        assert_matches_reference(grads[name], grads_hf[name], name=f"grad {name}")
+
+
+# ---- the three layouts on t ranks ---------------------------------------------------------
+
+def _run_layout(comm, layout, reference, xs, dys):
+    """Rank r's forward and backward; returns (y, x.grad, {name: grad}, bytes sent forward, counts)."""
+    layer = LAYOUTS[layout].from_module(reference, group=comm).double()
+    x = xs[comm.rank].detach().clone().requires_grad_(True)
+    comm.meter.reset()
+    y = layer(x)
+    sent = comm.meter.bytes_sent
+    (y * dys[comm.rank]).sum().backward()
+    grads = {n: p.grad for n, p in layer.named_parameters()}
+    return y.detach(), x.grad, grads, sent, getattr(layer, "last_counts", None)
+
+
+def _expected_grads(layout, reference, t, r):
+    """Rank r's share of the reference's gradients, in the layout's own shapes."""
+    config, grads = reference.config, {n: p.grad for n, p in reference.named_parameters()}
+    F_, S = config.moe_intermediate_size, config.shared_intermediate_size
+    E_local = config.n_routed_experts // t
+    out = {"gate.weight": grads["gate.weight"]}
+    if layout == "expert tensor parallel":
+        cols = slice(r * F_ // t, (r + 1) * F_ // t)
+        gu = grads["experts.gate_up_proj"]
+        out["experts.gate_up_proj"] = torch.cat([gu[:, :F_][:, cols], gu[:, F_:][:, cols]], dim=1)
+        out["experts.down_proj"] = grads["experts.down_proj"][:, :, cols]
+    else:
+        experts = slice(r * E_local, (r + 1) * E_local)
+        out["experts.gate_up_proj"] = grads["experts.gate_up_proj"][experts]
+        out["experts.down_proj"] = grads["experts.down_proj"][experts]
+    cols = slice(None) if layout == "expert parallel" else slice(r * S // t, (r + 1) * S // t)
+    for name in ("gate_proj", "up_proj"):
+        out[f"shared_experts.{name}.weight"] = grads[f"shared_experts.{name}.weight"][cols]
+    out["shared_experts.down_proj.weight"] = grads["shared_experts.down_proj.weight"][:, cols]
+    return out
+
+
+@pytest.mark.parametrize("t", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_each_layout_equals_one_device(layout, t):
+    _, reference = hf_and_ours(t, seed=11 + t)
+    H = reference.config.hidden_size
+    if layout == "expert parallel":  # every rank brings its own tokens, 5 + r of them
+        xs = [tokens(20 + t, r, 5 + r).detach() for r in range(t)]
+        dys = [torch.tensor(random_array(rank_rng(30 + t, r), (5 + r, H))) for r in range(t)]
+        x_all, dy_all = torch.cat(xs), torch.cat(dys)
+    else:  # every rank holds all the tokens (replicated, as after TP attention)
+        x_all = tokens(20 + t, 0, 13).detach()
+        dy_all = torch.tensor(random_array(rank_rng(30 + t), (13, H)))
+        xs, dys = [x_all] * t, [dy_all] * t
+    margin_ok(reference, x_all)
+    x_ref = x_all.clone().requires_grad_(True)
+    y_ref = reference(x_ref)
+    (y_ref * dy_all).sum().backward()
+
+    out = run_spmd(_run_layout, t, layout, reference, xs, dys)
+    starts = np.cumsum([0] + [len(x) for x in xs])
+    for r, (y, gx, grads, sent, counts) in enumerate(out):
+        rows = slice(starts[r], starts[r + 1]) if layout == "expert parallel" else slice(None)
+        # at this point rank r's output and input gradient must be the reference's rows
+        assert_matches_reference(y, y_ref[rows], name=f"{layout} output", rank=r)
+        assert_matches_reference(gx, x_ref.grad[rows], name=f"{layout} input gradient", rank=r)
+        expected = _expected_grads(layout, reference, t, r)
+        assert grads.keys() == expected.keys(), (sorted(grads), sorted(expected))
+        for name, g in expected.items():
+            assert_matches_reference(grads[name], g, name=f"{layout} grad {name}", rank=r)
+
+
+@pytest.mark.parametrize("t", [2, 3, 4])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_bytes_on_the_wire_equal_the_formula(layout, t):
+    _, reference = hf_and_ours(t, seed=40 + t)
+    H, N = reference.config.hidden_size, 12
+    xs = [tokens(50 + t, r if layout == "expert parallel" else 0, N).detach() for r in range(t)]
+    dys = [torch.zeros(N, H)] * t
+    out = run_spmd(_run_layout, t, layout, reference, xs, dys)
+    if layout == "expert parallel":
+        counts = np.stack([o[4].numpy() for o in out])  # (t, t, E/t)
+        assert counts.sum() == t * N * reference.config.num_experts_per_tok  # none dropped
+        expected = [ep_bytes_sent(counts, r, H, 8) for r in range(t)]
+    else:
+        expected = [all_reduce_bytes_sent(N * H, t, r, 8) for r in range(t)]
+    assert [o[3] for o in out] == expected
+
+
+def test_load_per_rank_counts_every_pair_once():
+    _, reference = hf_and_ours(4, seed=60)
+    x = tokens(61, 0, 64).detach()
+    _, experts = route(x, reference.gate.weight, reference.gate.e_score_correction_bias, reference.config)
+    load = tokens_per_rank(experts, reference.config.n_routed_experts, 4)
+    per_expert = torch.bincount(experts.reshape(-1), minlength=8)
+    assert load.tolist() == per_expert.view(4, 2).sum(1).tolist() and load.sum() == 64 * 3
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(topk_method="greedy"), "topk_method='greedy' is not supported"),
+    (dict(scoring_func="softmax"), "scoring_func='softmax' is not supported"),
+    (dict(hidden_act="gelu"), "hidden_act='gelu' is not supported"),
+])
+def test_configs_the_course_cannot_map_are_named(change, match):
+    config = deepseek_v3_config()
+    for key, value in change.items():
+        setattr(config, key, value)
+    with pytest.raises(ValueError, match=match):
+        MoEConfig.from_hf(config)
+
+
+@pytest.mark.parametrize("layout, t, match", [
+    ("expert parallel", 3, "n_routed_experts \\(for expert parallelism\\) 8 is not divisible by tp=3"),
+    ("experts on all tokens", 3, "n_routed_experts \\(for expert parallelism\\) 8 is not divisible by tp=3"),
+    ("expert tensor parallel", 5, "is not divisible by tp=5"),
+])
+def test_ranks_that_do_not_divide_the_experts_are_named(layout, t, match):
+    _, reference = hf_and_ours()
+    with pytest.raises(SPMDError, match=match):
+        run_spmd(lambda comm: LAYOUTS[layout].from_module(reference, group=comm), t, timeout=10)
+
+
+def test_a_near_tie_is_refused_by_the_margin_check():
+    _, reference = hf_and_ours(seed=70)
+    gate = reference.gate
+    x = tokens(71, 0, 4).detach()
+    bias = gate.e_score_correction_bias.clone()
+    # move the best rejected expert of token 0 onto the k-th chosen one: an exact tie
+    scores = torch.sigmoid(x @ gate.weight.T) + bias
+    config = reference.config
+    margin = routing_margin(x, gate.weight, bias, config)
+    check_routing_margin(margin, torch.float64)
+    from tp_from_scratch.deepseek.router import _masked_choice
+    _, choice, _ = _masked_choice(x, gate.weight, bias, config)
+    top = choice[0].topk(config.num_experts_per_tok + 1)
+    kth, next_ = top.indices[-2], top.indices[-1]
+    bias[next_] += scores[0, kth] - scores[0, next_] - 1e-13
+    tied = routing_margin(x, gate.weight, bias, config)
+    assert tied < 1e-12
+    with pytest.raises(ValueError, match="routing near-tie"):
+        check_routing_margin(tied, torch.float64)
