@@ -5,16 +5,20 @@ Routing is discrete, so before any comparison the test measures how far the data
 near-tie (router.routing_margin): a margin a million times float64's epsilon means no order
 of additions can pick a different expert, and a failure is then a bug, never a tie.
 """
+import re
+
 import numpy as np
 import pytest
 import torch
 
 from tests.hf_models import deepseek_moe, deepseek_v3_config
 from tp_from_scratch.comm import SPMDError, run_spmd
+from tp_from_scratch.comm.launchers import run_command, torchrun_command
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.deepseek import (LAYOUTS, DeepSeekMoE, ExpertParallelMoE, MoEConfig,
                                       all_reduce_bytes_sent, check_routing_margin, ep_bytes_sent,
                                       route, routing_margin, tokens_per_rank)
+from tp_from_scratch.deepseek.checks import check_layout, layout_data
 from tp_from_scratch.testing import random_array, rank_rng
 
 # t = 3 needs experts, groups and widths divisible by 3
@@ -82,70 +86,15 @@ def test_deepseek_moe_equals_transformers_layer_outputs_and_gradients():
 
 
 # ---- the three layouts on t ranks ---------------------------------------------------------
-
-def _run_layout(comm, layout, reference, xs, dys):
-    """Rank r's forward and backward; returns (y, x.grad, {name: grad}, bytes sent forward, counts)."""
-    layer = LAYOUTS[layout].from_module(reference, group=comm).double()
-    x = xs[comm.rank].detach().clone().requires_grad_(True)
-    comm.meter.reset()
-    y = layer(x)
-    sent = comm.meter.bytes_sent
-    (y * dys[comm.rank]).sum().backward()
-    grads = {n: p.grad for n, p in layer.named_parameters()}
-    return y.detach(), x.grad, grads, sent, getattr(layer, "last_counts", None)
-
-
-def _expected_grads(layout, reference, t, r):
-    """Rank r's share of the reference's gradients, in the layout's own shapes."""
-    config, grads = reference.config, {n: p.grad for n, p in reference.named_parameters()}
-    F_, S = config.moe_intermediate_size, config.shared_intermediate_size
-    E_local = config.n_routed_experts // t
-    out = {"gate.weight": grads["gate.weight"]}
-    if layout == "expert tensor parallel":
-        cols = slice(r * F_ // t, (r + 1) * F_ // t)
-        gu = grads["experts.gate_up_proj"]
-        out["experts.gate_up_proj"] = torch.cat([gu[:, :F_][:, cols], gu[:, F_:][:, cols]], dim=1)
-        out["experts.down_proj"] = grads["experts.down_proj"][:, :, cols]
-    else:
-        experts = slice(r * E_local, (r + 1) * E_local)
-        out["experts.gate_up_proj"] = grads["experts.gate_up_proj"][experts]
-        out["experts.down_proj"] = grads["experts.down_proj"][experts]
-    cols = slice(None) if layout == "expert parallel" else slice(r * S // t, (r + 1) * S // t)
-    for name in ("gate_proj", "up_proj"):
-        out[f"shared_experts.{name}.weight"] = grads[f"shared_experts.{name}.weight"][cols]
-    out["shared_experts.down_proj.weight"] = grads["shared_experts.down_proj.weight"][:, cols]
-    return out
-
+# deepseek.checks.check_layout compares rank r's output, input gradient and every weight's
+# gradient with its share of the reference's; here the reference is transformers' weights
 
 @pytest.mark.parametrize("t", [1, 2, 3, 4])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_each_layout_equals_one_device(layout, t):
     _, reference = hf_and_ours(t, seed=11 + t)
-    H = reference.config.hidden_size
-    if layout == "expert parallel":  # every rank brings its own tokens, 5 + r of them
-        xs = [tokens(20 + t, r, 5 + r).detach() for r in range(t)]
-        dys = [torch.tensor(random_array(rank_rng(30 + t, r), (5 + r, H))) for r in range(t)]
-        x_all, dy_all = torch.cat(xs), torch.cat(dys)
-    else:  # every rank holds all the tokens (replicated, as after TP attention)
-        x_all = tokens(20 + t, 0, 13).detach()
-        dy_all = torch.tensor(random_array(rank_rng(30 + t), (13, H)))
-        xs, dys = [x_all] * t, [dy_all] * t
-    margin_ok(reference, x_all)
-    x_ref = x_all.clone().requires_grad_(True)
-    y_ref = reference(x_ref)
-    (y_ref * dy_all).sum().backward()
-
-    out = run_spmd(_run_layout, t, layout, reference, xs, dys)
-    starts = np.cumsum([0] + [len(x) for x in xs])
-    for r, (y, gx, grads, sent, counts) in enumerate(out):
-        rows = slice(starts[r], starts[r + 1]) if layout == "expert parallel" else slice(None)
-        # at this point rank r's output and input gradient must be the reference's rows
-        assert_matches_reference(y, y_ref[rows], name=f"{layout} output", rank=r)
-        assert_matches_reference(gx, x_ref.grad[rows], name=f"{layout} input gradient", rank=r)
-        expected = _expected_grads(layout, reference, t, r)
-        assert grads.keys() == expected.keys(), (sorted(grads), sorted(expected))
-        for name, g in expected.items():
-            assert_matches_reference(grads[name], g, name=f"{layout} grad {name}", rank=r)
+    xs, dys = layout_data(layout, t, reference.config.hidden_size, seed=20 + t)
+    run_spmd(check_layout, t, layout, reference, xs, dys)
 
 
 @pytest.mark.parametrize("t", [2, 3, 4])
@@ -153,16 +102,26 @@ def test_each_layout_equals_one_device(layout, t):
 def test_bytes_on_the_wire_equal_the_formula(layout, t):
     _, reference = hf_and_ours(t, seed=40 + t)
     H, N = reference.config.hidden_size, 12
-    xs = [tokens(50 + t, r if layout == "expert parallel" else 0, N).detach() for r in range(t)]
-    dys = [torch.zeros(N, H)] * t
-    out = run_spmd(_run_layout, t, layout, reference, xs, dys)
+    xs, dys = layout_data(layout, t, H, seed=50 + t, tokens=N)
+    out = run_spmd(check_layout, t, layout, reference, xs, dys)
     if layout == "expert parallel":
-        counts = np.stack([o[4].numpy() for o in out])  # (t, t, E/t)
-        assert counts.sum() == t * N * reference.config.num_experts_per_tok  # none dropped
+        counts = np.stack([o[1].numpy() for o in out])  # (t, t, E/t)
+        # none dropped: every token's k pairs were sent somewhere
+        assert counts.sum() == sum(len(x) for x in xs) * reference.config.num_experts_per_tok
         expected = [ep_bytes_sent(counts, r, H, 8) for r in range(t)]
     else:
         expected = [all_reduce_bytes_sent(N * H, t, r, 8) for r in range(t)]
-    assert [o[3] for o in out] == expected
+    assert [o[0] for o in out] == expected
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_every_layout_under_torchrun_native_and_from_scratch(nproc):
+    result = run_command(torchrun_command(nproc, "tp_from_scratch.deepseek.checks", "--timeout", 90), timeout=200)
+    passed = re.findall(r"rank (\d+): deepseek checks passed", result.stdout)
+    assert result.returncode == 0 and sorted(map(int, passed)) == list(range(nproc)), result.stdout[-3000:]
+    assert result.stdout.count("expert parallel (native)") == nproc, result.stdout[-3000:]
 
 
 def test_load_per_rank_counts_every_pair_once():

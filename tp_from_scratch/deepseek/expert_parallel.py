@@ -168,6 +168,7 @@ def _column_slice(n, t, r):
 def _copy(layer, moe, experts, width=False, shared_split=False):
     """Fill ``layer`` with its rank's share of the single-device ``moe``'s weights."""
     t, r = layer.t, layer.rank
+    layer.to(moe.gate.weight.dtype)  # built in the default dtype: float64 must not pass through float32
     with torch.no_grad():
         layer.gate.weight.copy_(moe.gate.weight)
         layer.gate.e_score_correction_bias.copy_(moe.gate.e_score_correction_bias)
