@@ -59,12 +59,22 @@ class _Sharded(nn.Module):
     def route(self, x, weight):
         return route(x, weight, self.gate.e_score_correction_bias, self.config)
 
+    @classmethod
+    def from_module(cls, moe, *, group):
+        """This rank's share of a single-device DeepSeekMoE (see ``moe_shard``), in its dtype."""
+        layer = cls(moe.config, group=group).to(moe.gate.weight.dtype)
+        layer.load_state_dict({name: moe_shard(cls.layout, name, full, moe.config, layer.t, layer.rank)
+                               for name, full in moe.state_dict().items()})
+        return layer
+
 
 class ExpertParallelMoE(_Sharded):
     """(a) E/t experts per rank, this rank's tokens dispatched and combined by all-to-all.
 
     (N_r, H) or (B, T, H) of this rank's own tokens -> the same shape.
     """
+
+    layout = "expert parallel"
 
     def __init__(self, config, *, group):
         super().__init__(config, group)
@@ -90,14 +100,6 @@ class ExpertParallelMoE(_Sharded):
         back = all_to_all(g, out, recv, send)  # (N_r k, H), in the order the rows left
         y = combine(flat.shape[0], token, weight, back) + _replicated_ffn(g, self.shared_experts, flat)
         return y.view(x.shape)
-
-    @classmethod
-    def from_module(cls, moe, *, group):
-        """This rank's share of a single-device DeepSeekMoE: experts [r E/t, (r+1) E/t)."""
-        layer = cls(moe.config, group=group)
-        lo = layer.rank * layer.n_local
-        _copy(layer, moe, experts=slice(lo, lo + layer.n_local))
-        return layer
 
 
 def _replicated_ffn(group, ffn, x):
@@ -129,6 +131,8 @@ class _SplitShared(_Sharded):
 class ExpertsOnAllTokensMoE(_SplitShared):
     """(b) E/t whole experts per rank, run on the tokens (of all of them) routed to them."""
 
+    layout = "experts on all tokens"
+
     def __init__(self, config, *, group):
         super().__init__(config, group)
         check_divisible(config.n_routed_experts, self.t, "n_routed_experts (for expert parallelism)")
@@ -136,59 +140,44 @@ class ExpertsOnAllTokensMoE(_SplitShared):
         self.first_expert = self.rank * n_local
         self.experts = Experts(n_local, config.hidden_size, config.moe_intermediate_size)
 
-    @classmethod
-    def from_module(cls, moe, *, group):
-        layer = cls(moe.config, group=group)
-        lo = layer.first_expert
-        _copy(layer, moe, experts=slice(lo, lo + layer.experts.gate_up_proj.shape[0]), shared_split=True)
-        return layer
-
 
 class ExpertTensorParallelMoE(_SplitShared):
     """(c) every expert's FFN split: columns [r F/t, (r+1) F/t) of gate and up, rows of down."""
 
-    first_expert = 0
+    layout, first_expert = "expert tensor parallel", 0
 
     def __init__(self, config, *, group):
         super().__init__(config, group)
         check_divisible(config.moe_intermediate_size, self.t, "moe_intermediate_size F (for expert TP)")
         self.experts = Experts(config.n_routed_experts, config.hidden_size, config.moe_intermediate_size // self.t)
 
-    @classmethod
-    def from_module(cls, moe, *, group):
-        layer = cls(moe.config, group=group)
-        _copy(layer, moe, experts=slice(None), width=True, shared_split=True)
-        return layer
+
+def moe_shard(layout, name, full, config, t, r):
+    """Rank r's share, under ``layout``, of the single-device DeepSeekMoE tensor ``name``.
+
+    The router is replicated. Experts: E/t whole ones (expert parallel, experts on all tokens)
+    or columns [r F/t, (r+1) F/t) of every expert's gate and up and those rows of down (expert
+    tensor parallel). Shared experts: replicated under expert parallelism, else split the same way.
+    """
+    if name.startswith("gate."):
+        return full
+    if name.startswith("experts.") and layout != "expert tensor parallel":
+        n = config.n_routed_experts // t
+        return full[r * n:(r + 1) * n]
+    if name.startswith("experts."):
+        F_ = config.moe_intermediate_size
+        cols = slice(r * F_ // t, (r + 1) * F_ // t)
+        if name == "experts.gate_up_proj":  # (E, 2F, H): gate rows, then up rows
+            return torch.cat([full[:, :F_][:, cols], full[:, F_:][:, cols]], dim=1)
+        return full[:, :, cols]  # down_proj (E, H, F)
+    if layout == "expert parallel":
+        return full
+    S = config.shared_intermediate_size
+    cols = slice(r * S // t, (r + 1) * S // t)
+    return full[:, cols] if name.endswith("down_proj.weight") else full[cols]
 
 
-def _column_slice(n, t, r):
-    return slice(r * n // t, (r + 1) * n // t)
-
-
-def _copy(layer, moe, experts, width=False, shared_split=False):
-    """Fill ``layer`` with its rank's share of the single-device ``moe``'s weights."""
-    t, r = layer.t, layer.rank
-    layer.to(moe.gate.weight.dtype)  # built in the default dtype: float64 must not pass through float32
-    with torch.no_grad():
-        layer.gate.weight.copy_(moe.gate.weight)
-        layer.gate.e_score_correction_bias.copy_(moe.gate.e_score_correction_bias)
-        gate_up, down = moe.experts.gate_up_proj[experts], moe.experts.down_proj[experts]
-        if width:  # expert TP: this rank's columns of gate and of up, its rows of down
-            F_ = moe.config.moe_intermediate_size
-            cols = _column_slice(F_, t, r)
-            gate_up = torch.cat([gate_up[:, :F_][:, cols], gate_up[:, F_:][:, cols]], dim=1)
-            down = down[:, :, cols]
-        layer.experts.gate_up_proj.copy_(gate_up)
-        layer.experts.down_proj.copy_(down)
-        src, dst = moe.shared_experts, layer.shared_experts
-        cols = _column_slice(moe.config.shared_intermediate_size, t, r) if shared_split else slice(None)
-        dst.gate_proj.weight.copy_(src.gate_proj.weight[cols])
-        dst.up_proj.weight.copy_(src.up_proj.weight[cols])
-        dst.down_proj.weight.copy_(src.down_proj.weight[:, cols])
-
-
-LAYOUTS = {"expert parallel": ExpertParallelMoE, "experts on all tokens": ExpertsOnAllTokensMoE,
-           "expert tensor parallel": ExpertTensorParallelMoE}
+LAYOUTS = {cls.layout: cls for cls in (ExpertParallelMoE, ExpertsOnAllTokensMoE, ExpertTensorParallelMoE)}
 
 
 # ---- traffic and balance ----------------------------------------------------------------
