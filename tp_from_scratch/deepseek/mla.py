@@ -88,24 +88,18 @@ class ParallelMLA(nn.Module):
         super().__init__()
         t, self.group = tp_world_size(group), group
         check_divisible(config.num_attention_heads, t, "num_attention_heads")
-        if config.q_lora_rank is None:
-            raise ValueError("q_lora_rank=None (a plain q_proj) is not supported: DeepSeek-V3 "
-                             "compresses queries too (q_lora_rank=1536)")
         self.layer_index, self.heads = layer_index, config.num_attention_heads // t
         self.nope, self.rope, self.v = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
         self.kv_lora, self.q_lora = config.kv_lora_rank, config.q_lora_rank
         self.theta, self.interleave = config.rope_parameters["rope_theta"], config.rope_interleave
-        H, h = config.hidden_size, self.heads
-        bias = config.attention_bias
-        self.q_a_proj = nn.Linear(H, self.q_lora, bias=bias)
+        H, h = config.hidden_size, self.heads  # no attention biases (model.check_config refuses them)
+        self.q_a_proj = nn.Linear(H, self.q_lora, bias=False)
         self.q_a_layernorm = RMSNorm(self.q_lora)  # transformers keeps these at eps 1e-6
         self.q_b_proj = nn.Linear(self.q_lora, h * (self.nope + self.rope), bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(H, self.kv_lora + self.rope, bias=bias)
+        self.kv_a_proj_with_mqa = nn.Linear(H, self.kv_lora + self.rope, bias=False)
         self.kv_a_layernorm = RMSNorm(self.kv_lora)
         self.kv_b_proj = nn.Linear(self.kv_lora, h * (self.nope + self.v), bias=False)
         self.o_proj = nn.Linear(h * self.v, H, bias=False)
-        if bias:  # row-parallel: the bias is added once, after the all-reduce
-            self.o_bias = nn.Parameter(torch.zeros(H))
 
     def forward(self, x, positions, cache=None):
         B, T, _ = x.shape
@@ -130,8 +124,7 @@ class ParallelMLA(nn.Module):
         past = S - T  # query i sits at position past + i and sees keys 0 .. past + i
         causal = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(past)
         attn = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v  # (B, h, T, v)
-        y = reduce_from_tp_region(self.group, self.o_proj(attn.transpose(1, 2).reshape(B, T, h * self.v)))
-        return y + self.o_bias if hasattr(self, "o_bias") else y
+        return reduce_from_tp_region(self.group, self.o_proj(attn.transpose(1, 2).reshape(B, T, h * self.v)))
 
 
 def cache_bytes_per_token(config, t, itemsize, kind):

@@ -1,0 +1,111 @@
+"""The course's DeepSeek-V3 (MLA heads split, dense FFNs split, DeepSeekMoE in an inference
+layout) equals transformers' DeepseekV3ForCausalLM built from a tiny config with random weights:
+logits and every parameter's gradient, float64, at t = 1, 2, 4 on simulated ranks; greedy
+generation with the latent cache equals transformers' generate; what it cannot map is named.
+
+Routing is discrete: a forward hook on every transformers router measures the margin of the
+hidden states it routes (deepseek.router.routing_margin) before anything is compared.
+"""
+import pytest
+import torch
+
+from tests.hf_models import deepseek_v3, deepseek_v3_config
+from tp_from_scratch.comm import SPMDError, run_spmd
+from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.deepseek.mla import cache_bytes_per_token
+from tp_from_scratch.deepseek.model import (INFERENCE_LAYOUTS, check_config, from_hf_state_dict, generate,
+                                            hf_name, shard, to_hf_state_dict)
+from tp_from_scratch.deepseek import MoEConfig, check_routing_margin, routing_margin
+from tp_from_scratch.testing import rank_rng
+
+
+def ids_for(seed, vocab, shape=(2, 7)):
+    return torch.tensor(rank_rng(seed).integers(0, vocab, size=shape))
+
+
+def reference_run(hf, ids, dlogits):
+    """transformers' logits and gradients, with every router's margin checked on the way."""
+    moe_config = MoEConfig.from_hf(hf.config)
+
+    def margin(module, inputs, output):
+        h = inputs[0].detach().reshape(-1, hf.config.hidden_size)
+        check_routing_margin(routing_margin(h, module.weight, module.e_score_correction_bias, moe_config), h.dtype)
+
+    hooks = [m.register_forward_hook(margin) for m in hf.modules() if type(m).__name__ == "DeepseekV3TopkRouter"]
+    assert hooks, "no router found: the MoE layers were not built"
+    hf.zero_grad()
+    logits = hf(ids).logits
+    (logits * dlogits).sum().backward()
+    for h in hooks:
+        h.remove()
+    return logits.detach(), {n: p.grad.clone() for n, p in hf.named_parameters()}
+
+
+def _rank(comm, config, sd, layout, ids, dlogits):
+    model = from_hf_state_dict(config, sd, group=comm, layout=layout)
+    logits = model(ids)
+    (logits * dlogits).sum().backward()
+    return logits.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("layout", INFERENCE_LAYOUTS)
+@pytest.mark.parametrize("t", [1, 2, 4])
+def test_logits_and_every_gradient_equal_transformers(t, layout):
+    hf = deepseek_v3(seed=t)
+    ids = ids_for(10 + t, hf.config.vocab_size)
+    dlogits = torch.tensor(rank_rng(20 + t).standard_normal((2, 7, hf.config.vocab_size)))
+    logits_ref, grads_ref = reference_run(hf, ids, dlogits)
+    sd = hf.state_dict()
+    for r, (logits, grads) in enumerate(run_spmd(_rank, t, hf.config, sd, layout, ids, dlogits)):
+        # at this point every rank's logits must be transformers' (they are replicated)
+        assert_matches_reference(logits, logits_ref, name="logits", rank=r)
+        assert len(grads) == len(grads_ref)
+        for name, g in grads.items():
+            expected = shard(name, grads_ref[hf_name(name)], hf.config, layout, t, r)
+            assert_matches_reference(g, expected, name=f"grad {name}", rank=r)
+
+
+def _generate(comm, config, sd, prompt, n):
+    model = from_hf_state_dict(config, sd, group=comm)
+    ids, cache = generate(model, prompt, n)
+    return ids, cache.nbytes() / (cache.length() * len(cache.layers) * prompt.shape[0])
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+def test_greedy_generation_with_the_latent_cache_equals_transformers(t):
+    hf = deepseek_v3(seed=30 + t)
+    prompt = ids_for(31 + t, hf.config.vocab_size, (2, 4))
+    expected = hf.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    for r, (ids, per_token) in enumerate(run_spmd(_generate, t, hf.config, hf.state_dict(), prompt, 6)):
+        assert torch.equal(ids, expected), f"rank {r}: {ids.tolist()} != {expected.tolist()}"
+        # the latent is not split: every rank caches kv_lora + rope numbers per token and layer
+        assert per_token == cache_bytes_per_token(hf.config, t, 8, "mla")
+
+
+def test_export_gives_back_transformers_state_dict():
+    hf = deepseek_v3(seed=40)
+    sd = run_spmd(lambda comm: to_hf_state_dict(from_hf_state_dict(hf.config, hf.state_dict(), group=comm)), 1)[0]
+    expected = hf.state_dict()
+    assert sd.keys() == expected.keys()
+    for name in sd:
+        assert_matches_reference(sd[name], expected[name], name=name, exact=True)
+
+
+@pytest.mark.parametrize("change, t, match", [
+    (dict(topk_method="greedy"), 1, "topk_method='greedy' is not supported"),
+    (dict(q_lora_rank=None), 1, "q_lora_rank=None .* is not supported"),
+    (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0}), 1,
+     "rope_type='yarn' is not supported"),
+    ({}, 3, "num_attention_heads 4 is not divisible by tp=3"),
+])
+def test_configs_and_degrees_the_course_cannot_map_are_named(change, t, match):
+    config = deepseek_v3_config()
+    for key, value in change.items():
+        setattr(config, key, value)
+    with pytest.raises(ValueError, match=match):
+        check_config(config, t)
+
+
+def test_a_layout_that_splits_the_tokens_is_refused_for_the_model():
+    with pytest.raises(SPMDError, match="the model holds every token on every rank"):
+        run_spmd(lambda comm: from_hf_state_dict(deepseek_v3_config(), {}, group=comm, layout="expert parallel"), 1)

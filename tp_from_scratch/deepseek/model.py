@@ -1,0 +1,148 @@
+"""DeepSeek-V3 on t ranks: MLA heads split (Lesson 4's column/row pattern), dense FFNs in the
+first ``first_k_dense_replace`` layers split likewise, DeepSeekMoE in the others (tokens
+replicated, so the inference layouts: experts on all tokens, or expert tensor parallel).
+
+Equal to transformers' DeepseekV3ForCausalLM with the same weights (tests/test_deepseek_model.py).
+Embedding, final norm and LM head are replicated: the lesson is about attention and experts.
+
+    from_hf_state_dict(config, sd, group=...)   rank r's model from a full transformers state dict
+    to_hf_state_dict(model)                     the full state dict back (t = 1)
+    generate(model, prompt, n)                  greedy, with the latent cache
+"""
+import torch
+from torch import nn
+
+from tp_from_scratch.nn.mappings import copy_to_tp_region, reduce_from_tp_region, tp_rank, tp_world_size
+from tp_from_scratch.sharding import check_divisible
+
+from .config import MoEConfig
+from .expert_parallel import LAYOUTS, moe_shard
+from .mla import LatentCache, ParallelMLA, RMSNorm
+from .moe import GatedFFN
+
+INFERENCE_LAYOUTS = ("experts on all tokens", "expert tensor parallel")  # tokens replicated
+
+
+def check_config(config, t):
+    """Refuse, by name, what the course cannot map, before any weight is built."""
+    MoEConfig.from_hf(config)  # routing method, scoring, activation
+    rope_type = config.rope_parameters.get("rope_type", "default")
+    if rope_type != "default":
+        raise ValueError(f"rope_type={rope_type!r} is not supported: the course implements plain RoPE "
+                         "(YaRN changes the angles and the attention scale)")
+    if config.q_lora_rank is None:
+        raise ValueError("q_lora_rank=None (a plain q_proj) is not supported: DeepSeek-V3 "
+                         "compresses queries too (q_lora_rank=1536)")
+    if config.attention_bias:
+        raise ValueError("attention_bias=True is not supported: DeepSeek-V3 has no attention biases")
+    check_divisible(config.num_attention_heads, t, "num_attention_heads")
+    check_divisible(config.intermediate_size, t, "intermediate_size (dense layers)")
+
+
+class ParallelGatedFFN(GatedFFN):
+    """The dense FFN, F/t wide on this rank: f, column-parallel gate and up, row-parallel down, g."""
+
+    def __init__(self, hidden, width, *, group):
+        super().__init__(hidden, width // tp_world_size(group))
+        self.group = group
+
+    def forward(self, x):
+        return reduce_from_tp_region(self.group, super().forward(copy_to_tp_region(self.group, x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, index, layout, *, group):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = ParallelMLA(config, index, group=group)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if index < config.first_k_dense_replace:
+            self.mlp = ParallelGatedFFN(config.hidden_size, config.intermediate_size, group=group)
+        else:
+            self.mlp = LAYOUTS[layout](MoEConfig.from_hf(config), group=group)
+
+    def forward(self, x, positions, cache=None):
+        x = x + self.self_attn(self.input_layernorm(x), positions, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class ParallelDeepseekV3(nn.Module):
+    """(B, T) token ids -> (B, T, V) logits, replicated on every rank of ``group``."""
+
+    def __init__(self, config, *, group, layout="experts on all tokens"):
+        super().__init__()
+        if layout not in INFERENCE_LAYOUTS:
+            raise ValueError(f"layout {layout!r}: the model holds every token on every rank, so one of "
+                             f"{INFERENCE_LAYOUTS}")
+        t = tp_world_size(group)
+        check_config(config, t)
+        self.config, self.group, self.layout = config, group, layout
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, layout, group=group)
+                                    for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, ids, cache=None):
+        past = cache.length() if cache is not None else 0
+        positions = torch.arange(past, past + ids.shape[1])
+        x = self.embed_tokens(ids)  # (B, T, H)
+        for layer in self.layers:
+            x = layer(x, positions, cache)
+        return self.lm_head(self.norm(x))
+
+
+# ---- transformers' names and layouts ------------------------------------------------------
+
+def hf_name(name):
+    """Our parameter name -> transformers' (everything but the LM head lives under 'model.')."""
+    return name if name.startswith("lm_head.") else f"model.{name}"
+
+
+def shard(name, full, config, layout, t, r):
+    """Rank r's part of the full tensor ``name`` (our name): heads, FFN columns, experts."""
+    heads_rows = ("self_attn.q_b_proj.weight", "self_attn.kv_b_proj.weight")
+    if name.endswith(heads_rows):  # (nh * per-head, rank): heads are contiguous rows
+        return full.chunk(t, dim=0)[r]
+    if name.endswith("self_attn.o_proj.weight"):  # (H, nh * v): this rank's heads' columns
+        return full.chunk(t, dim=1)[r]
+    if ".mlp." in name:
+        index = int(name.split(".")[1])
+        inner = name.split(".mlp.", 1)[1]
+        if index >= config.first_k_dense_replace:
+            return moe_shard(layout, inner, full, MoEConfig.from_hf(config), t, r)
+        return full.chunk(t, dim=1)[r] if inner == "down_proj.weight" else full.chunk(t, dim=0)[r]
+    return full
+
+
+def from_hf_state_dict(config, sd, *, group, layout="experts on all tokens", dtype=torch.float64):
+    """Rank r's ParallelDeepseekV3 holding its part of transformers' full state dict ``sd``."""
+    model = ParallelDeepseekV3(config, group=group, layout=layout).to(dtype)
+    t, r = tp_world_size(group), tp_rank(group)
+    missing = [hf_name(n) for n in model.state_dict() if hf_name(n) not in sd]
+    if missing:
+        raise ValueError(f"the state dict lacks {len(missing)} tensors the config needs, e.g. {missing[0]}")
+    model.load_state_dict({n: shard(n, sd[hf_name(n)], config, layout, t, r).to(dtype)
+                           for n in model.state_dict()})
+    return model
+
+
+def to_hf_state_dict(model):
+    """transformers' full state dict of a one-rank model (t = 1 holds every tensor whole)."""
+    if tp_world_size(model.group) != 1:
+        raise ValueError("to_hf_state_dict needs the whole model: build it at t=1 (from_hf_state_dict "
+                         "with a one-rank group) before exporting")
+    return {hf_name(n): v.detach().clone() for n, v in model.state_dict().items()}
+
+
+@torch.no_grad()
+def generate(model, prompt, new_tokens):
+    """Greedy decoding with the latent cache: (B, T0) -> (B, T0 + new_tokens). Returns
+    (ids, cache): the prompt runs once, then one token per step reads the cached latents."""
+    cache = LatentCache()
+    ids, logits = prompt, model(prompt, cache)
+    for _ in range(new_tokens):
+        nxt = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        ids = torch.cat([ids, nxt], dim=1)
+        logits = model(nxt, cache)
+    return ids, cache
