@@ -117,11 +117,12 @@ def test_bytes_on_the_wire_equal_the_formula(layout, t):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("nproc", [2, 4])
-def test_every_layout_under_torchrun_native_and_from_scratch(nproc):
+def test_every_layout_and_the_model_under_torchrun_native_and_from_scratch(nproc):
     result = run_command(torchrun_command(nproc, "tp_from_scratch.deepseek.checks", "--timeout", 90), timeout=200)
     passed = re.findall(r"rank (\d+): deepseek checks passed", result.stdout)
     assert result.returncode == 0 and sorted(map(int, passed)) == list(range(nproc)), result.stdout[-3000:]
     assert result.stdout.count("expert parallel (native)") == nproc, result.stdout[-3000:]
+    assert result.stdout.count("model with expert tensor parallel (scratch)") == nproc, result.stdout[-3000:]
 
 
 def test_load_per_rank_counts_every_pair_once():

@@ -1,4 +1,5 @@
-"""Each MoE layout against one device on any group: output, input gradient, every weight's gradient.
+"""Each MoE layout, and the whole DeepSeek-V3 model (MLA + MoE), against one device on any
+group: output, input gradient, every weight's gradient.
 
 Every rank builds the same single-device DeepSeekMoE and the same data from one seed, runs
 them, and compares its own share of every result through assert_matches_reference. The
@@ -13,6 +14,7 @@ import argparse
 import copy
 import sys
 import traceback
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -24,6 +26,7 @@ from tp_from_scratch.testing import random_array, rank_rng
 
 from .config import MoEConfig
 from .expert_parallel import LAYOUTS
+from .model import ParallelDeepseekV3, shard
 from .moe import DeepSeekMoE
 from .router import check_routing_margin, routing_margin
 
@@ -101,6 +104,54 @@ def check_layout(group, layout, reference, xs, dys):
     return sent, getattr(layer, "last_counts", None)
 
 
+def tiny_model_config():
+    """A DeepseekV3-shaped config (transformers' attribute names) for the checks, without
+    importing transformers into every launched process: 3 layers, the first dense."""
+    return SimpleNamespace(
+        vocab_size=67, hidden_size=32, intermediate_size=48, num_hidden_layers=3, first_k_dense_replace=1,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=6,
+        qk_rope_head_dim=4, v_head_dim=5, rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+        rope_interleave=True, rms_norm_eps=1e-6, attention_bias=False, hidden_act="silu",
+        moe_intermediate_size=12, n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2,
+        norm_topk_prob=True, routed_scaling_factor=2.5, n_shared_experts=2)
+
+
+def check_model(group, config, state, layout, ids, dlogits, reference):
+    """Rank r's ParallelDeepseekV3 (its share of the full ``state``) against ``reference``:
+    (logits, {name: gradient}) of the same model on one rank."""
+    t = dist.get_world_size(group) if isinstance(group, dist.ProcessGroup) else group.world_size
+    rank = dist.get_rank(group) if isinstance(group, dist.ProcessGroup) else group.rank
+    model = ParallelDeepseekV3(config, group=group, layout=layout).double()
+    model.load_state_dict({n: shard(n, v, config, layout, t, rank) for n, v in state.items()})
+    logits = model(ids)
+    (logits * dlogits).sum().backward()
+    ref_logits, ref_grads = reference
+    assert_matches_reference(logits, ref_logits, name=f"model logits ({layout})", rank=rank)
+    for name, p in model.named_parameters():
+        expected = shard(name, ref_grads[name], config, layout, t, rank)
+        assert_matches_reference(p.grad, expected, name=f"model grad {name} ({layout})", rank=rank)
+
+
+def model_reference(config, seed):
+    """(full state dict, ids, dlogits, (logits, gradients)) of a random model on one rank."""
+    from tp_from_scratch.comm import run_spmd
+
+    def one_rank(comm):
+        model = ParallelDeepseekV3(config, group=comm).double()
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(0.2 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+        ids = torch.randint(0, config.vocab_size, (2, 6), generator=g)
+        dlogits = torch.randn(2, 6, config.vocab_size, generator=g, dtype=torch.float64)
+        logits = model(ids)
+        (logits * dlogits).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        return model.state_dict(), ids, dlogits, (logits.detach(), grads)
+
+    return run_spmd(one_rank, 1)[0]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any collective may wait")
@@ -116,6 +167,12 @@ def main(argv=None):
             for name, group in (("native", world), ("scratch", scratch)):
                 check_layout(group, layout, reference, xs, dys)
                 done.append(f"{layout} ({name})")
+        config = tiny_model_config()
+        state, ids, dlogits, reference = model_reference(config, seed=t)
+        for layout in ("experts on all tokens", "expert tensor parallel"):
+            for name, group in (("native", world), ("scratch", scratch)):
+                check_model(group, config, state, layout, ids, dlogits, reference)
+                done.append(f"model with {layout} ({name})")
         sys.stdout.write(f"rank {rank}: deepseek checks passed: {'; '.join(done)}\n")
         sys.stdout.flush()
     except BaseException:  # bring the whole job down quickly; torchrun stops the other ranks
