@@ -109,3 +109,29 @@ def test_configs_and_degrees_the_course_cannot_map_are_named(change, t, match):
 def test_a_layout_that_splits_the_tokens_is_refused_for_the_model():
     with pytest.raises(SPMDError, match="the model holds every token on every rank"):
         run_spmd(lambda comm: from_hf_state_dict(deepseek_v3_config(), {}, group=comm, layout="expert parallel"), 1)
+
+
+def test_files_in_and_out_of_the_save_pretrained_format(tmp_path):
+    from transformers import DeepseekV3ForCausalLM
+    from tests.hf_models import float64_deepseek
+    from tp_from_scratch.deepseek.model import load_hf, save_hf
+    hf = deepseek_v3(seed=50)
+    hf.save_pretrained(tmp_path / "hf")
+    ids = ids_for(51, hf.config.vocab_size)
+    expected = hf(ids).logits.detach()
+    # in: two ranks read the files, each keeps its share
+    for r, logits in enumerate(run_spmd(lambda comm: load_hf(tmp_path / "hf", group=comm)(ids).detach(), 2)):
+        assert_matches_reference(logits, expected, name="logits of the imported model", rank=r)
+    # out: one rank writes them, transformers reads them back
+    run_spmd(lambda comm: save_hf(tmp_path / "ours", load_hf(tmp_path / "hf", group=comm)), 1)
+    back = DeepseekV3ForCausalLM.from_pretrained(tmp_path / "ours", experts_implementation="eager")
+    back = float64_deepseek(back.to(torch.float64).eval())  # the router is loaded in float32
+    assert_matches_reference(back(ids).logits.detach(), expected, name="logits after export")
+
+
+def test_a_checkpoint_of_another_model_type_is_named(tmp_path):
+    from tp_from_scratch.deepseek.model import config_from_hf
+    with pytest.raises(ValueError, match="model_type 'llama': only 'deepseek_v3'"):
+        config_from_hf({"model_type": "llama"})
+    with pytest.raises(ValueError, match="config.json lacks kv_lora_rank"):
+        config_from_hf({k: v for k, v in deepseek_v3_config().to_dict().items() if k != "kv_lora_rank"})

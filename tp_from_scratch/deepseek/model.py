@@ -7,8 +7,14 @@ Embedding, final norm and LM head are replicated: the lesson is about attention 
 
     from_hf_state_dict(config, sd, group=...)   rank r's model from a full transformers state dict
     to_hf_state_dict(model)                     the full state dict back (t = 1)
+    load_hf(path, group=...) / save_hf(directory, model)   the same from / to a save_pretrained
+                                                directory (files read by gpt.convert.read_hf)
     generate(model, prompt, n)                  greedy, with the latent cache
 """
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
 import torch
 from torch import nn
 
@@ -146,3 +152,84 @@ def generate(model, prompt, new_tokens):
         ids = torch.cat([ids, nxt], dim=1)
         logits = model(nxt, cache)
     return ids, cache
+
+
+# ---- files: a save_pretrained directory (config.json + safetensors) ----------------------
+
+FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "first_k_dense_replace",
+          "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+          "v_head_dim", "rms_norm_eps", "hidden_act", "moe_intermediate_size", "n_routed_experts",
+          "num_experts_per_tok", "n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor",
+          "n_shared_experts")
+
+
+def config_from_hf(hf):
+    """The model's config (transformers' attribute names) from a config.json dict, or a
+    ValueError naming the model type or the first missing field."""
+    if hf.get("model_type") != "deepseek_v3":
+        raise ValueError(f"model_type {hf.get('model_type')!r}: only 'deepseek_v3' checkpoints are supported here")
+    missing = [k for k in FIELDS if k not in hf]
+    if missing:
+        raise ValueError(f"config.json lacks {missing[0]} (and {len(missing) - 1} more DeepseekV3 fields)")
+    hf = dict(hf)
+    if "rope_parameters" not in hf:  # config.json files written before transformers 5
+        scaling = hf.get("rope_scaling") or {}
+        hf["rope_parameters"] = {"rope_theta": hf.get("rope_theta", 10000.0),
+                                 "rope_type": scaling.get("rope_type", scaling.get("type", "default"))}
+    hf.setdefault("rope_interleave", True)
+    hf.setdefault("attention_bias", False)
+    return SimpleNamespace(**hf)
+
+
+def _experts_prefixes(config):
+    return [f"model.layers.{i}.mlp.experts" for i in range(config.first_k_dense_replace, config.num_hidden_layers)]
+
+
+def stack_experts(sd, config):
+    """Files hold each expert apart (experts.e.{gate,up,down}_proj.weight, as DeepSeek-V3's own
+    checkpoint); transformers' modules (and ours) stack them: gate_up_proj (E, 2F, H) with gate
+    rows over up rows, down_proj (E, H, F). A new dict; ``sd`` is not modified."""
+    sd = dict(sd)
+    for prefix in _experts_prefixes(config):
+        if f"{prefix}.gate_up_proj" in sd:
+            continue
+        E = range(config.n_routed_experts)
+        gate_up = [torch.cat([sd.pop(f"{prefix}.{e}.gate_proj.weight"), sd.pop(f"{prefix}.{e}.up_proj.weight")])
+                   for e in E]
+        sd[f"{prefix}.gate_up_proj"] = torch.stack(gate_up)
+        sd[f"{prefix}.down_proj"] = torch.stack([sd.pop(f"{prefix}.{e}.down_proj.weight") for e in E])
+    return sd
+
+
+def unstack_experts(sd, config):
+    """The inverse of stack_experts: one gate, up and down weight per expert, for the files."""
+    sd = dict(sd)
+    for prefix in _experts_prefixes(config):
+        gate_up, down = sd.pop(f"{prefix}.gate_up_proj"), sd.pop(f"{prefix}.down_proj")
+        for e in range(config.n_routed_experts):
+            sd[f"{prefix}.{e}.gate_proj.weight"], sd[f"{prefix}.{e}.up_proj.weight"] = gate_up[e].chunk(2)
+            sd[f"{prefix}.{e}.down_proj.weight"] = down[e]
+    return sd
+
+
+def load_hf(path, *, group, layout="experts on all tokens", dtype=torch.float64):
+    """Rank r's model from a save_pretrained directory or .safetensors file (gpt.convert.read_hf)."""
+    from tp_from_scratch.gpt.convert import read_hf
+    hf, sd = read_hf(path)
+    config = config_from_hf(hf)
+    check_config(config, tp_world_size(group))  # before any tensor is touched
+    return from_hf_state_dict(config, stack_experts(sd, config), group=group, layout=layout, dtype=dtype)
+
+
+def save_hf(directory, model):
+    """A directory transformers' DeepseekV3ForCausalLM.from_pretrained reads: config.json and
+    model.safetensors, from a one-rank model."""
+    from safetensors.torch import save_file
+    sd = unstack_experts(to_hf_state_dict(model), model.config)
+    config = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(vars(model.config))
+    config["model_type"] = "deepseek_v3"
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(directory / "model.safetensors"),
+              metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
