@@ -15,7 +15,7 @@ from tests.hf_models import deepseek_moe, deepseek_v3_config
 from tp_from_scratch.comm import SPMDError, run_spmd
 from tp_from_scratch.comm.launchers import run_command, torchrun_command
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.deepseek import (LAYOUTS, DeepSeekMoE, ExpertParallelMoE, MoEConfig,
+from tp_from_scratch.deepseek import (LAYOUTS, DeepSeekMoE, MoEConfig,
                                       all_reduce_bytes_sent, check_routing_margin, ep_bytes_sent,
                                       route, routing_margin, tokens_per_rank)
 from tp_from_scratch.deepseek.checks import check_layout, layout_data

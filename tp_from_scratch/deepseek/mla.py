@@ -28,7 +28,7 @@ import math
 import torch
 from torch import nn
 
-from tp_from_scratch.nn.mappings import copy_to_tp_region, reduce_from_tp_region, tp_rank, tp_world_size
+from tp_from_scratch.nn.mappings import copy_to_tp_region, reduce_from_tp_region, tp_world_size
 from tp_from_scratch.sharding import check_divisible
 
 
