@@ -155,5 +155,9 @@ def test_a_rank_whose_experts_nobody_chose_still_takes_part(impl):
 
 def test_an_expert_count_the_ranks_do_not_divide_is_named(impl):
     xs, scores, bias, W = problem(180, 3, 4, 2)
-    with pytest.raises(SPMDError, match=r"n_experts.*4.*3|n_experts"):
+    with pytest.raises(SPMDError) as info:
         spmd(lambda comm: impl.dispatch(comm, xs[comm.rank], scores[comm.rank][:, :4], bias[:4], 2, 4), 3)
+    if isinstance(info.value.error, NotImplementedError):
+        raise info.value.error  # a stub: "not yet", not a wrong error
+    assert isinstance(info.value.error, ValueError) and "n_experts" in str(info.value.error), (
+        f"4 experts on 3 ranks must raise a ValueError naming n_experts, got {info.value.error!r}")
