@@ -177,3 +177,44 @@ def test_a_near_tie_is_refused_by_the_margin_check():
     assert tied < 1e-12
     with pytest.raises(ValueError, match="routing near-tie"):
         check_routing_margin(tied, torch.float64)
+
+
+# ---- training: a few SGD steps, each step's loss equal to one device ------------------------
+
+def _sgd_losses(model, xs, targets, steps, lr):
+    """Per step: (loss of these tokens, routing margin of these tokens), then an SGD step."""
+    out = []
+    for _ in range(steps):
+        x = torch.cat(xs) if isinstance(xs, list) else xs
+        margin = routing_margin(x, model.gate.weight.detach(), model.gate.e_score_correction_bias, model.config)
+        model.zero_grad()
+        loss = 0.5 * ((model(x) - targets) ** 2).sum()
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad
+        out.append((loss.detach(), margin))
+    return out
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_three_sgd_steps_give_one_devices_losses(layout):
+    t, steps, lr = 2, 3, 0.02
+    _, reference = hf_and_ours(t, seed=80)
+    xs, targets = layout_data(layout, t, reference.config.hidden_size, seed=81)
+
+    def rank(comm):
+        layer = LAYOUTS[layout].from_module(reference, group=comm)
+        return _sgd_losses(layer, xs[comm.rank], targets[comm.rank], steps, lr)
+
+    per_rank = run_spmd(rank, t)
+    ep = layout == "expert parallel"
+    full_x, full_target = (torch.cat(xs), torch.cat(targets)) if ep else (xs[0], targets[0])
+    expected = _sgd_losses(reference, full_x, full_target, steps, lr)  # the reference itself steps
+    for step, (loss_ref, margin) in enumerate(expected):
+        check_routing_margin(margin, torch.float64)  # no near-tie anywhere on the way
+        # at this point the step's loss must be one device's: EP adds its ranks' own tokens
+        losses = [per_rank[r][step][0] for r in range(t)]
+        got = [sum(losses)] if ep else losses
+        for r, loss in enumerate(got):
+            assert_matches_reference(loss, loss_ref, name=f"{layout} loss at step {step}", rank=r)
