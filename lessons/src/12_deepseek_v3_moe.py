@@ -56,6 +56,7 @@ from tp_from_scratch.deepseek import (LAYOUTS, MoEConfig, all_reduce_bytes_sent,
 from tp_from_scratch.deepseek.checks import TINY, check_layout, layout_data, random_moe
 from tp_from_scratch.deepseek.mla import cache_bytes_per_token
 from tp_from_scratch.deepseek.model import ParallelDeepseekV3, generate
+from tp_from_scratch.gpt.model import GPTConfig, KVCache, TensorParallelGPT
 from tp_from_scratch.gpt.text import text_batch
 from tp_from_scratch.plots import device_color, draw_matrix
 from tp_from_scratch.testing import random_array, rank_rng
@@ -207,9 +208,11 @@ Generation caches, per token and layer, what later tokens attend to. MHA caches 
 heads; a rank with nh/t heads caches 1/t of them. MLA caches the latent $[c_{kv} \mid
 \text{RoPE}(k_{rope})]$, kv_lora + rope numbers, from which each rank expands **its own** heads'
 keys and values every step. The latent is not split by heads, so **every rank caches all of it,
-whatever t**. Below: the course's model generates greedily with the latent cache at t = 1, 2, 4
+whatever t**, while a GQA rank caches max(n_kv/t, 1) KV heads (a KV head cannot be split).
+Below: the course's model generates greedily with the latent cache at t = 1, 2, 4
 (the same tokens on every rank and at every t — `tests/test_deepseek_model.py` checks them
-against transformers' `generate`), and the cache is measured."""),
+against transformers' `generate`), and the cache is measured, beside the KV cache of Lesson
+6's Llama-style GPT of the same width (H = 32, 4 heads)."""),
     new_code_cell("""config = DeepseekV3Config(vocab_size=67, hidden_size=32, intermediate_size=48, moe_intermediate_size=12,
                           num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=4, q_lora_rank=16,
                           kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5, n_routed_experts=8,
@@ -229,12 +232,21 @@ def generate_on(comm):
     ids, cache = generate(ranked, prompt, 8)
     return ids, cache.nbytes() / (cache.length() * len(cache.layers))
 
-print(f"{'t':>2s} {'MLA, measured':>14s} {'MHA, formula':>13s}   bytes per token, per layer, per rank (float64)")
+def gpt_cache_on(comm, n_kv_heads):       # Lesson 6's Llama-style GPT of the same width: H = 32, 4 heads
+    gpt_config = GPTConfig(arch="llama", hidden=32, n_heads=4, n_kv_heads=n_kv_heads, n_layers=2)
+    gpt, cache = TensorParallelGPT(gpt_config, group=comm, dtype=torch.float64), KVCache(2)
+    with torch.no_grad():
+        gpt(prompt, cache=cache)
+    return sum(x.numel() * x.element_size() for x in cache.k + cache.v) / (len(cache) * 2)
+
+print(f"{'t':>2s} {'MLA':>6s} {'MHA (4 KV heads)':>17s} {'GQA (2 KV heads)':>17s}   bytes per token, per layer, "
+      "per rank, measured (float64)")
 for t in (1, 2, 4):
     out = run_spmd(generate_on, t)
     assert all(torch.equal(ids, out[0][0]) for ids, _ in out)
     assert out[0][1] == cache_bytes_per_token(config, t, 8, "mla")
-    print(f"{t:2d} {out[0][1]:14.0f} {cache_bytes_per_token(config, t, 8, 'mha'):13d}")
+    mha, gqa = (run_spmd(gpt_cache_on, t, n)[0] for n in (4, 2))
+    print(f"{t:2d} {out[0][1]:6.0f} {mha:17.0f} {gqa:17.0f}")
 print("tokens:", out[0][0].tolist())"""),
     new_markdown_cell(r"""At DeepSeek-V3's size (bf16, 61 layers) the same formulas give:"""),
     new_code_cell("""v3 = DeepseekV3Config()                             # the defaults are DeepSeek-V3's own sizes
