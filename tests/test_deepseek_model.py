@@ -135,3 +135,44 @@ def test_a_checkpoint_of_another_model_type_is_named(tmp_path):
         config_from_hf({"model_type": "llama"})
     with pytest.raises(ValueError, match="config.json lacks kv_lora_rank"):
         config_from_hf({k: v for k, v in deepseek_v3_config().to_dict().items() if k != "kv_lora_rank"})
+
+
+# ---- training on real text: every step's loss equal to transformers' --------------------------
+
+def _sgd(model, batches, lr, forward):
+    """(loss per step) of plain SGD on next-byte cross-entropy."""
+    losses = []
+    for ids in batches:
+        model.zero_grad()
+        logits = forward(model, ids[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad
+        losses.append(loss.detach())
+    return losses
+
+
+@pytest.mark.parametrize("t", [2])
+def test_three_sgd_steps_on_text_give_transformers_losses(t):
+    from tp_from_scratch.gpt.text import VOCAB_SIZE, text_batch
+    hf = deepseek_v3(seed=60, vocab_size=VOCAB_SIZE)
+    batches = [text_batch(step, 2, 8, seed=61)[0] for step in range(3)]
+    sd = {k: v.clone() for k, v in hf.state_dict().items()}
+    lr = 0.05
+
+    def margins(module, inputs, output):  # every router, every step: no near-tie on the way
+        h = inputs[0].detach().reshape(-1, hf.config.hidden_size)
+        check_routing_margin(routing_margin(h, module.weight, module.e_score_correction_bias,
+                                            MoEConfig.from_hf(hf.config)), h.dtype)
+
+    for m in hf.modules():
+        if type(m).__name__ == "DeepseekV3TopkRouter":
+            m.register_forward_hook(margins)
+    expected = _sgd(hf, batches, lr, lambda model, ids: model(ids).logits)
+    per_rank = run_spmd(lambda comm: _sgd(from_hf_state_dict(hf.config, sd, group=comm), batches, lr,
+                                          lambda model, ids: model(ids)), t)
+    for r, losses in enumerate(per_rank):
+        for step, (loss, loss_ref) in enumerate(zip(losses, expected)):
+            assert_matches_reference(loss, loss_ref, name=f"loss at step {step}", rank=r)
