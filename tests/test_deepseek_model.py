@@ -106,9 +106,32 @@ def test_configs_and_degrees_the_course_cannot_map_are_named(change, t, match):
         check_config(config, t)
 
 
-def test_a_layout_that_splits_the_tokens_is_refused_for_the_model():
-    with pytest.raises(SPMDError, match="the model holds every token on every rank"):
-        run_spmd(lambda comm: from_hf_state_dict(deepseek_v3_config(), {}, group=comm, layout="expert parallel"), 1)
+def test_an_unknown_layout_is_refused_for_the_model():
+    with pytest.raises(SPMDError, match="layout 'pipeline' is not one of"):
+        run_spmd(lambda comm: from_hf_state_dict(deepseek_v3_config(), {}, group=comm, layout="pipeline"), 1)
+
+
+def _ep_rank(comm, config, sd, ids, dlogits):
+    model = from_hf_state_dict(config, sd, group=comm, layout="expert parallel")
+    logits = model(ids[comm.rank])
+    (logits * dlogits[comm.rank]).sum().backward()
+    model.sum_replicated_gradients()  # data parallelism's all-reduce, after backward
+    return logits.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_expert_parallel_training_layout_equals_transformers(t):
+    # DeepSeek-V3's own: each rank its own sequences, attention whole, experts spread
+    hf = deepseek_v3(seed=70 + t)
+    V = hf.config.vocab_size
+    ids = [ids_for(71 + r, V, (1, 7)) for r in range(t)]
+    dlogits = [torch.tensor(rank_rng(80, r).standard_normal((1, 7, V))) for r in range(t)]
+    logits_ref, grads_ref = reference_run(hf, torch.cat(ids), torch.cat(dlogits))
+    for r, (logits, grads) in enumerate(run_spmd(_ep_rank, t, hf.config, hf.state_dict(), ids, dlogits)):
+        assert_matches_reference(logits, logits_ref[r:r + 1], name="logits of this rank's sequence", rank=r)
+        for name, g in grads.items():
+            expected = shard(name, grads_ref[hf_name(name)], hf.config, "expert parallel", t, r)
+            assert_matches_reference(g, expected, name=f"grad {name}", rank=r)
 
 
 def test_files_in_and_out_of_the_save_pretrained_format(tmp_path):

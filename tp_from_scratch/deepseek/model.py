@@ -1,6 +1,11 @@
-"""DeepSeek-V3 on t ranks: MLA heads split (Lesson 4's column/row pattern), dense FFNs in the
-first ``first_k_dense_replace`` layers split likewise, DeepSeekMoE in the others (tokens
-replicated, so the inference layouts: experts on all tokens, or expert tensor parallel).
+"""DeepSeek-V3 on t ranks, two ways:
+
+* tensor parallel (serving): every rank holds every token; MLA heads split (Lesson 4's
+  column/row pattern), the dense FFNs of the first ``first_k_dense_replace`` layers split
+  likewise, DeepSeekMoE in an inference layout ("experts on all tokens" or "expert tensor parallel");
+* "expert parallel" (DeepSeek-V3's training): every rank its own tokens; attention, dense
+  FFNs, embedding and head whole on every rank (data parallel: their gradients summed over
+  the ranks after backward, ``sum_replicated_gradients``), only the routed experts spread.
 
 Equal to transformers' DeepseekV3ForCausalLM with the same weights (tests/test_deepseek_model.py).
 Embedding, final norm and LM head are replicated: the lesson is about attention and experts.
@@ -18,7 +23,8 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from tp_from_scratch.nn.mappings import copy_to_tp_region, reduce_from_tp_region, tp_rank, tp_world_size
+from tp_from_scratch.comm import Comm
+from tp_from_scratch.nn.mappings import all_reduce, copy_to_tp_region, reduce_from_tp_region, tp_rank, tp_world_size
 from tp_from_scratch.sharding import check_divisible
 
 from .config import MoEConfig
@@ -27,6 +33,7 @@ from .mla import LatentCache, ParallelMLA, RMSNorm
 from .moe import GatedFFN
 
 INFERENCE_LAYOUTS = ("experts on all tokens", "expert tensor parallel")  # tokens replicated
+MODEL_LAYOUTS = INFERENCE_LAYOUTS + ("expert parallel",)
 
 
 def check_config(config, t):
@@ -59,11 +66,13 @@ class ParallelGatedFFN(GatedFFN):
 class DecoderLayer(nn.Module):
     def __init__(self, config, index, layout, *, group):
         super().__init__()
+        # under expert parallelism attention and dense FFNs are whole: a group of one rank
+        whole = Comm(0, 1) if layout == "expert parallel" else group
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = ParallelMLA(config, index, group=group)
+        self.self_attn = ParallelMLA(config, index, group=whole)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if index < config.first_k_dense_replace:
-            self.mlp = ParallelGatedFFN(config.hidden_size, config.intermediate_size, group=group)
+            self.mlp = ParallelGatedFFN(config.hidden_size, config.intermediate_size, group=whole)
         else:
             self.mlp = LAYOUTS[layout](MoEConfig.from_hf(config), group=group)
 
@@ -77,11 +86,10 @@ class ParallelDeepseekV3(nn.Module):
 
     def __init__(self, config, *, group, layout="experts on all tokens"):
         super().__init__()
-        if layout not in INFERENCE_LAYOUTS:
-            raise ValueError(f"layout {layout!r}: the model holds every token on every rank, so one of "
-                             f"{INFERENCE_LAYOUTS}")
+        if layout not in MODEL_LAYOUTS:
+            raise ValueError(f"layout {layout!r} is not one of {MODEL_LAYOUTS}")
         t = tp_world_size(group)
-        check_config(config, t)
+        check_config(config, 1 if layout == "expert parallel" else t)
         self.config, self.group, self.layout = config, group, layout
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i, layout, group=group)
@@ -97,6 +105,18 @@ class ParallelDeepseekV3(nn.Module):
             x = layer(x, positions, cache)
         return self.lm_head(self.norm(x))
 
+    def replicated_parameters(self):
+        """Under expert parallelism, the parameters every rank holds whole and uses on its own
+        tokens only (all but the MoE layers', whose router and shared experts sum their own)."""
+        if self.layout != "expert parallel":
+            return []
+        return [p for name, p in self.named_parameters() if not _in_moe_layer(name, self.config)]
+
+    def sum_replicated_gradients(self):
+        """Data parallelism's all-reduce after backward: each replicated gradient summed over the ranks."""
+        for p in self.replicated_parameters():
+            p.grad = all_reduce(self.group, p.grad)
+
 
 # ---- transformers' names and layouts ------------------------------------------------------
 
@@ -105,8 +125,14 @@ def hf_name(name):
     return name if name.startswith("lm_head.") else f"model.{name}"
 
 
+def _in_moe_layer(name, config):
+    return ".mlp." in name and int(name.split(".")[1]) >= config.first_k_dense_replace
+
+
 def shard(name, full, config, layout, t, r):
     """Rank r's part of the full tensor ``name`` (our name): heads, FFN columns, experts."""
+    if layout == "expert parallel" and not _in_moe_layer(name, config):
+        return full  # whole on every rank
     heads_rows = ("self_attn.q_b_proj.weight", "self_attn.kv_b_proj.weight")
     if name.endswith(heads_rows):  # (nh * per-head, rank): heads are contiguous rows
         return full.chunk(t, dim=0)[r]
