@@ -35,7 +35,10 @@ Where things are (`tp_from_scratch/deepseek/`):
 * `router.py` the router and its margin; `moe.py` the layer on one device;
 * `expert_parallel.py` the three ways to run it on t ranks, and their traffic;
 * `mla.py` MLA with heads split and its latent cache; `model.py` the whole model, equal to
-  transformers' `DeepseekV3ForCausalLM` (`tests/test_deepseek_model.py`);
+  transformers' `DeepseekV3ForCausalLM` (`tests/test_deepseek_model.py`) in two layouts: tensor
+  parallel, as served (heads split, experts in an inference layout), and expert parallel, as
+  trained (each rank its own sequences, attention whole with its gradients summed as in data
+  parallelism, the experts spread over the all-to-all);
 * `checks.py`: every layout against one device, also under
   `.venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.deepseek.checks`."""),
     new_code_cell("""import sys
