@@ -199,3 +199,9 @@ def test_three_sgd_steps_on_text_give_transformers_losses(t):
     for r, losses in enumerate(per_rank):
         for step, (loss, loss_ref) in enumerate(zip(losses, expected)):
             assert_matches_reference(loss, loss_ref, name=f"loss at step {step}", rank=r)
+
+
+def test_ranks_that_do_not_divide_the_experts_are_named_for_expert_parallelism():
+    hf = deepseek_v3(seed=90)
+    with pytest.raises(SPMDError, match=r"n_routed_experts \(for expert parallelism\) 8 is not divisible by tp=3"):
+        run_spmd(lambda comm: from_hf_state_dict(hf.config, hf.state_dict(), group=comm, layout="expert parallel"), 3)
