@@ -91,11 +91,12 @@ class ExpertParallelMoE(_Sharded):
         order = torch.argsort(expert, stable=True)  # by expert, hence by the rank that owns it
         token, expert, weight = token[order], expert[order], weight[order]
         counts = dispatch_counts(expert, self.config.n_routed_experts, self.t)  # (t, E/t)
-        arriving = exchange_counts(g, counts.numpy())  # (t, E/t): what each source sends here
+        arriving = exchange_counts(g, counts.cpu().numpy())  # (t, E/t): what each source sends here
         self.last_counts = counts
         send, recv = counts.sum(1).tolist(), arriving.sum(1).tolist()
         received = all_to_all(g, flat[token], send, recv)  # (M_r, H): from each source, by expert
         local_expert = torch.arange(self.n_local).repeat(self.t).repeat_interleave(arriving.reshape(-1))
+        local_expert = local_expert.to(flat.device)
         out = expert_rows(received, local_expert, self.experts.gate_up_proj, self.experts.down_proj)
         back = all_to_all(g, out, recv, send)  # (N_r k, H), in the order the rows left
         y = combine(flat.shape[0], token, weight, back) + _replicated_ffn(g, self.shared_experts, flat)
