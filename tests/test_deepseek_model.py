@@ -13,8 +13,8 @@ from tests.hf_models import deepseek_v3, deepseek_v3_config
 from tp_from_scratch.comm import SPMDError, run_spmd
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.deepseek.mla import cache_bytes_per_token
-from tp_from_scratch.deepseek.model import (INFERENCE_LAYOUTS, check_config, from_hf_state_dict, generate,
-                                            hf_name, shard, to_hf_state_dict)
+from tp_from_scratch.deepseek.model import (INFERENCE_LAYOUTS, ParallelDeepseekV3, check_config,
+                                            from_hf_state_dict, generate, hf_name, shard, to_hf_state_dict)
 from tp_from_scratch.deepseek import MoEConfig, check_routing_margin, routing_margin
 from tp_from_scratch.testing import rank_rng
 
@@ -160,30 +160,29 @@ def test_a_checkpoint_of_another_model_type_is_named(tmp_path):
         config_from_hf({k: v for k, v in deepseek_v3_config().to_dict().items() if k != "kv_lora_rank"})
 
 
-# ---- training on real text: every step's loss equal to transformers' --------------------------
+# ---- training on real text through THE training step: every step's loss equal to transformers' ----
 
-def _sgd(model, batches, lr, forward):
-    """(loss per step) of plain SGD on next-byte cross-entropy."""
-    losses = []
-    for ids in batches:
-        model.zero_grad()
-        logits = forward(model, ids[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+def _next_byte_loss(forward, n_tokens):
+    """run_batch for gpt.train.train_step: cross-entropy summed over these tokens / all tokens of
+    the step, so that under expert parallelism the ranks' losses (and gradients) add up to the mean."""
+    def run_batch(model, x, y):
+        logits = forward(model, x)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                                 reduction="sum") / n_tokens
         loss.backward()
-        with torch.no_grad():
-            for p in model.parameters():
-                p -= lr * p.grad
-        losses.append(loss.detach())
-    return losses
+        return loss
+    return run_batch
 
 
-@pytest.mark.parametrize("t", [2])
-def test_three_sgd_steps_on_text_give_transformers_losses(t):
+@pytest.mark.parametrize("layout", ["experts on all tokens", "expert parallel"])
+def test_three_training_steps_on_text_give_transformers_losses(layout):
     from tp_from_scratch.gpt.text import VOCAB_SIZE, text_batch
+    from tp_from_scratch.gpt.train import train_step
+    t, lr = 2, 0.05
     hf = deepseek_v3(seed=60, vocab_size=VOCAB_SIZE)
-    batches = [text_batch(step, 2, 8, seed=61)[0] for step in range(3)]
+    batches = [text_batch(step, 2, 8, seed=61)[0] for step in range(3)]  # (2, 9): 2 sequences of 8 + 1
+    n_tokens = 2 * 8
     sd = {k: v.clone() for k, v in hf.state_dict().items()}
-    lr = 0.05
 
     def margins(module, inputs, output):  # every router, every step: no near-tie on the way
         h = inputs[0].detach().reshape(-1, hf.config.hidden_size)
@@ -193,12 +192,24 @@ def test_three_sgd_steps_on_text_give_transformers_losses(t):
     for m in hf.modules():
         if type(m).__name__ == "DeepseekV3TopkRouter":
             m.register_forward_hook(margins)
-    expected = _sgd(hf, batches, lr, lambda model, ids: model(ids).logits)
-    per_rank = run_spmd(lambda comm: _sgd(from_hf_state_dict(hf.config, sd, group=comm), batches, lr,
-                                          lambda model, ids: model(ids)), t)
-    for r, losses in enumerate(per_rank):
-        for step, (loss, loss_ref) in enumerate(zip(losses, expected)):
-            assert_matches_reference(loss, loss_ref, name=f"loss at step {step}", rank=r)
+    hf_step = _next_byte_loss(lambda model, x: model(x).logits, n_tokens)
+    optimizer = torch.optim.SGD(hf.parameters(), lr=lr)
+    expected = [train_step(hf, optimizer, ids[:, :-1], ids[:, 1:], run_batch=hf_step) for ids in batches]
+
+    def rank(comm):
+        model = from_hf_state_dict(hf.config, sd, group=comm, layout=layout)
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        run_batch = _next_byte_loss(lambda m, x: m(x), n_tokens)
+        mine = (lambda ids: ids[comm.rank:comm.rank + 1]) if layout == "expert parallel" else (lambda ids: ids)
+        return [train_step(model, optimizer, mine(ids)[:, :-1], mine(ids)[:, 1:], run_batch=run_batch,
+                           after_backward=ParallelDeepseekV3.sum_replicated_gradients) for ids in batches]
+
+    per_rank = run_spmd(rank, t)
+    for step, loss_ref in enumerate(expected):
+        # at this point the step's loss must be transformers': expert parallelism adds its ranks' shares
+        losses = [per_rank[r][step] for r in range(t)]
+        for r, loss in enumerate([sum(losses)] if layout == "expert parallel" else losses):
+            assert_matches_reference(loss, loss_ref, name=f"{layout} loss at step {step}", rank=r)
 
 
 def test_ranks_that_do_not_divide_the_experts_are_named_for_expert_parallelism():
