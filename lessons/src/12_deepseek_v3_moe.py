@@ -272,7 +272,7 @@ ranks is cheap."""),
 Per token of the batch and layer, forward, bf16 (b = 2), H = 7168; node-limited routing sends a
 token to at most 4 nodes (one copy per node, forwarded inside the node over NVLink):"""),
     new_code_cell("""H, b, k, nodes_per_token = 7168, 2, 8, 4
-tp8 = 8 * 2 * 2 * 7 / 8 * H * b            # 8 ranks hold the token; 2 all-reduces per layer (attention, FFN)
+tp8 = 8 * 2 * all_reduce_bytes_sent(H, 8, 0, b)  # 8 ranks hold the token; 2 all-reduces per layer (attention, FFN)
 ep = 2 * nodes_per_token * H * b            # dispatch + combine across InfiniBand, one copy per node
 # a GPU's share of the batch is the same either way; under TP each of its tokens is also on 7 other GPUs
 print(f"TP = 8 on NVLink (160 GB/s per GPU):  {tp8 / 1e3:6.1f} KB per token per layer, "
