@@ -35,6 +35,7 @@ EXPECTED_TESTS = {
     "ex08": 27,
     "ex10": 38,
     "ex11": 67,
+    "ex12": 23,
 }
 
 # known-wrong implementations whose first failure must carry a targeted hint (a substring of it)

@@ -22,6 +22,7 @@ LESSON = {
     "partial_sync": 8,                          # Lesson 8: partially synchronized activations
     "overlap": 10,                              # Lesson 10: hiding and shrinking communication
     "parallelisms": 11,                         # Lesson 11: TP beside DDP, ZeRO and pipelines
+    "deepseek": 12,                             # Lesson 12: DeepSeek-V3, TP meets mixture-of-experts
 }
 TOOLING = {"tools", "bench", "demos", "verify"}  # may import any lesson; no lesson imports them
 MAX_TOP_LEVEL_MODULES = 8
