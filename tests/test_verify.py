@@ -293,7 +293,7 @@ def launched(tmp_path_factory):
     # docs/verify.md's complete from-scratch adapter, exactly as printed there
     doc = (REPO / "docs" / "verify.md").read_text()
     (tmp / "mytp.py").write_text(doc.split("```python\n", 1)[1].split("```", 1)[0])
-    ours, mytp = "tp_from_scratch.verify.ours:ADAPTER", f"{tmp / 'mytp.py'}:ADAPTER"
+    mytp = f"{tmp / 'mytp.py'}:ADAPTER"
     launches = {
         # two TP groups of 2 on 4 processes, different data in each
         # (float64 only: the float32 rows fail alike, docs/verify.md; ours runs both simulated)

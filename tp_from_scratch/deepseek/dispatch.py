@@ -43,7 +43,7 @@ def dispatch(comm, x, scores, bias, k, n_experts):
     scores (N, E): router affinities; bias (E,): the selection bias. Returns (rows (M, H),
     local_expert (M,) in [0, E/t), plan). x, scores and bias are not modified.
     """
-    t, r = comm.world_size, comm.rank
+    t = comm.world_size
     check_divisible(n_experts, t, "n_experts")
     experts = choose_experts(scores, bias, k)  # (N, k)
     pair_expert = experts.reshape(-1)  # (N k,): token n's j-th pair at n k + j
