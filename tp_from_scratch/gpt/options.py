@@ -43,6 +43,25 @@ def existing_path(flag, path):
     return f"{flag} {path}: no such file or directory"
 
 
+def file_to_write(flag, path):
+    """A file a flag will write: not an existing directory, in a directory that exists."""
+    if path is None:
+        return None
+    path = Path(path)
+    if path.is_dir():
+        return f"{flag} {path} is a directory, not a file to write"
+    if not path.parent.is_dir():
+        return f"{flag} {path}: its directory {path.parent} does not exist"
+    return None
+
+
+def directory_to_write(flag, path):
+    """A directory a flag will write into (created if missing): not an existing file."""
+    if path is None or not Path(path).exists() or Path(path).is_dir():
+        return None
+    return f"{flag} {path} is a file, not a directory to write into"
+
+
 def json_file(flag, path):
     """(the parsed JSON, None) or (None, a sentence naming the file and what is wrong)."""
     problem = existing_path(flag, path)
