@@ -255,12 +255,12 @@ def from_hf(sd, config, where="the checkpoint"):
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def check_weights(full, config, where):
-    """Refuse a single-device state dict that lacks one of ``config``'s tensors, holds another,
-    or holds one of another shape, naming the tensor (before a model is built from it)."""
+def gpt_from_weights(config, full, where):
+    """A single-device GPT (eval mode) holding the state dict ``full``; a tensor of ``config``'s
+    model missing from it, one more, or one of another shape is refused naming the tensor."""
     config.validate()
-    with torch.device("meta"):                               # shapes only: no memory, no init
-        want = {k: tuple(v.shape) for k, v in GPT(config).state_dict().items()}
+    model = GPT(config).to(next(iter(full.values())).dtype)
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     for name, shape in want.items():
         if name not in full:
             raise ConversionError(f"{where} has no tensor {name!r}")
@@ -270,6 +270,8 @@ def check_weights(full, config, where):
     extra = sorted(set(full) - set(want))
     if extra:
         raise ConversionError(f"{where} holds {len(extra)} tensors the model has no place for, e.g. {extra[:3]}")
+    model.load_state_dict(full)
+    return model.eval()
 
 
 def to_hf(sd, config):
@@ -417,7 +419,6 @@ def load_hf(path, config_path=None, dtype=None):
     config = config_from_hf(hf, str(config_path_of(path, config_path)))
     config = tie_as_transformers(sd, config, where)
     full = from_hf(sd, config, where)
-    check_weights(full, config, where)
     if dtype is not None:
         full = {k: v.to(dtype) for k, v in full.items()}
     return config, full
@@ -471,9 +472,8 @@ def run(args):
     if args.cmd == "import":
         config, full = load_hf(args.source, args.config, getattr(torch, args.dtype))
         n = sum(v.numel() for v in full.values())
+        model = gpt_from_weights(config, full, args.source)   # every tensor in place, of its shape
         if args.single:
-            model = GPT(config).to(getattr(torch, args.dtype))
-            model.load_state_dict(full)
             ckpt.save_single_device(model, args.single)
             print(f"wrote {args.single}: {config.arch}, {n:,} parameters")
         else:

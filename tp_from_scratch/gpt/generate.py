@@ -117,17 +117,17 @@ def generate(model, prompt, new_tokens, *, sample=False, seed=0, temperature=1.0
 
 
 def load_model(args):
-    """(config, full state dict, end-of-sequence ids) from --load (ours) or --hf (a Hugging Face
-    directory); a state dict that lacks a tensor, or holds one of another shape, is refused
+    """(single-device GPT, end-of-sequence ids) from --load (ours) or --hf (a Hugging Face
+    directory); a checkpoint that lacks a tensor, or holds one of another shape, is refused
     naming it. The eos ids are the Hugging Face config's (an import --out records them)."""
     dtype = getattr(torch, args.dtype)
     if args.hf:
         config, full = convert.load_hf(args.hf, dtype=dtype)
-        return config, full, convert.read_eos_ids(args.hf)
+        return convert.gpt_from_weights(config, full, args.hf), convert.read_eos_ids(args.hf)
     loaded = ckpt.load_full(args.load)
-    convert.check_weights(loaded["model"], loaded["config"], args.load)
+    full = {k: v.to(dtype) for k, v in loaded["model"].items()}
     eos_ids = tuple(loaded["meta"].get("eos_token_ids", ()))
-    return loaded["config"], {k: v.to(dtype) for k, v in loaded["model"].items()}, eos_ids
+    return convert.gpt_from_weights(loaded["config"], full, args.load), eos_ids
 
 
 def single_device(config, full):
@@ -163,18 +163,19 @@ def parse_prompt(text, config, seed, as_text=None):
 
 def stopped_at_eos(ids, prompt, eos_ids):
     """The note printed after a generation that ended at an end-of-sequence id, else ''."""
-    last = ids[0, -1].item()
-    if ids.shape[1] == prompt.shape[1] or last not in eos_ids:
+    last, n = ids[0, -1].item(), ids.shape[1] - prompt.shape[1]
+    if n == 0 or last not in eos_ids:
         return ""
-    return (f" (stopped at the end-of-sequence id {last} after {ids.shape[1] - prompt.shape[1]} new tokens; "
+    return (f" (stopped at the end-of-sequence id {last} after {n} new token{'s' * (n > 1)}; "
             f"--ignore-eos keeps going)")
 
 
 def run_generate(args, group, rank, tp):
-    config, full, eos_ids = load_model(args)
+    single, eos_ids = load_model(args)
+    config = single.config
     config.validate(tp)
-    model = (gpt_to_tp(group, full, config) if tp > 1 else single_device(config, full)).eval()
-    reference = single_device(config, full) if args.compare_single and rank == 0 else None
+    model = gpt_to_tp(group, single).eval() if tp > 1 else single
+    reference = single if args.compare_single and rank == 0 else None
     eos_ids = () if args.ignore_eos else eos_ids
     status = 0
     for i, text in enumerate(args.text or [None]):     # one generation per --text prompt, seed + i
