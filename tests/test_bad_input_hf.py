@@ -98,7 +98,12 @@ def test_config_that_is_not_json_is_refused_naming_the_file(fixtures, tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("arch, key", [(arch, key) for arch in ("gpt2", "llama") for key in convert.REQUIRED[arch]])
+SIZES = {"gpt2": ("vocab_size", "n_positions", "n_layer", "n_embd", "n_head"),
+         "llama": ("vocab_size", "max_position_embeddings", "num_hidden_layers", "hidden_size",
+                   "num_attention_heads", "intermediate_size")}
+
+
+@pytest.mark.parametrize("arch, key", [(arch, key) for arch, keys in SIZES.items() for key in keys])
 def test_config_without_a_required_key_is_refused_naming_key_and_file(arch, key, fixtures, tmp_path, capsys):  # F10
     hf = copy_of(fixtures, arch, tmp_path)
     edit_config(hf, **{key: None})

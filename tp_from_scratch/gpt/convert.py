@@ -1,11 +1,11 @@
 """Hugging Face checkpoints in and out: GPT2LMHeadModel and LlamaForCausalLM <-> our GPT.
 
     # a downloaded GPT-2 small (config.json + model.safetensors) -> our checkpoint, 2 shards
-    python -m tp_from_scratch.gpt.convert import ~/gpt2 --out runs/gpt2 --tp 2
+    .venv/bin/python -m tp_from_scratch.gpt.convert import ~/gpt2 --out runs/gpt2 --tp 2
     # ... or one single-device file (what --load and generate --load also accept)
-    python -m tp_from_scratch.gpt.convert import ~/gpt2 --single runs/gpt2.pt
+    .venv/bin/python -m tp_from_scratch.gpt.convert import ~/gpt2 --single runs/gpt2.pt
     # ours (a checkpoint root or a single-device file) -> a save_pretrained directory
-    python -m tp_from_scratch.gpt.convert export runs/ckpt --out runs/hf
+    .venv/bin/python -m tp_from_scratch.gpt.convert export runs/ckpt --out runs/hf
 
 The source is a directory as ``save_pretrained`` writes it (config.json and model.safetensors,
 sharded model-0000i-of-0000n.safetensors with their index, or pytorch_model.bin), or a single
@@ -31,6 +31,12 @@ untied, with a warning, so the import computes what transformers computes. A fil
 cannot map exactly (a required config key or tensor missing, a tensor of another shape, a
 truncated file, a .bin holding more than tensors) is refused with one line naming the key,
 tensor or file, before anything is written.
+
+Precision: transformers computes Llama's RMSNorm and its RoPE cos/sin tables in float32 even in
+a float64 model (and the eager attention's softmax); ours computes them in the model's dtype.
+So the float64 tests compare against a Llama whose RMSNorm and rotary forwards are replaced by
+the same formulas in float64, with "sdpa" attention (tests/hf_models.py), at float64's
+tolerance, and against the unpatched Llama at float32's. docs/hugging_face.md says more.
 """
 import argparse
 import contextlib

@@ -2,13 +2,18 @@
 
     # our checkpoint (or an imported Hugging Face one, see convert.py), 2 ranks, greedy,
     # rank 0 also generates on one device and says whether the token ids are identical
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.generate --load runs/ckpt \\
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.generate --load runs/ckpt \\
         --prompt 1,2,3 --new-tokens 20 --compare-single
     # seeded sampling (temperature, top-k): the same ids at every t
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.generate --load runs/gpt2.pt \\
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.generate --load runs/gpt2.pt \\
         --sample --temperature 0.8 --top-k 40 --seed 1
     # latency: prefill time and per-token decode time of a random model at t = world size
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.generate bench --arch llama
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.generate bench --arch llama
+
+Generation stops at the end-of-sequence id a Hugging Face checkpoint names (--hf, or --load of
+a ``convert import --out``), as transformers' generate does, and says so; --ignore-eos keeps
+going. The flags follow transformers': --new-tokens (its max_new_tokens) is at least 1;
+with --sample, --temperature is above 0 and --top-k at least 1; an empty prompt is refused.
 
 Each rank holds its heads' weights and caches only its heads' keys and values (KVCache in
 model.py: Sharded by heads, a replicated KV head when nkv < t). One step of decoding is one
