@@ -141,6 +141,8 @@ def test_a_missing_tensor_is_refused_naming_it(fixtures, tmp_path, capsys):  # i
     torch.save(obj, tmp_path / "missing.pt")
     line = refusal(generate.main, ["--load", tmp_path / "missing.pt", "--prompt", "1,2", "--new-tokens", 2], capsys)
     assert "has no tensor 'blocks.1.attn.q.weight'" in line, line
+    line = refusal(convert.main, ["export", tmp_path / "missing.pt", "--out", tmp_path / "hf_out"], capsys)
+    assert "has no tensor 'blocks.1.attn.q.weight'" in line and not (tmp_path / "hf_out").exists(), line
 
 
 def test_a_tensor_of_another_shape_is_refused_naming_it(fixtures, tmp_path, capsys):
@@ -217,6 +219,8 @@ def test_outputs_that_cannot_be_written_are_refused_before_reading(fixtures, tmp
     assert "--single" in line and "does not exist" in line, line
     line = refusal(convert.main, ["import", fixtures["gpt2"], "--out", tmp_path / "o", "--tp", 0], capsys)
     assert "--tp must be at least 1, got 0" in line, line
+    line = refusal(convert.main, ["import", fixtures["gpt2"], "--out", tmp_path / "o", "--tp", 3], capsys)
+    assert "--tp 3 does not fit" in line and "not divisible by tp=3" in line, line
     assert listing(tmp_path) == ["a_file"]
 
 

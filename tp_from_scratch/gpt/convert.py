@@ -483,15 +483,19 @@ def run(args):
             ckpt.save_single_device(model, args.single)
             print(f"wrote {args.single}: {config.arch}, {n:,} parameters")
         else:
-            config.validate(args.tp)
+            try:
+                config.validate(args.tp)
+            except ValueError as e:
+                raise ConversionError(f"--tp {args.tp} does not fit {args.source}: {e}") from None
             ckpt_meta = write_checkpoint(args.out, config, full, args.tp,
                                          eos_ids=read_eos_ids(args.source, args.config))
             print(f"wrote {args.out}: {config.arch}, {n:,} parameters in {args.tp} shards "
                   f"({', '.join('%.1f MiB' % (r['bytes'] / 2**20) for r in ckpt_meta['shards'])})")
     else:
         loaded = ckpt.load_full(args.source)
-        write_hf(args.out, loaded["model"], loaded["config"])
-        print(f"wrote {args.out}: config.json and model.safetensors ({export_kind(loaded['config'])})")
+        model = gpt_from_weights(loaded["config"], loaded["model"], args.source)  # every tensor in place
+        write_hf(args.out, model.state_dict(), model.config)
+        print(f"wrote {args.out}: config.json and model.safetensors ({export_kind(model.config)})")
 
 
 if __name__ == "__main__":
