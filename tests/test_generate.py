@@ -174,4 +174,9 @@ def test_the_command_says_where_it_stopped_and_ignore_eos_goes_on(tmp_path, caps
                f"new token; --ignore-eos keeps going)")
     assert run("--hf", str(tmp_path / "hf")) == stopped
     assert run("--load", str(tmp_path / "ours")) == stopped
-    assert run("--hf", str(tmp_path / "hf"), "--ignore-eos") == f"gpt2, tp=1, float32, greedy: {','.join(map(str, ids))}"
+    every = run("--hf", str(tmp_path / "hf"), "--ignore-eos")
+    assert every == f"gpt2, tp=1, float32, greedy: {','.join(map(str, ids))}", every
+    # generation_config.json, when there is one, names the ids instead (here one never generated)
+    unused = min(set(range(67)) - set(ids))
+    (tmp_path / "hf" / "generation_config.json").write_text(json.dumps({"eos_token_id": [unused]}))
+    assert run("--hf", str(tmp_path / "hf")) == every
