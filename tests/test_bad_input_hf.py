@@ -215,8 +215,10 @@ def test_outputs_that_cannot_be_written_are_refused_before_reading(fixtures, tmp
     assert f"--out {a_file} is a file" in line, line
     line = refusal(convert.main, ["export", fixtures["gpt"], "--out", a_file], capsys)
     assert f"--out {a_file} is a file" in line, line
-    line = refusal(convert.main, ["import", fixtures["gpt2"], "--single", tmp_path / "no" / "x.pt"], capsys)
-    assert "--single" in line and "does not exist" in line, line
+    line = refusal(convert.main, ["import", fixtures["gpt2"], "--single", a_file / "x.pt"], capsys)
+    assert f"--single {a_file / 'x.pt'}: {a_file} is a file, not a directory" in line, line
+    line = refusal(convert.main, ["export", fixtures["gpt"], "--out", a_file / "hf"], capsys)
+    assert f"--out {a_file / 'hf'}: {a_file} is a file, not a directory" in line, line
     line = refusal(convert.main, ["import", fixtures["gpt2"], "--out", tmp_path / "o", "--tp", 0], capsys)
     assert "--tp must be at least 1, got 0" in line, line
     line = refusal(convert.main, ["import", fixtures["gpt2"], "--out", tmp_path / "o", "--tp", 3], capsys)

@@ -480,6 +480,7 @@ def run(args):
         n = sum(v.numel() for v in full.values())
         model = gpt_from_weights(config, full, args.source)   # every tensor in place, of its shape
         if args.single:
+            Path(args.single).parent.mkdir(parents=True, exist_ok=True)
             ckpt.save_single_device(model, args.single)
             print(f"wrote {args.single}: {config.arch}, {n:,} parameters")
         else:

@@ -43,23 +43,33 @@ def existing_path(flag, path):
     return f"{flag} {path}: no such file or directory"
 
 
+def _file_above(path):
+    """The first directory above ``path`` that exists as a file (so nothing can be created there)."""
+    return next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
+
+
 def file_to_write(flag, path):
-    """A file a flag will write: not an existing directory, in a directory that exists."""
+    """A file a flag will write (its missing directories created): not an existing directory,
+    and no file where one of its directories must be."""
     if path is None:
         return None
-    path = Path(path)
-    if path.is_dir():
+    if Path(path).is_dir():
         return f"{flag} {path} is a directory, not a file to write"
-    if not path.parent.is_dir():
-        return f"{flag} {path}: its directory {path.parent} does not exist"
+    if _file_above(path):
+        return f"{flag} {path}: {_file_above(path)} is a file, not a directory"
     return None
 
 
 def directory_to_write(flag, path):
-    """A directory a flag will write into (created if missing): not an existing file."""
-    if path is None or not Path(path).exists() or Path(path).is_dir():
+    """A directory a flag will write into (created if missing): neither it nor one of the
+    directories above it an existing file."""
+    if path is None:
         return None
-    return f"{flag} {path} is a file, not a directory to write into"
+    if Path(path).exists() and not Path(path).is_dir():
+        return f"{flag} {path} is a file, not a directory to write into"
+    if _file_above(path):
+        return f"{flag} {path}: {_file_above(path)} is a file, not a directory"
+    return None
 
 
 def json_file(flag, path):
