@@ -1,6 +1,6 @@
 """Training-step time: tp_from_scratch's TP GPT against PyTorch's own TP (DTensor), same model.
 
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench train [--tp 2] [--hidden 128]
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench train --hidden 128
 
 Three versions start from the same single-device weights and train on the same batches:
 
@@ -32,6 +32,8 @@ import torch.distributed as dist
 from tp_from_scratch.comm.process_group import init_process_group
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.options import at_least, first_problem, greater_than_zero, parse_valid_args, positive
+from tp_from_scratch.gpt.train import train_step
 
 
 def parse(argv):
@@ -54,25 +56,37 @@ def parse(argv):
                    help="Lesson 7 instead: ours with and without selective recomputation against "
                         "DTensor's SequenceParallel plan (bench/sequence_parallel.py)")
     p.add_argument("--losses", help="write {version: [loss of every step, in order]} here (rank 0)")
-    return p.parse_args(argv)
+    return parse_valid_args(p, validate, argv)
+
+
+def model_config(args):
+    return GPTConfig(vocab_size=args.vocab_size, seq_len=args.seq_len, n_layers=args.layers,
+                     hidden=args.hidden, n_heads=args.heads, n_kv_heads=args.kv_heads)
+
+
+def validate(args, world):
+    """The first problem with the command line for ``world`` processes (= tp); None if fine."""
+    problem = first_problem(positive("--rounds", args.rounds), positive("--steps-per-round", args.steps_per_round),
+                            at_least("--warmup", args.warmup, 0), positive("--batch-size", args.batch_size),
+                            greater_than_zero("--timeout", args.timeout))
+    if problem is None and args.warmup > args.steps_per_round:
+        problem = f"--warmup {args.warmup} is more than --steps-per-round {args.steps_per_round} (its batches)"
+    try:
+        return problem or model_config(args).validate(world)
+    except ValueError as e:
+        return str(e)
 
 
 def timed_steps(model, optimizer, batches, context=contextlib.nullcontext, losses=None):
     """Seconds per step over ``batches`` (a barrier before and after, so all ranks agree).
 
-    context: what forward and backward run inside (loss_parallel for the vocab-sharded DTensor
-    plan); losses: a list the step losses are appended to (read after the timing stops).
+    Each step is Lesson 6's (gpt.train.train_step). context: what forward and backward run
+    inside (loss_parallel for the vocab-sharded DTensor plan); losses: a list the step losses
+    are appended to (read after the timing stops).
     """
     dist.barrier()
     t0 = time.perf_counter()
-    kept = []
-    for x, y in batches:
-        optimizer.zero_grad(set_to_none=True)
-        with context():
-            _, loss = model(x, y)
-            loss.backward()
-        optimizer.step()
-        kept.append(loss.detach())
+    kept = [train_step(model, optimizer, x, y, context=context) for x, y in batches]
     dist.barrier()
     seconds = (time.perf_counter() - t0) / len(batches)
     if losses is not None:
@@ -96,9 +110,7 @@ def run(args):
     from tp_from_scratch.gpt.dtensor_plan import loss_context, parallelize_gpt, parallelize_gpt_vocab
 
     tp, rank = dist.get_world_size(), dist.get_rank()
-    config = GPTConfig(vocab_size=args.vocab_size, seq_len=args.seq_len, n_layers=args.layers,
-                       hidden=args.hidden, n_heads=args.heads, n_kv_heads=args.kv_heads)
-    config.validate(tp)
+    config = model_config(args)   # checked for this tp by validate
     world = dist.group.WORLD
     group = world if args.collectives == "native" else TorchComm(world, timeout=args.timeout)
     if args.sequence_parallel:
