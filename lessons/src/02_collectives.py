@@ -263,7 +263,7 @@ price is $2(p-1)$ latency steps: for tiny messages the tree wins.
 
 The same reasoning gives $(p-1)/p$ of the result for `all_gather` and `reduce_scatter` alone.
 nccl-tests calls $\text{algbw} = N/t$ and $\text{busbw} = \text{algbw}\cdot 2(p-1)/p$: the busbw
-of a good all-reduce is the link bandwidth, whatever p (see `python -m tp_from_scratch.bench
+of a good all-reduce is the link bandwidth, whatever p (see `.venv/bin/python -m tp_from_scratch.bench
 collectives`).
 
 Now the meter. For each p we run the real collectives on an array of N = 1000 float64 and read
@@ -352,7 +352,7 @@ native one by the demo:
 
 ```
 .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.demos.collectives
-.venv/bin/torchrun --nproc-per-node 4 -m tp_from_scratch.demos.collectives
+.venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.demos.collectives
 .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.bench collectives --json runs/bench_mpi.json
 ```
 

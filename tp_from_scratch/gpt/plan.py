@@ -1,13 +1,13 @@
 """When does tensor parallelism pay? A cost model of one training step, in formulas you can check.
 
     # GPT-2 8.3B as in Megatron-LM (2019), Table 1, on one 8-GPU NVLink node
-    python -m tp_from_scratch.gpt.plan --arch gpt2 --hidden 3072 --heads 32 --layers 72 \\
+    .venv/bin/python -m tp_from_scratch.gpt.plan --arch gpt2 --hidden 3072 --heads 32 --layers 72 \\
         --vocab-size 51200 --seq-len 1024 --tp 8 --profile h100-nvlink
     # the run the trainer would make with the same flags, on this machine's measured profile
-    python -m tp_from_scratch.gpt.plan --tp 2 --profile runs/profile.json
+    .venv/bin/python -m tp_from_scratch.gpt.plan --tp 2 --profile runs/profile.json
     # measure this machine: matmul FLOP/s per process, seconds per element of each element-wise
     # op, the per-step overhead, alpha and beta of gloo's all-reduce
-    python -m tp_from_scratch.gpt.plan --calibrate            # writes runs/profile.json
+    .venv/bin/python -m tp_from_scratch.gpt.plan --calibrate            # writes runs/profile.json
 
 The model flags are the trainer's (tp_from_scratch.gpt.train), so you plan the run you launch.
 What it prints, for a model of V vocab, T positions, L layers, H hidden, nh / nkv heads of

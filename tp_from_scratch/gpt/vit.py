@@ -237,7 +237,7 @@ def write_drift(path, steps, dtype, seed):
     tol = TOLERANCE[str(dtype).removeprefix("torch.")]
     first = {which: next((r["step"] for r in rows if r[f"loss_diff_{which}"] > tol), None)
              for which in ("tp", "perturbed")}
-    record = {"command": f"python -m tp_from_scratch.gpt.vit --drift {path} --steps {steps} --dtype "
+    record = {"command": f".venv/bin/python -m tp_from_scratch.gpt.vit --drift {path} --steps {steps} --dtype "
                          f"{str(dtype).removeprefix('torch.')} --seed {seed}",
               "schedule_steps": STEPS, "tolerance": tol, "first_step_beyond_tolerance": first, "rows": rows}
     Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@
     report.py   the rows of every rank merged into one table or JSON
     ours.py     tp_from_scratch.nn as an Adapter; dtensor.py: PyTorch's DTensor TP as one
 
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.verify module:ADAPTER [--json PATH]
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.verify module:ADAPTER [--json PATH]
     run_spmd(run_suite, t, ADAPTER, exclusive=threading.Lock())   # simulated ranks, Comm groups
 """
 from tp_from_scratch.verify.adapter import FEATURES, Adapter, chunk_range

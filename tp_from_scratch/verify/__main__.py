@@ -1,7 +1,7 @@
 """Hold a tensor-parallel implementation against single-device PyTorch, check by check.
 
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.verify tp_from_scratch.verify.ours:ADAPTER
-    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.verify examples/megatron_core_adapter.py:ADAPTER --json out.json
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.verify tp_from_scratch.verify.ours:ADAPTER
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.verify examples/megatron_core_adapter.py:ADAPTER --json out.json
 
 Each argument names an Adapter (tp_from_scratch.verify.adapter) as module:NAME or file.py:NAME
 (NAME may also be a function returning one). Every rank runs every check on the world group

@@ -1,6 +1,6 @@
 """PyTorch's own tensor parallelism (DTensor's ColwiseParallel / RowwiseParallel) as an Adapter.
 
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.verify tp_from_scratch.verify.dtensor:ADAPTER
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.verify tp_from_scratch.verify.dtensor:ADAPTER
 
 Each factory deep-copies the single-device module and shards it in place with
 parallelize_module over a 1-D DeviceMesh made from the group:

@@ -1,6 +1,6 @@
 """tp_from_scratch.nn described as an Adapter: the implementation every other one is held against.
 
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.verify tp_from_scratch.verify.ours:ADAPTER
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.verify tp_from_scratch.verify.ours:ADAPTER
 """
 from tp_from_scratch.nn.cross_entropy import vocab_parallel_cross_entropy
 from tp_from_scratch.nn.embedding import VocabParallelEmbedding
