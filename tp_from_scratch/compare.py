@@ -1,6 +1,6 @@
 """The one place that decides whether a parallel result equals its single-device reference.
 
-Tolerance policy (also in the README and Lesson 1):
+Tolerance policy (also in docs/concepts.md and Lesson 1):
 
 * ``exact=True``: bit-for-bit equality. Use it where the parallel code performs the same
   floating-point operations in the same order as the reference: moving data (shard,
