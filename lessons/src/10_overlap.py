@@ -223,7 +223,7 @@ for the rank's core, so dW itself can get slower when overlapped. The from-scrat
 progresses cooperatively: only its first message moves during dW, the rest waits for
 `wait()`, so it hides next to nothing. What the native path gains depends on whether the
 copying lands in moments the core would otherwise idle: on this shared machine repeated
-runs disagree even in sign (the README lists them), which is the honest answer: on a CPU,
+runs disagree even in sign (docs/measured.md lists them), which is the honest answer: on a CPU,
 overlap buys at most the waiting, and the noise is of the same size.
 
 On a GPU node the interconnect has engines of its own (NVLink, copy engines; NCCL borrows a

@@ -3,7 +3,7 @@
     .venv/bin/python -m tp_from_scratch.bench parallelisms                       # every strategy, prints the table
     .venv/bin/python -m tp_from_scratch.bench parallelisms --json lessons/measurements/parallelisms.json
     .venv/bin/python -m tp_from_scratch.bench parallelisms --only "pp4 1f1b m8" --only tp4
-    .venv/bin/python -m tp_from_scratch.bench parallelisms --markdown lessons/measurements/parallelisms.json  # README table
+    .venv/bin/python -m tp_from_scratch.bench parallelisms --markdown lessons/measurements/parallelisms.json  # docs/measured.md's table
 
 One torchrun launch of 4 CPU processes (gloo) trains every strategy in turn with Lesson 11's
 trainer (tp_from_scratch.parallelisms.train.train_once), each on its own dp x pp x tp groups

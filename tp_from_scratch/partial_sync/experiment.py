@@ -155,7 +155,7 @@ def plot(results, path):
 
 
 def table(results):
-    """The experiment's rows as a markdown table (README, lesson); ± is the standard deviation
+    """The experiment's rows as a markdown table (docs/measured.md, lesson); ± is the standard deviation
     over the seeds. The step times stay in the JSON: on a shared 2-core machine they are noise."""
     lines = ["| tp | p | bytes/step vs p=1 | held-out loss ± std over seeds |",
              "|---|---|---|---|"]
