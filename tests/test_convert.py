@@ -149,3 +149,19 @@ def test_a_gpt2model_file_as_on_the_hub_imports(tmp_path):
     save_file(sd, str(tmp_path / "model.safetensors"))
     with pytest.raises(convert.ConversionError, match="no place in the model"):
         convert.load_hf(tmp_path)
+
+
+def test_a_tied_config_with_a_distinct_head_imports_as_transformers_loads_it(tmp_path):
+    # issue 24 F7: config.json says tied, the file holds an lm_head.weight of its own;
+    # from_pretrained keeps the two apart (and warns), so must the import: the same logits
+    from transformers import LlamaForCausalLM
+    hf_models.llama(seed=6, dtype=torch.float32).save_pretrained(tmp_path)   # untied
+    hf_config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**hf_config, "tie_word_embeddings": True}))
+    theirs = LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, attn_implementation="sdpa").eval()
+    with pytest.warns(convert.ConversionWarning, match="lm_head.weight differs"):
+        config, full = convert.load_hf(tmp_path)
+    ours = convert.gpt_from_weights(config, full, tmp_path)
+    x, _ = global_batch(0, 2, 16, 67, seed=2)
+    with torch.no_grad():
+        assert_matches_reference(ours(x)[0], theirs(input_ids=x).logits, name="logits of the untied import")
