@@ -23,10 +23,10 @@ two processes was 1.55x (H=512) to 1.73x (H=1024) faster than one process with o
 only 0.85x to 0.92x of one process using both cores through two BLAS threads (measured when
 this lesson was planned). Megatron-LM (Shoeybi et al. 2019) kept 77 % of linear weak scaling at
 8-way TP on NVLink-connected GPUs. Both come out of one small cost model,
-`tp_from_scratch/gpt/plan.py`, which you can run on the command line with the trainer's own
+`tp_from_scratch/cost/plan.py`, which you can run on the command line with the trainer's own
 flags:
 
-    python -m tp_from_scratch.gpt.plan --arch gpt2 --hidden 3072 --heads 32 --layers 72 \
+    python -m tp_from_scratch.cost.plan --arch gpt2 --hidden 3072 --heads 32 --layers 72 \
         --vocab-size 51200 --seq-len 1024 --tp 8 --profile h100-nvlink --dtype bfloat16
 
 What you will see:
@@ -48,7 +48,8 @@ REPO = Path.cwd() if (Path.cwd() / "tp_from_scratch").is_dir() else Path.cwd().p
 
 import matplotlib.pyplot as plt
 
-from tp_from_scratch.gpt import plan, train
+from tp_from_scratch.cost import plan
+from tp_from_scratch.gpt import train
 from tp_from_scratch.gpt.model import GPTConfig
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.plots import step_time_bars

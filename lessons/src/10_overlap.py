@@ -218,7 +218,7 @@ few SMs, ignored here): the all-reduce and the dW matmul really run at the same 
 the exposed time drops to max(0, all-reduce - dW). The alpha-beta-gamma model
 (`linear.predicted_backward`), for the same layer with the planner's H100 NVLink profile,
 against the same model with the CPU numbers fitted above and one core doing both:"""),
-    new_code_cell("""from tp_from_scratch.gpt import plan
+    new_code_cell("""from tp_from_scratch.cost import plan
 h100 = plan.load_profile("h100-nvlink")
 gpu_link = h100["all_reduce"]["native"]
 alpha_cpu, beta_cpu, _ = fits.get(("TorchComm", 2), next(iter(fits.values())))
@@ -238,7 +238,7 @@ for label, case in cases.items():
           f"({1 - m['overlap'] / m['blocking']:.0%} faster), exposed {m['exposed_blocking'] * 1e3:.3f} -> "
           f"{m['exposed_overlap'] * 1e3:.3f} ms")"""),
     new_markdown_cell(r"""The CPU line assumes 20 GFLOP/s for one core's matmul (measure yours with
-`python -m tp_from_scratch.gpt.plan --calibrate`); the GPU line is Llama-3-70B-like (H = 8192,
+`python -m tp_from_scratch.cost.plan --calibrate`); the GPU line is Llama-3-70B-like (H = 8192,
 F = 28672, t = 8, 4096-token sequences, batch 8) with vendor peak numbers: a prediction, not a
 measurement. Megatron-LM and PyTorch's async TP report gains of a few percent end to end
 from overlaps like this one: large when the all-reduce and the matmul it hides behind take
