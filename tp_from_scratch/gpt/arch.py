@@ -73,9 +73,10 @@ PLANS["gpt2"] = PLANS["gpt"]  # the same modules; only the preset's details diff
 
 
 def _matches(pattern, name):
-    """'blocks.*.attn.q' matches 'blocks.3.attn.q' (and itself): '*' stands for one component."""
+    """'blocks.*.attn.q' matches 'blocks.3.attn.q', and a name that ends like it ('attn.q', a
+    module named inside a block; 'model.blocks.3.attn.q'): '*' stands for any one component."""
     p, n = pattern.split("."), name.split(".")
-    return len(p) == len(n) and all(a in ("*", b) for a, b in zip(p, n))
+    return all(a in ("*", b) for a, b in zip(reversed(p), reversed(n)))
 
 
 def module_style(module, arch=None):
