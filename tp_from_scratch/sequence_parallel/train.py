@@ -18,7 +18,7 @@ The command line is Lesson 6's (``python -m tp_from_scratch.gpt.train --help``) 
 optimizer, checkpoints, report) with the model built sequence-parallel. --impl scratch wraps
 the TP model in SequenceParallelGPT (same modules, same state dict, so checkpoints move
 freely between the two trainers and any tp); --impl dtensor applies PyTorch's plan
-(sequence_parallel/dtensor_plan.py; arch gpt, no --save / --load, as in Lesson 6).
+(sequence_parallel/dtensor_plan.py; every --arch, no --save / --load, as in Lesson 6).
 """
 
 from tp_from_scratch.gpt import train
@@ -40,8 +40,6 @@ def validate(args, world_size):
     """Lesson 6's checks, and what the DTensor plan does not offer; None if fine."""
     if args.impl == "dtensor" and args.recompute_attention:
         return "--recompute-attention is ours: run it with --impl scratch"
-    if args.impl == "dtensor" and args.arch != "gpt":
-        return f"the DTensor sequence-parallel plan covers --arch gpt, not {args.arch}"
     return train.validate(args, world_size)
 
 
