@@ -277,3 +277,58 @@ def test_plan_refuses_an_all_reduce_the_profile_has_not_fitted(capsys):
     with pytest.raises(SystemExit):
         plan.main(["--profile", "h100-nvlink", "--collectives", "mpi"])
     assert "--collectives mpi: profile h100-nvlink has no fit of that all-reduce" in capsys.readouterr().err
+
+
+# ---- the command line: no profile needed for sizes, bad input refused in one line --------
+
+MEGATRON_8B = ["--arch", "gpt2", "--hidden", "3072", "--heads", "32", "--layers", "72", "--vocab-size", "51200",
+               "--seq-len", "1024", "--tp", "8"]
+
+
+def test_planner_without_a_profile_prints_sizes_and_says_how_to_get_step_times(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # no runs/profile.json here: nothing was calibrated
+    assert plan.main(MEGATRON_8B) == 0
+    out = capsys.readouterr().out
+    assert "parameters: 8,317,040,640 exactly" in out
+    assert "memory per rank (GiB" in out and "communication per step on rank 0, tp=8" in out
+    # the bytes of every call site, as the cost model counts them
+    config = plan.config_from_args(plan.build_parser().parse_args(MEGATRON_8B))
+    total = sum(r["payload_bytes"] for r in cost.traffic(config, 8, 8))
+    assert f"{total:,}" in out
+    assert "step times need a profile" in out and "--calibrate" in out and "h100-nvlink" in out
+    assert "compute ms" not in out  # no times without a profile
+
+
+def test_planner_says_which_precision_its_memory_assumes(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    plan.main(MEGATRON_8B + ["--dtype", "bfloat16"])
+    out = capsys.readouterr().out
+    assert "--dtype bfloat16 is what the all-reduces carry; this table assumes --precision fp32" in out
+    plan.main(MEGATRON_8B + ["--dtype", "bfloat16", "--precision", "mixed"])
+    assert "this table assumes" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--batch-size", "-8"], "--batch-size must be at least 1, got -8"),           # F20
+    (["--dp", "0"], "--dp must be at least 1, got 0"),                              # F21
+    (["--dp", "-1"], "--dp must be at least 1, got -1"),
+    (["--dp", "3"], "--dp 3 does not divide the batch size (8)"),                   # as the trainer demands
+    (["--tp", "0"], "--tp must be at least 1, got 0"),
+    (["--kv-heads", "0"], "--kv-heads must be at least 1, got 0"),
+])
+def test_planner_refuses_bad_sizes_in_one_line(capsys, flags, message):
+    with pytest.raises(SystemExit) as exit_info:
+        plan.main(["--profile", "h100-nvlink", *flags])
+    err = capsys.readouterr()
+    assert exit_info.value.code == 2 and err.out == ""
+    assert err.err.strip().splitlines()[-1].endswith(message)
+
+
+def test_planner_refuses_a_profile_that_is_not_json_naming_the_file(capsys, tmp_path):  # F22
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"name": ')
+    for profile, problem in ((bad, "not a readable JSON file"), (tmp_path / "none.json", "no such file")):
+        with pytest.raises(SystemExit) as exit_info:
+            plan.main(["--profile", str(profile)])
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert exit_info.value.code == 2 and f"--profile {profile}: {problem}" in err
