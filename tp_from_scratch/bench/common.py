@@ -1,4 +1,6 @@
-"""What the benchmarks share: message sizes, timing calls in turn, the size options, the JSON report."""
+"""What the benchmarks share: message sizes, timing calls in turn, timing training steps, the size
+options, the JSON report."""
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -72,3 +74,27 @@ def write_report(comm, args, backend, rows, say):
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1))
     say(f"# wrote {args.json}")
+
+
+def timed_steps(model, optimizer, batches, context=contextlib.nullcontext, losses=None):
+    """Seconds per step over ``batches`` (a barrier before and after, so all ranks agree).
+
+    context: what forward and backward run inside (loss_parallel for the vocab-sharded DTensor
+    plan); losses: a list the step losses are appended to (read after the timing stops).
+    """
+    import torch.distributed as dist  # here: the message benchmarks that share this file need no torch
+    dist.barrier()
+    t0 = time.perf_counter()
+    kept = []
+    for x, y in batches:
+        optimizer.zero_grad(set_to_none=True)
+        with context():
+            _, loss = model(x, y)
+            loss.backward()
+        optimizer.step()
+        kept.append(loss.detach())
+    dist.barrier()
+    seconds = (time.perf_counter() - t0) / len(batches)
+    if losses is not None:
+        losses += [float(getattr(k, "full_tensor", lambda k=k: k)()) for k in kept]
+    return seconds

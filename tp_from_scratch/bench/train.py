@@ -23,12 +23,12 @@ import argparse
 import contextlib
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from tp_from_scratch.bench.common import timed_steps
 from tp_from_scratch.comm.process_group import init_process_group
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt
@@ -55,29 +55,6 @@ def parse(argv):
                         "DTensor's SequenceParallel plan (bench/sequence_parallel.py)")
     p.add_argument("--losses", help="write {version: [loss of every step, in order]} here (rank 0)")
     return p.parse_args(argv)
-
-
-def timed_steps(model, optimizer, batches, context=contextlib.nullcontext, losses=None):
-    """Seconds per step over ``batches`` (a barrier before and after, so all ranks agree).
-
-    context: what forward and backward run inside (loss_parallel for the vocab-sharded DTensor
-    plan); losses: a list the step losses are appended to (read after the timing stops).
-    """
-    dist.barrier()
-    t0 = time.perf_counter()
-    kept = []
-    for x, y in batches:
-        optimizer.zero_grad(set_to_none=True)
-        with context():
-            _, loss = model(x, y)
-            loss.backward()
-        optimizer.step()
-        kept.append(loss.detach())
-    dist.barrier()
-    seconds = (time.perf_counter() - t0) / len(batches)
-    if losses is not None:
-        losses += [float(getattr(k, "full_tensor", lambda k=k: k)()) for k in kept]
-    return seconds
 
 
 def main(argv=None):
