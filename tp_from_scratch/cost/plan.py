@@ -37,15 +37,14 @@ import sys
 from pathlib import Path
 
 from tp_from_scratch.cost.calibrate import calibrate
+# (ELEMENTWISE_PASSES, elementwise_elements and parameters are not used below: Lesson 9 reads the
+# planner as one module, `from tp_from_scratch.cost import plan`)
 from tp_from_scratch.cost.model import (ELEMENTWISE_PASSES, PRECISIONS, PRESETS, activation_bytes,  # noqa: F401
                                         crossover_tp, elementwise_elements, load_profile, memory_per_rank,
                                         predict_step, traffic, valid_tp_degrees)
 from tp_from_scratch.gpt.arch import ARCHS
 from tp_from_scratch.gpt.inventory import architecture, parameter_count, parameters, rounded  # noqa: F401
-
-# (ELEMENTWISE_PASSES, elementwise_elements and parameters are not used below: Lesson 9 reads the
-# planner as one module, `from tp_from_scratch.cost import plan`)
-from tp_from_scratch.gpt.options import divides, first_problem, json_file, parse_valid_args, positive
+from tp_from_scratch.gpt.options import at_least, divides, first_problem, json_file, parse_valid_args, positive
 
 MEASURED = "runs/profile.json"  # where --calibrate writes, and the profile used when it exists
 
@@ -105,7 +104,7 @@ def validate(args, world=1):
         ("--seq-len", "seq_len"), ("--layers", "layers"), ("--hidden", "hidden"), ("--heads", "heads"),
         ("--kv-heads", "kv_heads"))),
         divides("--dp", args.dp, args.batch_size, "the batch size"),  # as the trainer splits it
-        None if args.ffn >= 0 else f"--ffn must be 0 (4 x hidden) or more, got {args.ffn}")
+        at_least("--ffn", args.ffn, 0))  # 0: 4 x hidden
     if problem or args.calibrate:
         return problem
     try:
@@ -114,7 +113,7 @@ def validate(args, world=1):
         return str(e)
     profile, problem = read_profile(args.profile)
     if profile and args.collectives not in profile["all_reduce"]:
-        return (f"--collectives {args.collectives}: profile {args.profile} has no fit of that all-reduce "
+        return (f"--collectives {args.collectives}: profile {profile['name']} has no fit of that all-reduce "
                 f"(it has {', '.join(profile['all_reduce'])}); --calibrate fits native and scratch, "
                 f"and mpi where mpiexec is installed")
     return problem
@@ -124,7 +123,9 @@ def read_profile(name_or_path):
     """(profile or None, problem or None): a preset, a JSON file, or (None given) runs/profile.json
     when it exists; a file that is missing or not JSON is a problem naming it."""
     if name_or_path is None:
-        return (load_profile(MEASURED), None) if Path(MEASURED).exists() else (None, None)
+        if not Path(MEASURED).exists():
+            return None, None
+        name_or_path = MEASURED
     if name_or_path in PRESETS:
         return load_profile(name_or_path), None
     data, problem = json_file("--profile", name_or_path)
