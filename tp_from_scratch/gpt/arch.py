@@ -54,6 +54,7 @@ SPLIT_AXES = {
     REPLICATED: {},
 }
 
+_EMBEDDINGS = {"wte": VOCAB_PARALLEL, "wpe": REPLICATED}  # wpe: learned positions only
 _ATTENTION = {"blocks.*.ln1": REPLICATED,
               "blocks.*.attn.q": COLWISE, "blocks.*.attn.k": KV_COLWISE, "blocks.*.attn.v": KV_COLWISE,
               "blocks.*.attn.o": ROWWISE,
@@ -61,8 +62,6 @@ _ATTENTION = {"blocks.*.ln1": REPLICATED,
 _GELU_MLP = {"blocks.*.mlp.fc": COLWISE, "blocks.*.mlp.proj": ROWWISE}
 _SWIGLU_MLP = {"blocks.*.mlp.gate": COLWISE, "blocks.*.mlp.up": COLWISE, "blocks.*.mlp.down": ROWWISE}
 _HEAD = {"ln_f": REPLICATED, "lm_head": VOCAB_PARALLEL}
-
-_EMBEDDINGS = {"wte": VOCAB_PARALLEL, "wpe": REPLICATED}  # wpe: learned positions only
 
 # every module a config of the architecture may have (a tied model has no lm_head, RoPE no wpe)
 PLANS = {
