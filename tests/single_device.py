@@ -5,23 +5,22 @@ way the tests ask for it (a command line in, losses or final weights out).
 """
 from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt.model import init_gpt
-from tp_from_scratch.gpt.train import build_parser, config_from_args, single_device_run
+from tp_from_scratch.gpt.train import config_from_args, parse, single_device_run
 
-import torch
 
 
 def single_device_weights(argv):
     """The single-device GPT's state dict after training with the command line ``argv``."""
-    args = build_parser().parse_args(list(argv))
-    config = config_from_args(args)
-    model = init_gpt(config, args.seed, getattr(torch, args.dtype))
-    for _ in single_device_run(config, args, model=model):
+    opts = parse(argv)
+    config = config_from_args(opts)
+    model = init_gpt(config, opts.seed, opts.torch_dtype)
+    for _ in single_device_run(config, opts, model=model):
         pass
     return model.state_dict()
 
 
 def single_device_losses(argv, start=None):
     """[loss per step] of the single-device reference for the same command line as the trainer."""
-    args = build_parser().parse_args(list(argv))
-    full = ckpt.load_full(args.load, config_from_args(args)) if args.load and start is None else start
-    return [loss for _, loss in single_device_run(config_from_args(args), args, full)]
+    opts = parse(argv)
+    full = ckpt.load_full(opts.load, config_from_args(opts)) if opts.load and start is None else start
+    return [loss for _, loss in single_device_run(config_from_args(opts), opts, full)]

@@ -1,6 +1,8 @@
 """Sharded checkpoints: exact round trips at any tp, clear errors, and nothing lost to a kill."""
+import os
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -85,6 +87,38 @@ def test_damaged_checkpoint_gives_a_clear_error(tmp_path, damage, message):
         meta_path.write_text(meta_path.read_text()[:50])
     with pytest.raises(ckpt.CheckpointError, match=message):
         ckpt.load_full(tmp_path, CONFIG)
+
+
+def temporaries(root):
+    return [p.name for p in Path(root).rglob(".*.tmp-*")]
+
+
+def test_a_failed_save_leaves_no_temporary_file_and_latest_unchanged(tmp_path, monkeypatch):
+    # the final rename of a save (``latest``) fails, as on a full disk: the temporary goes, and
+    # ``latest`` still names the previous checkpoint, which loads
+    save_sharded(tmp_path, *trained_state(0), tp=2, step=1)
+    latest = (tmp_path / "latest").read_text()
+    rename = os.replace
+
+    def failing_rename(src, dst):
+        if Path(dst).name == "latest":
+            raise OSError(28, "No space left on device (simulated)")
+        return rename(src, dst)
+
+    monkeypatch.setattr(ckpt.os, "replace", failing_rename)
+    with pytest.raises(OSError, match="No space left"):
+        save_sharded(tmp_path, *trained_state(1), tp=2, step=2)
+    monkeypatch.undo()
+    assert temporaries(tmp_path) == []
+    assert (tmp_path / "latest").read_text() == latest
+    assert ckpt.load_full(tmp_path, CONFIG)["step"] == 1
+
+
+def test_writing_onto_a_directory_fails_without_leaving_the_temporary(tmp_path):
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(OSError):
+        ckpt.write_atomic(tmp_path / "adir", b"payload")
+    assert temporaries(tmp_path) == [] and (tmp_path / "adir").is_dir()
 
 
 def test_no_checkpoint_is_a_clear_error(tmp_path):

@@ -4,7 +4,8 @@
   * one step of CAATGPT on t simulated ranks gives every parameter's gradient of the t-stream
     model (this rank's shard of it), t = 2, 3, 4 and p in {0.5, 0};
   * 50 AdamW steps in float64 at t = 2 and 4 give the reference's loss at every step
-    (simulated ranks, then torchrun with 2 and 4 processes, one launch each);
+    (simulated ranks, then torchrun with 4 processes here; the 2-process launch, with every
+    shared option, is tests/test_trainer_options.py's);
   * the meter: lowering p removes exactly the ring bytes of the unsynced channels;
   * a checkpoint trained with p < 1 refuses to load at another t.
 """
@@ -103,25 +104,31 @@ def test_lowering_p_removes_exactly_the_ring_bytes_of_the_private_channels():
 
 
 def test_trainer_refuses_a_sync_fraction_outside_0_1_and_dtensor():
-    parse = train.build_parser().parse_args
+    parse = train.parse
     assert "--sync-fraction must be in [0, 1]" in train.validate(parse(["--tp", "2", "--sync-fraction", "1.5"]), 2)
     assert "no partial reduce" in train.validate(parse(["--tp", "2", "--impl", "dtensor"]), 2)
     assert train.validate(parse(["--tp", "2", "--sync-fraction", "0.25"]), 2) is None
 
 
 def test_checkpoint_trained_below_p_1_refuses_another_t():
-    train.check_checkpoint_fits({"tp": 2, "sync_fraction": 0.5}, 2, 0.5)   # same t and p: fine
-    train.check_checkpoint_fits({"tp": 2, "sync_fraction": 1.0}, 4, 1.0)   # p = 1 reshards
-    train.check_checkpoint_fits({"tp": 2}, 4, 1.0)                         # a plain GPT checkpoint
-    with pytest.raises(ckpt.CheckpointError, match="trained at tp=2 .* resume at --tp 2"):
-        train.check_checkpoint_fits({"tp": 2, "sync_fraction": 0.5}, 4, 0.5)
-    with pytest.raises(ckpt.CheckpointError, match="a different p is a different model"):
-        train.check_checkpoint_fits({"tp": 2, "sync_fraction": 0.5}, 2, 0.25)
+    config = small_config(2)
+
+    def fits(saved_meta, tp, p):
+        ckpt.check_description(saved_meta, train.description(config, tp, p), "ck")
+
+    fits({"tp": 2, "sync_fraction": 0.5}, 2, 0.5)   # same t and p: fine
+    fits({"tp": 2, "sync_fraction": 1.0}, 4, 1.0)   # p = 1 reshards
+    fits({"tp": 2}, 4, 1.0)                         # a plain GPT checkpoint
+    with pytest.raises(ckpt.CheckpointError, match=r"--sync-fraction 0.5 at --tp 2\).*expects .*--sync-fraction "
+                                                   r"0.5 at --tp 4.*partial_sync.train --tp 2 --sync-fraction 0.5"):
+        fits({"tp": 2, "sync_fraction": 0.5}, 4, 0.5)
+    with pytest.raises(ckpt.CheckpointError, match="expects .*--sync-fraction 0.25 at --tp 2"):
+        fits({"tp": 2, "sync_fraction": 0.5}, 2, 0.25)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("ranks", [4])
 def test_torchrun_training_matches_the_t_stream_model(ranks, tmp_path):
     metrics, saved = tmp_path / "metrics.jsonl", tmp_path / "ckpt"
     cmd = torchrun_command(ranks, "tp_from_scratch.partial_sync.train", "--tp", ranks, "--sync-fraction", "0.5",
@@ -134,10 +141,11 @@ def test_torchrun_training_matches_the_t_stream_model(ranks, tmp_path):
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert len(records) == 50 and all(r["sync_fraction"] == 0.5 and r["tp_bytes"] > 0 for r in records)
     # the checkpoint records p and t: loading it at another t is refused by name
-    meta = ckpt.load_full(saved)["meta"]
+    config = small_config(ranks)
+    meta = ckpt.load_full(saved, config, train.description(config, ranks, 0.5))["meta"]
     assert meta["sync_fraction"] == 0.5 and meta["tp"] == ranks
-    with pytest.raises(ckpt.CheckpointError, match=f"trained at tp={ranks}"):
-        train.check_checkpoint_fits(meta, 6 - ranks, 0.5)
+    with pytest.raises(ckpt.CheckpointError, match=f"--sync-fraction 0.5 at --tp {ranks}"):
+        ckpt.load_full(saved, config, train.description(config, 6 - ranks, 0.5))
 
 
 def test_experiment_runs_and_reports_bytes_relative_to_p_1(tmp_path):

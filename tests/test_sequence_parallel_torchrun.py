@@ -1,9 +1,9 @@
 """Lesson 7 under torchrun: the sequence-parallel GPT trained on real processes (gloo), every
 step's loss equal to the single-device loss (the trainer exits 1 when a step differs).
 
-One launch per configuration: 2 ranks (the command line as a user types it: tp=2, float32, 20
-steps; the 50-step runs are in tests/test_sp_training_torchrun.py); and PyTorch's own
-DTensor sequence-parallel plan on 2 ranks, against one device, its collectives counted next to
+The trainer's command line as a user types it (tp=2, float32, 20 steps, every shared option) is
+launched by tests/test_trainer_options.py, the 50-step runs by tests/test_sp_training_torchrun.py;
+here PyTorch's own DTensor sequence-parallel plan on 2 ranks, against one device, its collectives counted next to
 ours, the counts equal to the committed measurement the lesson shows. (tp=4 and dp=2 x tp=2,
 DTensor in the trainer and the checkpoint round trip: tests/test_sp_training_torchrun.py.)
 """
@@ -28,17 +28,6 @@ def test_what_the_script_does_not_offer_is_refused_clearly(monkeypatch, capsys, 
     with pytest.raises(SystemExit) as exit_info:
         train.main(argv)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(200)
-def test_sequence_parallel_training_equals_single_device_under_torchrun():
-    cmd = torchrun_command(2, "tp_from_scratch.sequence_parallel.train", "--tp", 2, "--steps", 20,
-                           "--compare-single", "--no-progress")
-    result = run_command(cmd, timeout=180)
-    assert result.returncode == 0, result.stdout[-3000:]
-    assert "sequence parallel over tp=2 (scratch)" in result.stdout
-    assert "single-device comparison: 20 of 20 steps equal" in result.stdout, result.stdout[-3000:]
 
 
 @pytest.mark.slow

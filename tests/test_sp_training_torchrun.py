@@ -1,5 +1,5 @@
-"""Lesson 7's trainer on 4 real processes (gloo), one launch per mesh, everything checked inside it
-(tests/spmd_scripts/sp_training.py prints one "check ...: ok" line per run and exits 1 on a
+"""Lesson 7's trainer on 4 real processes (gloo), ONE launch for every mesh, everything checked inside
+it (tests/spmd_scripts/sp_training.py prints one "check ...: ok" line per run and exits 1 on a
 difference):
 
 - tp=4, one block: ours with selective recomputation, 50 float32 steps, and PyTorch's DTensor
@@ -15,27 +15,30 @@ from tp_from_scratch.comm.launchers import run_command, torchrun_command
 SCRIPT = "tests.spmd_scripts.sp_training"
 
 
-def checks_passed(result):
+@pytest.fixture(scope="module")
+def checks(tmp_path_factory):
+    """The "check ..." lines of the one launch (the meshes tp=4 and dp=2 x tp=2), and its directory."""
+    tmp = tmp_path_factory.mktemp("sp")
+    result = run_command(torchrun_command(4, SCRIPT, "--checkpoint", tmp), timeout=540)
     assert result.returncode == 0, result.stdout[-4000:]
-    return [line for line in result.stdout.splitlines() if line.startswith("check ")]
+    return [line for line in result.stdout.splitlines() if line.startswith("check ")], tmp
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_tp4_ours_50_steps_and_dtensor_plan_equal_single_device():
-    checks = checks_passed(run_command(torchrun_command(4, SCRIPT, "--tp", 4), timeout=280))
-    assert checks == ["check float32 ours (recomputed attention), 50 steps: ok",
-                      "check float64 dtensor, 5 steps: ok"], checks
+@pytest.mark.timeout(600)
+def test_tp4_ours_50_steps_and_dtensor_plan_equal_single_device(checks):
+    lines, _ = checks
+    assert lines[:2] == ["check float32 ours (recomputed attention), 50 steps: ok",
+                         "check float64 dtensor, 5 steps: ok"], lines
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_dp2_tp2_50_steps_and_checkpoint_with_and_without_sequence_parallelism(tmp_path):
-    checks = checks_passed(run_command(torchrun_command(4, SCRIPT, "--tp", 2, "--checkpoint", tmp_path),
-                                       timeout=280))
-    assert checks == ["check float64 sp tp=2 saves: ok",
-                      "check float64 no sp tp=4 loads: ok",
-                      "check float64 sp tp=2 loads: ok",
-                      "check checkpoint chain against one uninterrupted single-device run: ok",
-                      "check float32 dtensor, 5 steps: ok"], checks
-    assert (tmp_path / "sp" / "latest").exists() and (tmp_path / "tp" / "latest").exists()
+@pytest.mark.timeout(600)
+def test_dp2_tp2_50_steps_and_checkpoint_with_and_without_sequence_parallelism(checks):
+    lines, tmp = checks
+    assert lines[2:] == ["check float64 sp tp=2 saves: ok",
+                         "check float64 no sp tp=4 loads: ok",
+                         "check float64 sp tp=2 loads: ok",
+                         "check checkpoint chain against one uninterrupted single-device run: ok",
+                         "check float32 dtensor dp=2 x tp=2, 5 steps: ok"], lines
+    assert (tmp / "sp" / "latest").exists() and (tmp / "tp" / "latest").exists()

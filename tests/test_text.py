@@ -39,10 +39,10 @@ def test_tp_training_on_text_follows_one_device():
 def test_equal_steps_fails_only_a_run_that_parts_too_early(capsys):
     # make demo's verdict: float32 losses equal for 3 steps, then apart by 1e-3
     losses, ref = [2.0, 1.9, 1.8, 1.7001, 1.6], [2.0, 1.9, 1.8, 1.7, 1.6]
-    args = train.build_parser().parse_args(["--steps", "5"])
+    args = train.parse(["--steps", "5"])
     assert train.differs_too_early(args, 0, losses, ref)            # default: every step must be equal
     assert "steps 0..2 equal to one device; step 3 differs" in capsys.readouterr().out
-    args = train.build_parser().parse_args(["--steps", "5", "--equal-steps", "3"])
+    args = train.parse(["--steps", "5", "--equal-steps", "3"])
     assert not train.differs_too_early(args, 0, losses, ref)
-    args = train.build_parser().parse_args(["--steps", "5", "--equal-steps", "4"])
+    args = train.parse(["--steps", "5", "--equal-steps", "4"])
     assert train.differs_too_early(args, 0, losses, ref)

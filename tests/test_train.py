@@ -1,12 +1,14 @@
 """Training under torchrun equals single-device training, step by step, at every dp x tp.
 
-Each launch trains the default tiny GPT for 50 steps and writes its losses (--metrics).
+Every configuration trains the default tiny GPT for 50 steps and writes its losses (--metrics).
 The reference is computed here, at test time, by the single-device GPT on the same
 global batches (tests/single_device.py), and every step's loss is compared through
 compare.assert_matches_reference under the per-dtype tolerance.
 
-The launches are shared between tests through the ``runs`` fixture (each configuration
-runs once per session): that keeps this file to about a dozen torchrun launches.
+The runs on 4 processes share ONE torchrun launch (tests/spmd_scripts/gpt_training.py: tp=4 and
+dp=2 x tp=2 meshes of the same processes, seven runs, resumes included), made once per module by
+the ``runs`` fixture; the two-node rehearsal has its own two launchers. The 2-process,
+dp=1 trainer is launched by tests/test_trainer_options.py.
 """
 import json
 import threading
@@ -17,22 +19,11 @@ import pytest
 
 from tp_from_scratch.gpt import checkpoint as ckpt
 from single_device import single_device_losses, single_device_weights
-from tp_from_scratch.gpt import train
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.comm.launchers import free_port, run_command, torchrun_command
 
 STEPS = 50
 LAUNCH_TIMEOUT = 240
-
-# name -> (processes, extra arguments). The dp=2 x tp=2 float64 run is the two-node rehearsal.
-RUNS = {
-    "tp2-f32": (2, ["--tp", "2", "--dtype", "float32", "--save", "{dir}/ckpt", "--save-every", "25"]),
-    "tp4-f32": (4, ["--tp", "4", "--dtype", "float32"]),
-    # the TP groups on the from-scratch ring (a TorchComm over each TP process group)
-    "dp2tp2-f32": (4, ["--tp", "2", "--dtype", "float32", "--collectives", "scratch"]),
-    "tp4-f64": (4, ["--tp", "4", "--dtype", "float64", "--save", "{dir}/ckpt-tp4-f64"]),
-    "dtensor-tp2-f32": (2, ["--tp", "2", "--dtype", "float32", "--impl", "dtensor"]),
-}
 
 
 def read_losses(path):
@@ -40,42 +31,35 @@ def read_losses(path):
         return {r["step"]: r["loss"] for r in map(json.loads, f)}
 
 
-def launch(nproc, args, tmp, name, nnodes=1):
-    """Run train under torchrun (on ``nnodes`` simulated nodes) and return {step: loss}."""
+def launch_two_nodes(args, tmp, name):
+    """Run train under two torchrun launchers (two simulated nodes of 2 processes) and return {step: loss}."""
     metrics = tmp / f"{name}.jsonl"
-    argv = [a.replace("{dir}", str(tmp)) for a in args] + ["--metrics", metrics, "--no-progress"]
-    if nnodes == 1:
-        out = run_command(torchrun_command(nproc, "tp_from_scratch.gpt.train", *argv), timeout=LAUNCH_TIMEOUT)
-        assert out.returncode == 0, f"{name} failed:\n{out.stdout[-4000:]}"
-    else:
-        port, results = free_port(), [None] * nnodes
+    argv = [*args, "--metrics", metrics, "--no-progress"]
+    port, results = free_port(), [None] * 2
 
-        def node(i):   # one torchrun launcher per "node", meeting at 127.0.0.1:port
-            cmd = torchrun_command(nproc // nnodes, "tp_from_scratch.gpt.train", *argv,
-                                   nnodes=nnodes, node_rank=i, port=port)
-            results[i] = run_command(cmd, timeout=LAUNCH_TIMEOUT)
+    def node(i):   # one torchrun launcher per "node", meeting at 127.0.0.1:port
+        cmd = torchrun_command(2, "tp_from_scratch.gpt.train", *argv, nnodes=2, node_rank=i, port=port)
+        results[i] = run_command(cmd, timeout=LAUNCH_TIMEOUT)
 
-        threads = [threading.Thread(target=node, args=(i,)) for i in range(nnodes)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(LAUNCH_TIMEOUT + 10)
-        for i, out in enumerate(results):
-            assert out is not None and out.returncode == 0, f"{name} node {i} failed:\n{out and out.stdout[-4000:]}"
+    threads = [threading.Thread(target=node, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(LAUNCH_TIMEOUT + 10)
+    for i, out in enumerate(results):
+        assert out is not None and out.returncode == 0, f"{name} node {i} failed:\n{out and out.stdout[-4000:]}"
     return read_losses(metrics)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """runs(name) -> {step: loss} of that configuration, launched on first use."""
+    """runs(name) -> {step: loss} of that run of tests/spmd_scripts/gpt_training.py (one launch)."""
     tmp = tmp_path_factory.mktemp("train")
-    cache = {}
+    out = run_command(torchrun_command(4, "tests.spmd_scripts.gpt_training", tmp), timeout=540)
+    assert out.returncode == 0, f"the training launch failed:\n{out.stdout[-4000:]}"
 
     def get(name):
-        if name not in cache:
-            nproc, args = RUNS[name]
-            cache[name] = launch(nproc, args + ["--steps", str(STEPS)], tmp, name)
-        return cache[name]
+        return read_losses(tmp / f"{name}.jsonl")
 
     get.dir = tmp
     return get
@@ -98,9 +82,10 @@ def assert_losses_match(losses, ref, what, dtype, first=0, exact=False):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", ["tp2-f32", "tp4-f32", "dp2tp2-f32", "tp4-f64"])  # float64 at tp=2: the two-node run
+# float64 at dp=2 x tp=2: the two-node run
+@pytest.mark.parametrize("name", ["dp2tp2-f32", "tp4-f32", "dp2tp2-scratch-f32", "tp4-f64"])
 def test_losses_equal_single_device(runs, name):
-    # 50 steps at tp=2, tp=4 and dp=2 x tp=2, float32 and float64: every step's loss must
+    # 50 steps at tp=4 and dp=2 x tp=2, float32 and float64: every step's loss must
     # equal the single-device loss under the per-dtype tolerance (near-bitwise in float64)
     dtype = "float64" if name.endswith("f64") else "float32"
     assert_losses_match(runs(name), reference(dtype), name, dtype)
@@ -114,8 +99,8 @@ def test_two_nodes_dp2_tp2_float64_sgd(tmp_path):
     # SGD here, not AdamW: Adam's step ignores a gradient's scale, so only SGD sees a DP
     # all-reduce that sums the gradients instead of averaging them
     sgd = ("--optimizer", "sgd")
-    losses = launch(4, ["--tp", "2", "--dtype", "float64", "--steps", str(STEPS), *sgd, "--save",
-                        str(tmp_path / "ckpt")], tmp_path, "two-nodes", nnodes=2)
+    losses = launch_two_nodes(["--tp", "2", "--dtype", "float64", "--steps", str(STEPS), *sgd, "--save",
+                               str(tmp_path / "ckpt")], tmp_path, "two-nodes")
     assert_losses_match(losses, reference("float64", *sgd), "dp=2 x tp=2 on two nodes", "float64")
     # the trained weights, glued back into one state dict, equal single-device training's
     expected = single_device_weights(["--dtype", "float64", "--steps", str(STEPS), *sgd])
@@ -145,27 +130,26 @@ def test_trained_weights_adamw_float64_equal_single_device(runs):
 @pytest.mark.timeout(600)
 def test_dtensor_equals_scratch(runs):
     # PyTorch's own TP (DTensor) from the same weights: the same losses as ours, and as one device
-    dtensor, scratch = runs("dtensor-tp2-f32"), runs("tp2-f32")
+    dtensor, scratch = runs("dtensor-dp2tp2-f32"), runs("dp2tp2-f32")
     assert_losses_match(dtensor, [scratch[s] for s in sorted(scratch)], "dtensor against scratch", "float32")
     assert_losses_match(dtensor, reference("float32"), "dtensor against single device", "float32")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_resume_same_and_other_tp(runs, tmp_path):
-    # the tp=2 run saved at step 25 (--save-every 25) on its way to 50
-    uninterrupted = runs("tp2-f32")
+def test_resume_same_and_other_tp(runs):
+    # the dp=2 x tp=2 run saved at step 25 (--save-every 25) on its way to 50
+    uninterrupted = runs("dp2tp2-f32")
     meta = [ckpt.read_metadata(d)[1] for d in runs.dir.glob("ckpt/step_*")]
-    at25 = next(d for d in runs.dir.glob("ckpt/step_00000025-*"))
     assert sorted(m["step"] for m in meta) == [25, 50]
     # 1) resumed at the same tp: steps 25..49 bitwise equal to the uninterrupted run. Another
-    #    process, the same bits: runs are deterministic, and the checkpoint lost nothing
+    #    run, the same bits: runs are deterministic, and the checkpoint lost nothing
     #    (weights, both AdamW moments and its step count)
-    same = launch(2, ["--tp", "2", "--steps", str(STEPS), "--load", str(at25)], tmp_path, "same")
+    same = runs("resumed-tp2")
     assert_losses_match(same, [uninterrupted[s] for s in range(25, STEPS)], "resumed at tp=2",
                         "float32", first=25, exact=True)
     # 2) resumed at tp=4 (resharded weights and AdamW moments): equal within the tolerance
-    other = launch(4, ["--tp", "4", "--steps", str(STEPS), "--load", str(at25)], tmp_path, "other")
+    other = runs("resumed-tp4")
     assert_losses_match(other, [uninterrupted[s] for s in range(25, STEPS)], "resumed at tp=4",
                         "float32", first=25)
     assert_losses_match(other, reference("float32")[25:], "resumed at tp=4 vs single device",

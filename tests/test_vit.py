@@ -61,3 +61,17 @@ def test_the_full_runs_first_50_steps_equal_one_device_in_float32():
     for row in rows:
         assert row["loss_diff_tp"] <= TOLERANCE["float32"], f"step {row['step']}: {row}"
         assert row["loss_diff_perturbed"] <= TOLERANCE["float32"], f"step {row['step']}: {row}"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "--steps must be at least 1, got 0"),      # F23: was an IndexError
+    (["--steps", "-5"], "--steps must be at least 1, got -5"),
+    (["--check-steps", "-1"], "--check-steps must be at least 0, got -1"),
+    (["--compare-single"], "--compare-single compares TP with one device: launch 2 or more processes"),
+])
+def test_the_command_line_refuses_what_it_cannot_run(monkeypatch, capsys, argv, message):
+    from tp_from_scratch.gpt import vit
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        vit.main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -44,7 +44,7 @@ from tp_from_scratch.gpt.data import entropy_rate
 from tp_from_scratch.gpt.model import GPT, GPTConfig, shard_axis, shard_tensor
 
 ARGV = ["--steps", "50", "--dtype", "float32"]       # the defaults of `python -m tp_from_scratch.gpt.train`
-args = train.build_parser().parse_args(ARGV)
+args = train.parse(ARGV)                             # the settings (train.TrainConfig)
 config = train.config_from_args(args)
 print(config)"""),
     new_markdown_cell(r"""## 1. Where the weights live

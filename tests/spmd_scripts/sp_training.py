@@ -1,16 +1,16 @@
-"""Lesson 7's trainer under torchrun, everything one mesh size needs checked in ONE launch.
+"""Lesson 7's trainer under torchrun, everything 4 processes need checked in ONE launch.
 
-    torchrun --standalone --nproc-per-node 4 -m tests.spmd_scripts.sp_training --tp 4
-    torchrun --standalone --nproc-per-node 4 -m tests.spmd_scripts.sp_training --tp 2 --checkpoint DIR
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tests.spmd_scripts.sp_training --checkpoint DIR
 
---tp 4: a one-block GPT (half the collectives of two; the DTensor plan's first block is then also
-its last): ours (recomputing the attention core) 50 float32 steps, then PyTorch's DTensor plan
-5 float64 steps, each step against one device by the trainer itself (--compare-single).
---tp 2 (dp=2 x tp=2): ours 50 float64 steps, saved WITH sequence parallelism; then, on a tp=4
-mesh of the same processes, Lesson 6's trainer loads it WITHOUT sequence parallelism, trains 5
-steps and saves; then ours loads that at tp=2 and trains 5 more. Rank 0 compares every step
-of the three runs with one uninterrupted single-device run (float64: near-bitwise). Then the
-DTensor plan 5 float32 steps. Prints "check <name>: ok" per run; exits 1 if any differs.
+On a tp=4 mesh, a one-block GPT (half the collectives of two; the DTensor plan's first block is
+then also its last): ours (recomputing the attention core) 50 float32 steps, then PyTorch's
+DTensor plan 5 float64 steps, each step against one device by the trainer itself
+(--compare-single). On a dp=2 x tp=2 mesh of the same processes: ours 50 float64 steps, saved
+WITH sequence parallelism; then, on the tp=4 mesh, Lesson 6's trainer loads it WITHOUT sequence
+parallelism, trains 5 steps and saves; then ours loads that at tp=2 and trains 5 more. Rank 0
+compares every step of the three runs with one uninterrupted single-device run (float64:
+near-bitwise). Then the DTensor plan 5 float32 steps at dp=2 x tp=2. Prints "check <name>: ok"
+per run; exits 1 if any differs.
 """
 import argparse
 import json
@@ -30,7 +30,7 @@ TINY = ["--hidden", "32", "--heads", "8", "--kv-heads", "4", "--seq-len", "16",
 
 
 def trainer_args(trainer, *extra, layers=2):
-    return trainer.build_parser().parse_args(TINY + ["--layers", str(layers)] + [str(a) for a in extra])
+    return trainer.parse(TINY + ["--layers", str(layers)] + [str(a) for a in extra])
 
 
 def checked(name, status, mesh, failures):
@@ -82,29 +82,24 @@ def checkpoint_round_trip(root, meshes, failures):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--tp", type=int, required=True)
-    p.add_argument("--checkpoint", help="a directory for the save/load chain (runs it when given)")
+    p.add_argument("--checkpoint", required=True, help="a directory for the save/load chain")
     opts = p.parse_args()
-    world = int(__import__("os").environ["WORLD_SIZE"])
     failures = []
     try:
-        meshes = {opts.tp: setup_mesh(opts.tp, timeout=60, dtensor=True)}
-        if opts.checkpoint:
-            meshes.setdefault(4, setup_mesh(4, timeout=60, dtensor=True))
-            meshes.setdefault(2, setup_mesh(2, timeout=60, dtensor=True))
-        mesh = meshes[opts.tp]
-        ours, theirs = ("float32", "float64") if opts.tp == world else ("float64", "float32")
-        if opts.checkpoint:
-            checkpoint_round_trip(opts.checkpoint, meshes, failures)
-        else:
-            args = trainer_args(lesson7, "--tp", opts.tp, "--steps", 50, "--dtype", ours,
-                                "--recompute-attention", "--compare-single", layers=1)
-            checked(f"{ours} ours (recomputed attention), 50 steps",
-                    lesson7.run(args, lesson6.config_from_args(args), mesh), mesh, failures)
-        args = trainer_args(lesson7, "--tp", opts.tp, "--steps", 5, "--dtype", theirs, "--impl", "dtensor",
-                            "--compare-single", layers=1 if opts.tp == world else 2)
-        checked(f"{theirs} dtensor, 5 steps", lesson7.run(args, lesson6.config_from_args(args), mesh),
-                mesh, failures)
+        meshes = {tp: setup_mesh(tp, timeout=60, dtensor=True) for tp in (4, 2)}
+        args = trainer_args(lesson7, "--tp", 4, "--steps", 50, "--dtype", "float32",
+                            "--recompute-attention", "--compare-single", layers=1)
+        checked("float32 ours (recomputed attention), 50 steps",
+                lesson7.run(args, lesson6.config_from_args(args), meshes[4]), meshes[4], failures)
+        args = trainer_args(lesson7, "--tp", 4, "--steps", 5, "--dtype", "float64", "--impl", "dtensor",
+                            "--compare-single", layers=1)
+        checked("float64 dtensor, 5 steps", lesson7.run(args, lesson6.config_from_args(args), meshes[4]),
+                meshes[4], failures)
+        checkpoint_round_trip(opts.checkpoint, meshes, failures)
+        args = trainer_args(lesson7, "--tp", 2, "--steps", 5, "--dtype", "float32", "--impl", "dtensor",
+                            "--compare-single", layers=2)
+        checked("float32 dtensor dp=2 x tp=2, 5 steps", lesson7.run(args, lesson6.config_from_args(args), meshes[2]),
+                meshes[2], failures)
     finally:
         dist.destroy_process_group()
     if failures:

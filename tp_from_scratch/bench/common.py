@@ -79,20 +79,17 @@ def write_report(comm, args, backend, rows, say):
 def timed_steps(model, optimizer, batches, context=contextlib.nullcontext, losses=None):
     """Seconds per step over ``batches`` (a barrier before and after, so all ranks agree).
 
-    context: what forward and backward run inside (loss_parallel for the vocab-sharded DTensor
-    plan); losses: a list the step losses are appended to (read after the timing stops).
+    Each step is Lesson 6's (gpt.train.train_step). context: what forward and backward run
+    inside (loss_parallel for the vocab-sharded DTensor plan); losses: a list the step losses
+    are appended to (read after the timing stops).
     """
-    import torch.distributed as dist  # here: the message benchmarks that share this file need no torch
+    # here: the message benchmarks that share this file need neither torch nor the trainer
+    import torch.distributed as dist
+
+    from tp_from_scratch.gpt.train import train_step
     dist.barrier()
     t0 = time.perf_counter()
-    kept = []
-    for x, y in batches:
-        optimizer.zero_grad(set_to_none=True)
-        with context():
-            _, loss = model(x, y)
-            loss.backward()
-        optimizer.step()
-        kept.append(loss.detach())
+    kept = [train_step(model, optimizer, x, y, context=context) for x, y in batches]
     dist.barrier()
     seconds = (time.perf_counter() - t0) / len(batches)
     if losses is not None:

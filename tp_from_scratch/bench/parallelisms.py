@@ -57,7 +57,7 @@ def worker(outdir, steps, labels):
         for label, flags in STRATEGIES:
             if label not in labels:
                 continue
-            args = train.build_parser().parse_args(
+            args = train.parse(
                 [*MODEL, *flags, "--steps", str(steps), "--no-progress", "--timeout", "300"])
             problem = train.validate(args, RANKS)
             if problem:

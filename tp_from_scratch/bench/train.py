@@ -1,6 +1,6 @@
 """Training-step time: tp_from_scratch's TP GPT against PyTorch's own TP (DTensor), same model.
 
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench train [--tp 2] [--hidden 128]
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench train --hidden 128
 
 Three versions start from the same single-device weights and train on the same batches:
 
@@ -32,6 +32,7 @@ from tp_from_scratch.bench.common import timed_steps
 from tp_from_scratch.comm.process_group import init_process_group
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.options import at_least, first_problem, greater_than_zero, parse_valid_args, positive
 
 
 def parse(argv):
@@ -54,7 +55,25 @@ def parse(argv):
                    help="Lesson 7 instead: ours with and without selective recomputation against "
                         "DTensor's SequenceParallel plan (bench/sequence_parallel.py)")
     p.add_argument("--losses", help="write {version: [loss of every step, in order]} here (rank 0)")
-    return p.parse_args(argv)
+    return parse_valid_args(p, validate, argv)
+
+
+def model_config(args):
+    return GPTConfig(vocab_size=args.vocab_size, seq_len=args.seq_len, n_layers=args.layers,
+                     hidden=args.hidden, n_heads=args.heads, n_kv_heads=args.kv_heads)
+
+
+def validate(args, world):
+    """The first problem with the command line for ``world`` processes (= tp); None if fine."""
+    problem = first_problem(positive("--rounds", args.rounds), positive("--steps-per-round", args.steps_per_round),
+                            at_least("--warmup", args.warmup, 0), positive("--batch-size", args.batch_size),
+                            greater_than_zero("--timeout", args.timeout))
+    if problem is None and args.warmup > args.steps_per_round:
+        problem = f"--warmup {args.warmup} is more than --steps-per-round {args.steps_per_round} (its batches)"
+    try:
+        return problem or model_config(args).validate(world)
+    except ValueError as e:
+        return str(e)
 
 
 def main(argv=None):
@@ -73,9 +92,7 @@ def run(args):
     from tp_from_scratch.gpt.dtensor_plan import loss_context, parallelize_gpt, parallelize_gpt_vocab
 
     tp, rank = dist.get_world_size(), dist.get_rank()
-    config = GPTConfig(vocab_size=args.vocab_size, seq_len=args.seq_len, n_layers=args.layers,
-                       hidden=args.hidden, n_heads=args.heads, n_kv_heads=args.kv_heads)
-    config.validate(tp)
+    config = model_config(args)   # checked for this tp by validate
     world = dist.group.WORLD
     group = world if args.collectives == "native" else TorchComm(world, timeout=args.timeout)
     if args.sequence_parallel:

@@ -6,13 +6,22 @@ Layout of a checkpoint root DIR (``--save DIR`` / ``--load DIR``):
     DIR/step_00000050-1a2b3c4d/
         model_tp00_of02.pt             TP rank 0's shard: model, optimizer state, RNG state
         model_tp01_of02.pt             TP rank 1's shard
-        meta.json                      config, tp, step, shapes, dtypes, sha256 of every shard
+        meta.json                      config, tp, step, the model description, shapes, dtypes,
+                                       sha256 of every shard
 
 Nothing is ever overwritten in place. Each save goes to a fresh directory; every file is
 written to a temporary name, flushed to disk and renamed (``os.replace`` is atomic);
 ``meta.json`` is written only when every shard is on disk, and ``latest`` is switched last.
 A process killed at any moment leaves ``latest`` pointing at the previous complete
 checkpoint. Loading verifies the config and every shard's size and checksum.
+
+A checkpoint says what model it holds (``model_description``): the architecture, and for
+Lesson 8's partially synchronized GPT (p < 1) its sync fraction p and TP degree t, since its
+weights mean another model than the GPT's (each rank's private channels are one stream's).
+Sequence parallelism (Lesson 7) is not in it: it leaves every weight's meaning alone, so a
+checkpoint moves freely between the two trainers. Every loader (the trainers, generate, the
+export here, convert) states the description it expects and a mismatch is refused naming
+both sides; a loader that knows only the GPT expects ``GPT`` (the default).
 
 Resharding: a checkpoint saved at tp=a is loaded at tp=b by gluing the a shards into
 full tensors and cutting b new ones (``model.shard_state_dict``); the optimizer state is
@@ -38,8 +47,11 @@ SINGLE_FORMAT = "tp_from_scratch single-device state dict v1"
 KEEP = 2  # complete checkpoints kept in a root; older ones are deleted after a save
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used: missing, corrupt, truncated or for another model."""
+class CheckpointError(RuntimeError, ValueError):
+    """A checkpoint that cannot be used: missing, corrupt, truncated or for another model.
+
+    Also a ValueError (bad input), so an entry point that reports ValueErrors as one line
+    (generate, convert) reports it the same way."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -47,14 +59,21 @@ class CheckpointError(RuntimeError):
 # ---------------------------------------------------------------------------------------
 
 def write_atomic(path, data):
-    """Write ``data`` (bytes) to ``path`` so that readers see the old file or the whole new one."""
+    """Write ``data`` (bytes) to ``path`` so that readers see the old file or the whole new one.
+
+    On any failure (a full disk, ``path`` a directory, an interrupt) the temporary file is
+    removed and ``path`` is left as it was."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())  # the bytes are on disk before the name points at them
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync_dir(path.parent)
 
 
@@ -80,6 +99,80 @@ def _to_bytes(obj):
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------------------
+# What model a checkpoint holds
+# ---------------------------------------------------------------------------------------
+
+GPT = {"partial_sync": None}   # what a loader that knows only the GPT expects (any architecture)
+
+
+def model_description(config, tp=None, sync_fraction=1.0):
+    """The model a checkpoint of ``config`` holds: {"arch", "partial_sync"}; partial_sync is
+    {"sync_fraction": p, "tp": t} for Lesson 8's model with p < 1 (a function of t), else None."""
+    partial = {"sync_fraction": float(sync_fraction), "tp": int(tp)} if sync_fraction < 1.0 else None
+    return {"arch": config.arch, "partial_sync": partial}
+
+
+def description_of(meta):
+    """The description in ``meta``; a checkpoint written before descriptions existed is
+    described from its sync_fraction (Lesson 8 recorded it) and tp."""
+    if "model" in meta:
+        return meta["model"]
+    p = float(meta.get("sync_fraction", 1.0))
+    partial = {"sync_fraction": p, "tp": int(meta.get("tp", 1))} if p < 1.0 else None
+    return {"arch": meta.get("config", {}).get("arch", "gpt"), "partial_sync": partial}
+
+
+def describe(description):
+    """``an ordinary GPT (--arch gpt2, ...)`` / ``a partially synchronized GPT (--sync-fraction 0.5 at --tp 2)``."""
+    partial = description.get("partial_sync")
+    arch = f"--arch {description['arch']}, " if "arch" in description else ""
+    if partial is None:
+        return f"an ordinary GPT ({arch}every activation synchronized)"
+    return (f"a partially synchronized GPT ({arch}--sync-fraction {partial['sync_fraction']} "
+            f"at --tp {partial['tp']})")
+
+
+def check_description(meta, expected, where):
+    """Raise a CheckpointError unless the model in ``meta`` is ``expected`` (every key of it)."""
+    saved = description_of(meta)
+    if all(saved.get(k) == v for k, v in expected.items()):
+        return
+    partial = saved.get("partial_sync")
+    hint = ""
+    if partial is not None:
+        hint = (f": its ranks' private channels belong to {partial['tp']} streams, so only "
+                f"python -m tp_from_scratch.partial_sync.train --tp {partial['tp']} --sync-fraction "
+                f"{partial['sync_fraction']} can load it (only p = 1 checkpoints reshard)")
+    raise CheckpointError(f"checkpoint {where} holds {describe(saved)}, but this run expects "
+                          f"{describe(expected)}{hint}")
+
+
+def check_resume(meta, where, steps, optimizer=None):
+    """Raise a CheckpointError unless a run to ``steps`` with ``optimizer`` can resume from ``meta``:
+    a resume never goes back (its saves would be labelled below the step they hold)."""
+    if steps < meta["step"]:
+        raise CheckpointError(f"--steps {steps} is below the checkpoint's step {meta['step']} "
+                              f"({where}): a run continues up to --steps, so ask for {meta['step']} or more")
+    saved_with = meta.get("optimizer")
+    if optimizer and saved_with and saved_with != optimizer:
+        raise CheckpointError(f"checkpoint {where} holds {saved_with} state, "
+                              f"but this run uses --optimizer {optimizer}")
+
+
+def check_resumable(root, config, description, steps, optimizer=None):
+    """Everything a trainer checks of --load before any work: the config, the model description,
+    the step and the optimizer (a checkpoint directory: from meta.json alone)."""
+    if Path(root).is_file():
+        meta = load_full(root, config, description)["meta"]
+        where = root
+    else:
+        where, meta = read_metadata(root)
+        check_config(meta["config"], config, where)
+        check_description(meta, description, where)
+    check_resume(meta, where, steps, optimizer)
 
 
 # ---------------------------------------------------------------------------------------
@@ -152,14 +245,18 @@ def write_shard(root, name, tp_rank, tp, model_state, optimizer_state=None, rng_
             "dtypes": {k: str(v.dtype).replace("torch.", "") for k, v in model_state.items()}}
 
 
-def commit(root, name, config, tp, step, shard_records, extra=None, keep=KEEP):
-    """Write meta.json for a checkpoint whose shards are all on disk, then point ``latest`` at it."""
+def commit(root, name, config, tp, step, shard_records, extra=None, keep=KEEP, description=None):
+    """Write meta.json for a checkpoint whose shards are all on disk, then point ``latest`` at it.
+
+    description: the model it holds (model_description; default: described from ``extra``'s
+    sync_fraction, if any, so an older caller's metadata keeps its meaning)."""
     root = Path(root)
     records = sorted(shard_records, key=lambda r: r["tp_rank"])
     if [r["tp_rank"] for r in records] != list(range(tp)):
         raise CheckpointError(f"commit of {name}: expected shards of tp ranks 0..{tp - 1}, "
                               f"got {[r['tp_rank'] for r in records]}")
     meta = {"format": FORMAT, "step": step, "tp": tp, "config": config.to_dict(),
+            "model": description or description_of({"tp": tp, "config": config.to_dict(), **(extra or {})}),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "shards": records, **(extra or {})}
     write_atomic(root / name / "meta.json", json.dumps(meta, indent=1).encode())
@@ -240,19 +337,21 @@ def read_shard(directory, record):
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
-def load_full(root, config=None):
+def load_full(root, config=None, description=GPT):
     """The whole checkpoint glued to single-device form.
 
     Returns {"meta", "config", "step", "model": full state dict, "optimizer": full state by
     name (may be empty), "rng": [per saved TP rank]}. ``root`` may also be a file written
     by export_single_device (no optimizer state). With ``config``, a different model config
-    is an error naming every difference.
+    is an error naming every difference. ``description``: the model this loader expects
+    (model_description; default any ordinary GPT): another one is refused, naming both.
     """
     if Path(root).is_file():
-        return _load_single_device(root, config)
+        return _load_single_device(root, config, description)
     directory, meta = read_metadata(root)
     if config is not None:
         check_config(meta["config"], config, directory)
+    check_description(meta, description, directory)
     payloads = [read_shard(directory, r) for r in meta["shards"]]
     saved = config_of(meta["config"])
     model = {k: unshard_tensor(k, [p["model"][k] for p in payloads], saved) for k in payloads[0]["model"]}
@@ -264,9 +363,9 @@ def load_full(root, config=None):
             "model": model, "optimizer": optimizer, "rng": [p["rng"] for p in payloads]}
 
 
-def load_shard(root, config, tp, rank):
+def load_shard(root, config, tp, rank, description=GPT):
     """This TP rank's model state, optimizer state and (same tp only) RNG state, and the step."""
-    full = load_full(root, config)
+    full = load_full(root, config, description)
     model = {k: shard_tensor(k, v, tp, rank, config) for k, v in full["model"].items()}
     optimizer = shard_optimizer_state(full["optimizer"], tp, rank, config)
     rng = full["rng"][rank] if len(full["rng"]) == tp else None
@@ -292,7 +391,7 @@ def save_single_device(model, path, step=0):
                                   "step": step, "model": model.state_dict()}))
 
 
-def _load_single_device(path, config):
+def _load_single_device(path, config, description=GPT):
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for a damaged zip
@@ -301,7 +400,9 @@ def _load_single_device(path, config):
         raise CheckpointError(f"{path} is not a {SINGLE_FORMAT!r} file")
     if config is not None:
         check_config(obj["config"], config, path)
-    return {"meta": {"tp": 1, "step": obj["step"]}, "config": config_of(obj["config"]),
+    meta = {"tp": 1, "step": obj["step"], "config": obj["config"]}   # always an ordinary GPT
+    check_description(meta, description, path)
+    return {"meta": meta, "config": config_of(obj["config"]),
             "step": obj["step"], "model": obj["model"], "optimizer": {}, "rng": [None]}
 
 
@@ -322,9 +423,10 @@ def main(argv=None):
             print(f"wrote {args.out}: step {full['step']}, {len(full['model'])} tensors, "
                   f"from tp={full['meta']['tp']}")
         else:
-            full = load_full(args.root)
+            full = load_full(args.root, description={})   # any model: info only shows it
             meta = full["meta"]
             print(json.dumps({k: meta[k] for k in ("step", "tp", "config")}, indent=1))
+            print(f"holds {describe(description_of(meta))}")
             print(f"{len(meta['shards'])} shards verified (size and sha256)")
     except CheckpointError as e:
         parser.exit(1, f"error: {e}\n")

@@ -1,19 +1,29 @@
 """Train the small GPT with tensor parallelism (and data parallelism), checked against one device.
 
     # 2 CPU processes, tp=2, each step's loss next to the single-device loss, a loss plot
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --compare-single --plot runs/loss.png
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --compare-single --plot runs/loss.png
     # dp=2 x tp=2 on 4 processes; float64, the mode to debug in
-    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.gpt.train --tp 2 --dtype float64
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.gpt.train --tp 2 --dtype float64
     # PyTorch's own TP (DTensor) on the same model and weights
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --impl dtensor
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --impl dtensor
     # save at tp=2, resume at tp=4
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --steps 20 --save runs/ckpt
-    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.gpt.train --tp 4 --steps 50 --load runs/ckpt
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --steps 20 --save runs/ckpt
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.gpt.train --tp 4 --steps 50 --load runs/ckpt
+    # one process, no launcher: the text corpus, a validation loss every 10 steps
+    .venv/bin/python -m tp_from_scratch.gpt.train --data text --steps 30 --eval-every 10
     # one node with 8 GPUs: tp=8 (NCCL)
-    torchrun --standalone --nproc-per-node 8 -m tp_from_scratch.gpt.train --tp 8 --device cuda
+    .venv/bin/torchrun --standalone --nproc-per-node 8 -m tp_from_scratch.gpt.train --tp 8 --device cuda
     # two nodes with 8 GPUs each: tp=8 inside a node, dp=2 across nodes; run on each node
-    torchrun --nnodes 2 --node-rank 0|1 --nproc-per-node 8 --master-addr NODE0 --master-port 29500 \\
+    .venv/bin/torchrun --nnodes 2 --node-rank 0|1 --nproc-per-node 8 --master-addr NODE0 --master-port 29500 \\
         -m tp_from_scratch.gpt.train --tp 8 --device cuda
+
+This is THE trainer: Lessons 7, 8 and 11 (sequence_parallel/train.py, partial_sync/train.py,
+parallelisms/train.py) and the benchmark (bench/train.py) run its training step (train_step:
+zero_grad, forward and backward, the DP average, optimizer step, loss), its loop (train_loop:
+data, metrics, --eval-every, --save-every, the single-device comparison) and its report, and
+change only what their lesson changes, through Hooks (the model, a step hook after backward,
+the single-device reference, checkpoint metadata, metrics fields). The command line becomes
+a TrainConfig in one place (parse_config); the library reads that, never argparse's namespace.
 
 The world of ranks is a dp x tp mesh (tp_from_scratch/gpt/mesh.py): rank = dp_index * tp + tp_index,
 so the ranks of one TP group are neighbours (on one node, where the bandwidth is). Gradients
@@ -24,11 +34,14 @@ d*B/dp .. (d+1)*B/dp of the global batch, so the global loss is the same at ever
 tp, and equals the single-device loss on the whole batch up to summation order.
 """
 import argparse
+import contextlib
 import json
-import os
 import sys
 import time
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -37,9 +50,84 @@ from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.compare import TOLERANCE, assert_matches_reference
 from tp_from_scratch.gpt.data import global_batch, local_batch
 from tp_from_scratch.gpt.mesh import setup_mesh
-from tp_from_scratch.gpt.options import parse_valid_args
+from tp_from_scratch.gpt.options import at_least, first_problem, greater_than_zero, parse_valid_args, positive
 from tp_from_scratch.gpt.model import GPTConfig, count_parameters, gpt_to_tp, init_gpt
 from tp_from_scratch.gpt.traffic import CollectiveCounter
+
+
+# ---------------------------------------------------------------------------------------
+# What a run was asked for: the command line, parsed once into a TrainConfig
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every setting of a training run; the library reads these, never argparse's namespace.
+
+    Built from the command line in one place (``from_args``); a later lesson's trainer
+    subclasses it with its own settings (Lesson 8: sync_fraction). The model's own sizes
+    become a GPTConfig through ``model_config``.
+    """
+    tp: int = 1
+    steps: int = 50
+    seed: int = 0
+    dtype: str = "float32"
+    impl: str = "scratch"
+    collectives: str = "native"
+    device: str = "cpu"
+    metrics: Optional[str] = None
+    save: Optional[str] = None
+    save_every: int = 0
+    load: Optional[str] = None
+    compare_single: bool = False
+    equal_steps: Optional[int] = None
+    plot: Optional[str] = None
+    timeout: float = 120.0
+    no_progress: bool = False
+    optimizer: str = "adamw"
+    lr: Optional[float] = None
+    batch_size: int = 8
+    data: str = "markov"
+    eval_every: int = 0
+    vocab_size: int = GPTConfig.vocab_size
+    seq_len: int = GPTConfig.seq_len
+    layers: int = GPTConfig.n_layers
+    hidden: int = GPTConfig.hidden
+    heads: int = GPTConfig.n_heads
+    kv_heads: Optional[int] = GPTConfig.n_kv_heads
+    ffn: int = 0
+    untied: bool = False
+    gelu: Optional[str] = None
+    arch: str = "gpt"
+
+    @classmethod
+    def from_args(cls, args):
+        """The one place an argparse namespace becomes settings (its flags are the fields)."""
+        return cls(**vars(args))
+
+    @property
+    def torch_dtype(self):
+        return getattr(torch, self.dtype)
+
+    @property
+    def learning_rate(self):
+        return self.lr if self.lr is not None else (3e-3 if self.optimizer == "adamw" else 0.3)
+
+    @property
+    def compares(self):
+        """Rank 0 trains the single-device reference too (--compare-single, or --plot's curves)."""
+        return self.compare_single or self.plot is not None
+
+
+def parse_config(parser, validate_fn, argv=None, config_class=TrainConfig, world=None):
+    """Parse ``argv``, build the ``config_class`` settings and check them with
+    ``validate_fn(settings, world)`` (options.parse_valid_args: rank 0 prints, all exit 2)."""
+    args = parse_valid_args(parser, lambda a, w: validate_fn(config_class.from_args(a), w), argv, world)
+    return config_class.from_args(args)
+
+
+def parse(argv=()):
+    """Lesson 6's settings for the command line ``argv`` (no validation: in-process use)."""
+    return TrainConfig.from_args(build_parser().parse_args([str(a) for a in argv]))
 
 
 # ---------------------------------------------------------------------------------------
@@ -47,108 +135,155 @@ from tp_from_scratch.gpt.traffic import CollectiveCounter
 # ---------------------------------------------------------------------------------------
 
 def build_parser():
+    d = TrainConfig()
     p = argparse.ArgumentParser(prog="python -m tp_from_scratch.gpt.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree t (divides the world size)")
-    p.add_argument("--steps", type=int, default=50, help="train until this step (a resumed run continues)")
-    p.add_argument("--seed", type=int, default=0, help="weights and data")
-    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    p.add_argument("--impl", choices=["scratch", "dtensor"], default="scratch",
+    p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel degree t (divides the world size)")
+    p.add_argument("--steps", type=int, default=d.steps, help="train until this step (a resumed run continues)")
+    p.add_argument("--seed", type=int, default=d.seed, help="weights and data")
+    p.add_argument("--dtype", choices=["float32", "float64"], default=d.dtype)
+    p.add_argument("--impl", choices=["scratch", "dtensor"], default=d.impl,
                    help="scratch: tp_from_scratch.nn layers; dtensor: PyTorch's parallelize_module")
-    p.add_argument("--collectives", choices=["native", "scratch"], default="native",
+    p.add_argument("--collectives", choices=["native", "scratch"], default=d.collectives,
                    help="what the scratch layers' TP group is: the torch ProcessGroup (native "
                         "collectives) or a TorchComm over it (the ring collectives from scratch)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=d.device)
     p.add_argument("--metrics", metavar="PATH", help="JSON Lines, one object per step (rank 0 writes)")
     p.add_argument("--save", metavar="DIR", help="write a sharded checkpoint at the end (and every --save-every)")
-    p.add_argument("--save-every", type=int, default=0, metavar="N")
+    p.add_argument("--save-every", type=int, default=d.save_every, metavar="N")
     p.add_argument("--load", metavar="DIR_OR_FILE",
                    help="resume from a checkpoint (any tp), or start from an exported single-device .pt")
     p.add_argument("--compare-single", action="store_true",
                    help="rank 0 also trains the single-device GPT and prints each loss next to it")
-    p.add_argument("--equal-steps", type=int, default=None, metavar="N",
+    p.add_argument("--equal-steps", type=int, default=d.equal_steps, metavar="N",
                    help="with --compare-single: exit 1 only if one of the first N steps differs (default: "
                         "any step); two long runs part once training has amplified their roundoff")
     p.add_argument("--plot", metavar="PNG", help="loss curves, TP against single-device (implies --compare-single)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds any collective may wait")
+    p.add_argument("--timeout", type=float, default=d.timeout, help="seconds any collective may wait")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("optimizer and batch")
-    g.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
-    g.add_argument("--lr", type=float, default=None, help="default 3e-3 (adamw) or 0.3 (sgd)")
-    g.add_argument("--batch-size", type=int, default=8, help="global batch B (split over dp)")
-    g.add_argument("--data", choices=["markov", "text"], default="markov",
+    g.add_argument("--optimizer", choices=["adamw", "sgd"], default=d.optimizer)
+    g.add_argument("--lr", type=float, default=d.lr, help="default 3e-3 (adamw) or 0.3 (sgd)")
+    g.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch B (split over dp)")
+    g.add_argument("--data", choices=["markov", "text"], default=d.data,
                    help="markov: a seeded Markov chain (known entropy rate); text: bytes of the Python "
                         "standard library's source, V=256 (gpt/text.py)")
-    g.add_argument("--eval-every", type=int, default=0, metavar="N",
+    g.add_argument("--eval-every", type=int, default=d.eval_every, metavar="N",
                    help="every N steps, the loss on a fixed held-out batch (text: the validation split)")
     g = p.add_argument_group("model size")
-    d = GPTConfig()
     g.add_argument("--vocab-size", type=int, default=d.vocab_size)
     g.add_argument("--seq-len", type=int, default=d.seq_len)
-    g.add_argument("--layers", type=int, default=d.n_layers)
+    g.add_argument("--layers", type=int, default=d.layers)
     g.add_argument("--hidden", type=int, default=d.hidden)
-    g.add_argument("--heads", type=int, default=d.n_heads)
-    g.add_argument("--kv-heads", type=int, default=d.n_kv_heads)
-    g.add_argument("--ffn", type=int, default=0, help="0: 4 x hidden")
+    g.add_argument("--heads", type=int, default=d.heads)
+    g.add_argument("--kv-heads", type=int, default=d.kv_heads)
+    g.add_argument("--ffn", type=int, default=d.ffn, help="0: 4 x hidden")
     g.add_argument("--untied", action="store_true", help="an LM head of its own instead of the embedding")
-    g.add_argument("--gelu", choices=["erf", "tanh"], default=None,
+    g.add_argument("--gelu", choices=["erf", "tanh"], default=d.gelu,
                    help="exact GeLU (erf) or GPT-2's tanh approximation (the numpy lessons' form); "
                         "default: the architecture's (gpt erf, gpt2 tanh)")
-    g.add_argument("--arch", choices=["gpt", "gpt2", "llama"], default="gpt",
+    g.add_argument("--arch", choices=["gpt", "gpt2", "llama"], default=d.arch,
                    help="gpt: this course's model; gpt2: LayerNorm, learned positions, all biases, tanh "
                         "GeLU; llama: RMSNorm, RoPE, SwiGLU, no biases, untied head (gpt/model.py)")
     return p
 
 
-def config_from_args(args):
-    vocab = 256 if getattr(args, "data", "markov") == "text" else args.vocab_size  # text: bytes
-    return GPTConfig(vocab_size=vocab, seq_len=args.seq_len, n_layers=args.layers,
-                     hidden=args.hidden, n_heads=args.heads, n_kv_heads=args.kv_heads,
-                     ffn=args.ffn, tie_embeddings=False if args.untied else None, gelu=args.gelu,
-                     arch=getattr(args, "arch", "gpt"))
+def config_from_args(opts):
+    """The GPTConfig of the settings ``opts`` (--data text: bytes, so V = 256)."""
+    vocab = 256 if opts.data == "text" else opts.vocab_size
+    return GPTConfig(vocab_size=vocab, seq_len=opts.seq_len, n_layers=opts.layers,
+                     hidden=opts.hidden, n_heads=opts.heads, n_kv_heads=opts.kv_heads,
+                     ffn=opts.ffn, tie_embeddings=False if opts.untied else None, gelu=opts.gelu,
+                     arch=opts.arch)
 
 
-def validate(args, world_size):
-    """The first problem with the arguments for this world size, as a sentence; None if fine."""
-    if args.steps < 0:
-        return f"--steps must be 0 or more, got {args.steps}"
-    if args.tp < 1:
-        return f"--tp must be at least 1, got {args.tp}"
-    if world_size % args.tp != 0:
-        return (f"world size {world_size} is not divisible by tp={args.tp} "
-                f"(launch a multiple of {args.tp} processes: torchrun --nproc-per-node ...)")
-    dp = world_size // args.tp
-    if args.batch_size < 1 or args.batch_size % dp != 0:
-        return f"batch size {args.batch_size} is not divisible by dp={dp}"
-    if args.timeout <= 0:
-        return f"--timeout must be positive, got {args.timeout}"
-    if args.save_every < 0:
-        return f"--save-every must be 0 or more, got {args.save_every}"
-    if args.impl == "dtensor" and (args.save or args.load):
+def flag_problem(opts):
+    """The first shared flag that is wrong on its own or without the flag it needs; None if fine.
+
+    Every trainer checks these first, so a shared flag is refused with the same words by all."""
+    problem = first_problem(
+        at_least("--steps", opts.steps, 0), positive("--tp", opts.tp), positive("--batch-size", opts.batch_size),
+        at_least("--save-every", opts.save_every, 0), at_least("--eval-every", opts.eval_every, 0),
+        positive("--equal-steps", opts.equal_steps), greater_than_zero("--timeout", opts.timeout),
+        greater_than_zero("--lr", opts.lr))
+    if problem:
+        return problem
+    if opts.save_every and not opts.save:
+        return "--save-every N saves into --save DIR: give --save too"
+    if opts.equal_steps is not None and not opts.compares:
+        return "--equal-steps N says how many steps must equal one device's: give --compare-single or --plot"
+    return None
+
+
+def validate(opts, world_size, description=None):
+    """The first problem with the settings for this world size, as a sentence; None if fine.
+
+    description: the model a --load checkpoint must hold (checkpoint.model_description; a
+    later lesson's trainer passes its own), checked with the step and config before any work.
+    """
+    problem = flag_problem(opts)
+    if problem:
+        return problem
+    if world_size % opts.tp != 0:
+        return (f"world size {world_size} is not divisible by tp={opts.tp} "
+                f"(launch a multiple of {opts.tp} processes: torchrun --nproc-per-node ...)")
+    dp = world_size // opts.tp
+    if opts.batch_size < 1 or opts.batch_size % dp != 0:
+        return f"batch size {opts.batch_size} is not divisible by dp={dp}"
+    if opts.impl == "dtensor" and (opts.save or opts.load):
         return "--save and --load work with --impl scratch only"
-    if args.impl == "dtensor" and args.kv_heads is not None and args.kv_heads % args.tp != 0:
-        return (f"--impl dtensor needs --kv-heads divisible by --tp (got {args.kv_heads} and "
-                f"{args.tp}): ColwiseParallel would cut a key/value head across ranks, where "
+    if opts.impl == "dtensor" and opts.kv_heads is not None and opts.kv_heads % opts.tp != 0:
+        return (f"--impl dtensor needs --kv-heads divisible by --tp (got {opts.kv_heads} and "
+                f"{opts.tp}): ColwiseParallel would cut a key/value head across ranks, where "
                 f"--impl scratch replicates each KV head on the ranks that share it")
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if opts.device == "cuda" and not torch.cuda.is_available():
         return "--device cuda was asked for, but torch sees no CUDA device"
     try:
-        config_from_args(args).validate(args.tp)
-    except ValueError as e:
+        config = config_from_args(opts)
+        config.validate(opts.tp)
+        if opts.load:
+            ckpt.check_resumable(opts.load, config, description or ckpt.model_description(config),
+                                 opts.steps, opts.optimizer)
+    except (ValueError, ckpt.CheckpointError) as e:
         return str(e)
     return None
 
 
-def default_lr(args):
-    return args.lr if args.lr is not None else (3e-3 if args.optimizer == "adamw" else 0.3)
-
-
-def make_optimizer(params, args):
+def make_optimizer(params, opts):
     """AdamW (betas 0.9, 0.95, no weight decay) or SGD with momentum; element-wise, so TP-safe."""
-    lr = default_lr(args)
-    if args.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
-    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0, foreach=False)
+    if opts.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=opts.learning_rate, momentum=0.9)
+    return torch.optim.AdamW(params, lr=opts.learning_rate, betas=(0.9, 0.95), weight_decay=0.0, foreach=False)
+
+
+# ---------------------------------------------------------------------------------------
+# What a later lesson changes in this trainer
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class Hooks:
+    """A later lesson's changes to Lesson 6's run; every field is optional.
+
+    parallelize(full, group): the model to train from the single-device GPT ``full`` (on this
+        rank's device); default gpt_to_tp, or the DTensor plan for --impl dtensor.
+    after_backward(model): between backward and the DP average (Lesson 8: sum the gradients of
+        the parameters the streams share over the TP group).
+    reference_loss(gpt, x, y): the single-device reference's loss (Lesson 8: the t-stream model);
+        default the GPT's own. reference_name: how the report calls that reference.
+    description: the model checkpoints hold and loaders check (checkpoint.model_description).
+    checkpoint_meta: more entries for a checkpoint's metadata.
+    step_metrics(group, counter): called before a step; returns a function called after it that
+        gives more fields for that step's metrics record (Lesson 8: the TP bytes of the step).
+    summary(group, counter, n_steps): rank 0 prints more after the report.
+    """
+    parallelize: Optional[Callable] = None
+    after_backward: Optional[Callable] = None
+    reference_loss: Optional[Callable] = None
+    reference_name: str = "single-device"
+    description: Optional[dict] = None
+    checkpoint_meta: dict = field(default_factory=dict)
+    step_metrics: Optional[Callable] = None
+    summary: Optional[Callable] = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -167,15 +302,34 @@ def average_gradients(params, group, dp):
         offset += g.numel()
 
 
-def train_step(model, optimizer, x, y, dp_group=None, dp=1):
-    """Forward, backward, DP gradient average, optimizer step; returns the global mean loss.
+def gpt_loss(model, x, y):
+    """The GPT's mean cross-entropy on a batch."""
+    return model(x, y)[1]
 
-    With dp=1 it touches no process group, so it also runs on in-process simulated ranks.
+
+def forward_backward(model, x, y, loss_fn=gpt_loss):
+    """The loss of one batch, its gradients accumulated into the parameters."""
+    loss = loss_fn(model, x, y)
+    loss.backward()
+    return loss
+
+
+def train_step(model, optimizer, x, y, dp_group=None, dp=1, *, after_backward=None,
+               run_batch=forward_backward, average=True, context=contextlib.nullcontext):
+    """THE training step: zero_grad, forward and backward, after_backward(model), the DP
+    gradient average, optimizer step; returns the global mean loss (detached).
+
+    Every trainer's step is this one. A later lesson changes a part: run_batch(model, x, y)
+    (Lesson 11's pipeline), average=False (DDP and ZeRO average themselves), context (what
+    forward and backward run inside: DTensor's loss_parallel). With dp=1 it touches no
+    process group, so it also runs on in-process simulated ranks.
     """
     optimizer.zero_grad(set_to_none=True)
-    _, loss = model(x, y)
-    loss.backward()
-    if dp > 1:
+    with context():
+        loss = run_batch(model, x, y)
+    if after_backward is not None:
+        after_backward(model)
+    if average and dp > 1:
         average_gradients([p for p in model.parameters() if p.grad is not None], dp_group, dp)
     optimizer.step()
     loss = loss.detach().clone()
@@ -185,28 +339,31 @@ def train_step(model, optimizer, x, y, dp_group=None, dp=1):
     return loss
 
 
-def single_device_run(config, args, start=None, model=None):
+def single_device_run(config, opts, start=None, model=None, loss_fn=gpt_loss):
     """The reference: the single-device GPT trained on the whole global batch of every step.
 
     A generator of (step, loss tensor). ``start``: a checkpoint.load_full() result to resume
-    from (weights, optimizer state, step); otherwise fresh weights from ``args.seed``.
+    from (weights, optimizer state, step); otherwise fresh weights from ``opts.seed``.
     ``model``: a GPT to train in place (to read its weights afterwards); default a new one.
+    ``loss_fn(gpt, x, y)``: the reference's loss (Hooks.reference_loss).
     """
-    dtype = getattr(torch, args.dtype)
-    model = init_gpt(config, args.seed, dtype) if model is None else model
-    optimizer = make_optimizer(model.parameters(), args)
+    model = init_gpt(config, opts.seed, opts.torch_dtype) if model is None else model
+    optimizer = make_optimizer(model.parameters(), opts)
     step = 0
     if start is not None:
         model.load_state_dict(start["model"])
         ckpt.load_optimizer_state_by_name(model, optimizer, start["optimizer"])
         step = start["step"]
-    for step in range(step, args.steps):
-        x, y = global_batch(step, args.batch_size, config.seq_len, config.vocab_size, args.seed, args.data)
-        optimizer.zero_grad(set_to_none=True)
-        _, loss = model(x, y)
-        loss.backward()
-        optimizer.step()
-        yield step, loss.detach()
+    for step in range(step, opts.steps):
+        x, y = global_batch(step, opts.batch_size, config.seq_len, config.vocab_size, opts.seed, opts.data)
+        yield step, train_step(model, optimizer, x, y, run_batch=partial(forward_backward, loss_fn=loss_fn))
+
+
+def steps_on_comm(opts, config, model, optimizer, after_backward=None):
+    """Steps 0 .. opts.steps-1 on simulated ranks (dp = 1): a generator of (step, loss tensor)."""
+    for step in range(opts.steps):
+        x, y = global_batch(step, opts.batch_size, config.seq_len, config.vocab_size, opts.seed, opts.data)
+        yield step, train_step(model, optimizer, x, y, after_backward=after_backward)
 
 
 def train_on_comm(comm, argv=()):
@@ -215,53 +372,48 @@ def train_on_comm(comm, argv=()):
     The same model, data and optimizer as the torchrun script for the command line ``argv``,
     with the from-scratch collectives underneath. Returns the list of per-step losses.
     """
-    args = build_parser().parse_args(list(argv))
-    config = config_from_args(args)
-    model = gpt_to_tp(comm, init_gpt(config, args.seed, getattr(torch, args.dtype)))
-    optimizer = make_optimizer(model.parameters(), args)
-    losses = []
-    for step in range(args.steps):
-        x, y = global_batch(step, args.batch_size, config.seq_len, config.vocab_size, args.seed, args.data)
-        losses.append(train_step(model, optimizer, x, y).item())
-    return losses
+    opts = parse(argv)
+    config = config_from_args(opts)
+    model = gpt_to_tp(comm, init_gpt(config, opts.seed, opts.torch_dtype))
+    optimizer = make_optimizer(model.parameters(), opts)
+    return [loss.item() for _, loss in steps_on_comm(opts, config, model, optimizer)]
 
 
 # ---------------------------------------------------------------------------------------
 # Building the model on this rank
 # ---------------------------------------------------------------------------------------
 
-def tp_group_for(args, mesh):
+def tp_group_for(opts, mesh):
     """The object the parallel layers communicate through: it alone decides the collectives.
 
     --collectives native: the mesh's torch ProcessGroup; scratch: a TorchComm over that same
     group, whose ring collectives are built from send/recv and counted by its meter.
     """
-    if args.collectives == "native":
+    if opts.collectives == "native":
         return mesh.tp_group
     from tp_from_scratch.comm.torch_comm import TorchComm
     return TorchComm(mesh.tp_group, device=mesh.device if mesh.device.type == "cuda" else None,
-                     timeout=args.timeout)
+                     timeout=opts.timeout)
 
 
-def build(args, config, mesh, start, group, parallelize=None):
+def build(opts, config, mesh, start, group, parallelize=None):
     """(model, optimizer, first step): fresh from the seed, or resumed from ``start``.
 
     parallelize(full, group): a later lesson's way to shard the single-device GPT ``full``
-    (already on this rank's device), e.g. Lesson 7's sequence parallelism; by default
-    gpt_to_tp, or the DTensor plan for --impl dtensor.
+    (Hooks.parallelize), e.g. Lesson 7's sequence parallelism; by default gpt_to_tp, or the
+    DTensor plan for --impl dtensor.
     """
-    dtype = getattr(torch, args.dtype)
-    full = init_gpt(config, args.seed, dtype)   # the same weights on every rank
+    full = init_gpt(config, opts.seed, opts.torch_dtype)   # the same weights on every rank
     if start is not None:
         full.load_state_dict(start["model"])
     if parallelize is not None:
         model = parallelize(full.to(mesh.device), group)
-    elif args.impl == "dtensor":
+    elif opts.impl == "dtensor":
         from tp_from_scratch.gpt.dtensor_plan import parallelize_gpt
         model = parallelize_gpt(full.to(mesh.device), mesh.device_mesh["tp"])
     else:
         model = gpt_to_tp(group, full).to(mesh.device)
-    optimizer = make_optimizer(model.parameters(), args)
+    optimizer = make_optimizer(model.parameters(), opts)
     step = 0
     if start is not None:
         local = ckpt.shard_optimizer_state(start["optimizer"], mesh.tp, mesh.tp_rank, config)
@@ -272,23 +424,25 @@ def build(args, config, mesh, start, group, parallelize=None):
     return model, optimizer, step
 
 
-def save(args, config, mesh, model, optimizer, step, extra=None):
+def save(opts, config, mesh, model, optimizer, step, hooks):
     """A sharded checkpoint: the TP ranks of DP replica 0 write, rank 0 commits (collective).
 
-    extra: more entries for the metadata (a later lesson's trainer records its own settings).
+    The metadata records the settings a resume must agree with, the model description
+    (hooks.description) every loader checks, and hooks.checkpoint_meta.
     """
     names = [ckpt.new_checkpoint_name(step) if mesh.rank == 0 else None]
     dist.broadcast_object_list(names, src=0)
     record = None
     if mesh.dp_rank == 0:
-        record = ckpt.write_shard(args.save, names[0], mesh.tp_rank, mesh.tp, model.state_dict(),
+        record = ckpt.write_shard(opts.save, names[0], mesh.tp_rank, mesh.tp, model.state_dict(),
                                   ckpt.optimizer_state_by_name(model, optimizer), torch.get_rng_state())
     records = [None] * mesh.world
     dist.all_gather_object(records, record)
     if mesh.rank == 0:
-        meta = {"dtype": args.dtype, "optimizer": args.optimizer, "lr": default_lr(args),
-                "seed": args.seed, "batch_size": args.batch_size, **(extra or {})}
-        ckpt.commit(args.save, names[0], config, mesh.tp, step, [r for r in records if r], meta)
+        meta = {"dtype": opts.dtype, "optimizer": opts.optimizer, "lr": opts.learning_rate,
+                "seed": opts.seed, "batch_size": opts.batch_size, **hooks.checkpoint_meta}
+        ckpt.commit(opts.save, names[0], config, mesh.tp, step, [r for r in records if r], meta,
+                    description=hooks.description)
     dist.barrier()
 
 
@@ -296,17 +450,17 @@ def save(args, config, mesh, model, optimizer, step, extra=None):
 # The run
 # ---------------------------------------------------------------------------------------
 
-def report_memory(args, model, config, mesh):
+def report_memory(opts, model, config, mesh):
     n_local, bytes_local = count_parameters(model)
     per_rank = [None] * mesh.world
     dist.all_gather_object(per_rank, bytes_local)
     if mesh.rank == 0:
-        n_full, bytes_full = count_parameters(init_gpt(config, 0, getattr(torch, "float32")))
+        n_full, bytes_full = count_parameters(init_gpt(config, 0, torch.float32))
         print(f"GPT: {n_full:,} parameters ({config.n_layers} layers, H={config.hidden}, "
               f"nh={config.n_heads}, nkv={config.n_kv_heads}, F={config.ffn}, V={config.vocab_size}, "
-              f"T={config.seq_len}); global batch B={args.batch_size}; mesh dp={mesh.dp} x tp={mesh.tp}",
+              f"T={config.seq_len}); global batch B={opts.batch_size}; mesh dp={mesh.dp} x tp={mesh.tp}",
               flush=True)
-        if args.data == "text":
+        if opts.data == "text":
             from tp_from_scratch.gpt.text import FILES, corpus
             data, digest = corpus()
             print(f"data: {len(FILES)} files of this Python's standard library, {len(data):,} bytes "
@@ -324,80 +478,97 @@ def verdict(loss, ref, step):
         return False, f"DIFFERS: {e}"
 
 
-def run(args, config, mesh, parallelize=None):
+def run(opts, config, mesh, hooks=None):
     """Set up, train, report; returns the exit status (1 if a step differs from one device).
 
-    parallelize: see build (a later lesson's trainer passes its own)."""
-    start = ckpt.load_full(args.load, config) if args.load else None
-    saved_with = start and start["meta"].get("optimizer")
-    if saved_with and saved_with != args.optimizer:
-        raise ckpt.CheckpointError(f"checkpoint {args.load} holds {saved_with} state, "
-                                   f"but this run uses --optimizer {args.optimizer}")
-    group = tp_group_for(args, mesh)
-    model, optimizer, first = build(args, config, mesh, start, group, parallelize)
-    report_memory(args, model, config, mesh)
-    compare = (args.compare_single or args.plot) and mesh.rank == 0
-    reference = single_device_run(config, args, start) if compare else None
+    hooks: what a later lesson's trainer changes (Hooks); the step, loop, checkpoints,
+    metrics and report stay this lesson's."""
+    hooks = hooks or Hooks()
+    if hooks.description is None:   # Lesson 6's own model: the ordinary GPT of this config
+        hooks = replace(hooks, description=ckpt.model_description(config))
+    start = None
+    if opts.load:
+        start = ckpt.load_full(opts.load, config, hooks.description)
+        ckpt.check_resume(start["meta"], opts.load, opts.steps, opts.optimizer)
+    group = tp_group_for(opts, mesh)
+    model, optimizer, first = build(opts, config, mesh, start, group, hooks.parallelize)
+    report_memory(opts, model, config, mesh)
+    reference = None
+    if opts.compares and mesh.rank == 0:
+        reference = single_device_run(config, opts, start, loss_fn=hooks.reference_loss or gpt_loss)
     counter = CollectiveCounter({mesh.tp_group: "tp", mesh.dp_group: "dp"})
+    step_fn = partial(train_step, after_backward=hooks.after_backward)
     t_start = time.perf_counter()
-    losses, ref_losses, bad = train_loop(args, config, mesh, model, optimizer, first, reference, counter)
+    losses, ref_losses, bad = train_loop(opts, config, mesh, model, optimizer, first, reference, counter,
+                                         step_fn, hooks, group)
     elapsed = time.perf_counter() - t_start
-    if args.save:
-        save(args, config, mesh, model, optimizer, args.steps)
+    if opts.save:
+        save(opts, config, mesh, model, optimizer, opts.steps, hooks)
     if mesh.rank == 0:
-        report(args, mesh, group, counter, first, losses, ref_losses, bad, elapsed)
-    return 1 if bad and differs_too_early(args, first, losses, ref_losses) else 0
+        report(opts, mesh, group, counter, first, losses, ref_losses, bad, elapsed, hooks.reference_name)
+        if hooks.summary is not None:
+            hooks.summary(group, counter, opts.steps - first)
+    return 1 if bad and differs_too_early(opts, first, losses, ref_losses) else 0
 
 
-def differs_too_early(args, first, losses, ref_losses):
+def differs_too_early(opts, first, losses, ref_losses):
     """Rank 0: print the first step whose loss differs from one device's; True if it is one of
     the steps that must be equal (every step, or the first --equal-steps)."""
-    dtype = getattr(torch, args.dtype)
     step = next(first + i for i, (a, b) in enumerate(zip(losses, ref_losses))
-                if not verdict(torch.tensor(a, dtype=dtype), torch.tensor(b, dtype=dtype), first + i)[0])
-    limit = getattr(args, "equal_steps", None) or args.steps
+                if not verdict(torch.tensor(a, dtype=opts.torch_dtype), torch.tensor(b, dtype=opts.torch_dtype),
+                               first + i)[0])
+    limit = opts.equal_steps or opts.steps
     print(f"steps {first}..{step - 1} equal to one device; step {step} differs: training amplifies the "
           f"roundoff of the two summation orders step after step until the runs part"
           f"{f' (allowed by --equal-steps {limit})' if step >= limit else ''}")
     return step < limit
 
 
-def train_loop(args, config, mesh, model, optimizer, first, reference, counter, step_fn=None):
-    """Steps first .. args.steps-1; returns (losses, single-device losses, steps that differ).
+def progress_bar(opts, total, is_main):
+    """tqdm over the steps on rank 0; none with --no-progress or when stdout is not a terminal
+    (| tee, CI logs: its carriage returns would interleave with the step lines)."""
+    from tqdm import tqdm
+    quiet = opts.no_progress or not sys.stdout.isatty()
+    return tqdm(total=total, disable=not is_main or quiet, desc="training",
+                unit="step", file=sys.stdout, dynamic_ncols=False, ncols=80)
 
-    step_fn: a later lesson's step with train_step's signature (Lesson 11: DDP, ZeRO, pipeline)."""
+
+def train_loop(opts, config, mesh, model, optimizer, first, reference, counter, step_fn=train_step,
+               hooks=None, group=None):
+    """Steps first .. opts.steps-1; returns (losses, single-device losses, steps that differ).
+
+    step_fn: the step, with train_step's signature (a later lesson's is train_step with some
+    parts changed: Lesson 8's after_backward, Lesson 11's DDP, ZeRO, pipeline). Every
+    --eval-every and --save-every happens here, for every trainer."""
+    hooks = hooks or Hooks()
     is_main = mesh.rank == 0
     metrics = None
-    if args.metrics and is_main:
-        Path(args.metrics).parent.mkdir(parents=True, exist_ok=True)
-        metrics = open(args.metrics, "w")
-    from tqdm import tqdm
-    # no progress bar when stdout is not a terminal (| tee, CI logs): its carriage returns
-    # would interleave with the step lines
-    quiet = args.no_progress or not sys.stdout.isatty()
-    bar = tqdm(total=args.steps - first, disable=not is_main or quiet, desc="training",
-               unit="step", file=sys.stdout, dynamic_ncols=False, ncols=80)
+    if opts.metrics and is_main:
+        Path(opts.metrics).parent.mkdir(parents=True, exist_ok=True)
+        metrics = open(opts.metrics, "w")
+    bar = progress_bar(opts, opts.steps - first, is_main)
     losses, ref_losses, bad = [], [], 0
     parted = False  # past --equal-steps, once a step differs the two runs are apart for good
     try:
-        for step in range(first, args.steps):
-            x, y = local_batch(step, args.batch_size, config.seq_len, config.vocab_size, args.seed,
-                               mesh.dp_rank, mesh.dp, args.data)
+        for step in range(first, opts.steps):
+            x, y = local_batch(step, opts.batch_size, config.seq_len, config.vocab_size, opts.seed,
+                               mesh.dp_rank, mesh.dp, opts.data)
             t0 = time.perf_counter()
+            measured = hooks.step_metrics(group, counter) if hooks.step_metrics else None
             with counter.counting():
-                loss = (step_fn or train_step)(model, optimizer, x.to(mesh.device), y.to(mesh.device),
-                                               mesh.dp_group, mesh.dp)
-            record = {"step": step, "loss": loss.item(), "time_s": time.perf_counter() - t0}
+                loss = step_fn(model, optimizer, x.to(mesh.device), y.to(mesh.device), mesh.dp_group, mesh.dp)
+            record = {"step": step, "loss": loss.item(), "time_s": time.perf_counter() - t0,
+                      **(measured() if measured else {})}
             if reference is not None:
                 _, ref = next(reference)
                 ok, text = verdict(loss.cpu(), ref, step)
-                if parted or (not ok and step >= (getattr(args, "equal_steps", None) or args.steps)):
+                if parted or (not ok and step >= (opts.equal_steps or opts.steps)):
                     parted = True  # a later step that happens to fall within tolerance is not "equal"
                     text = "apart: roundoff amplified by training (past --equal-steps)"
                 bad += not ok
                 record.update(single_loss=ref.item(), abs_diff=abs(loss.item() - ref.item()), equal=ok)
                 ref_losses.append(ref.item())
-                bar.write(f"step {step:4d}  loss {loss.item():.6f}  single-device {ref.item():.6f}  "
+                bar.write(f"step {step:4d}  loss {loss.item():.6f}  {hooks.reference_name} {ref.item():.6f}  "
                           f"|diff| {record['abs_diff']:.1e}  {text}")
             losses.append(record["loss"])
             if metrics:
@@ -405,14 +576,14 @@ def train_loop(args, config, mesh, model, optimizer, first, reference, counter, 
                 metrics.flush()
             bar.set_postfix(loss=f"{loss.item():.4f}")
             bar.update(1)
-            if args.eval_every and (step + 1) % args.eval_every == 0:
-                val = validation_loss(model, args, config, mesh.device)  # the same on every rank
+            if opts.eval_every and (step + 1) % opts.eval_every == 0:
+                val = validation_loss(model, opts, config, mesh.device)  # the same on every rank
                 if is_main:
-                    bar.write(f"step {step:4d}  validation loss {val:.4f} ({args.data})")
+                    bar.write(f"step {step:4d}  validation loss {val:.4f} ({opts.data})")
                 if metrics:
                     metrics.write(json.dumps({"step": step, "val_loss": val}) + "\n")
-            if args.save and args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.steps:
-                save(args, config, mesh, model, optimizer, step + 1)
+            if opts.save and opts.save_every and (step + 1) % opts.save_every == 0 and step + 1 < opts.steps:
+                save(opts, config, mesh, model, optimizer, step + 1, hooks)
     finally:
         bar.close()
         if metrics:
@@ -420,60 +591,61 @@ def train_loop(args, config, mesh, model, optimizer, first, reference, counter, 
     return losses, ref_losses, bad
 
 
-def validation_loss(model, args, config, device):
+def validation_loss(model, opts, config, device):
     """The loss on a fixed held-out batch (every rank evaluates the whole batch; no DP split).
 
     text: the validation split; markov: a batch no training step draws (step 2**40)."""
-    if args.data == "text":
-        x, y = global_batch(0, args.batch_size, config.seq_len, config.vocab_size, args.seed, "text", "val")
+    if opts.data == "text":
+        x, y = global_batch(0, opts.batch_size, config.seq_len, config.vocab_size, opts.seed, "text", "val")
     else:
-        x, y = global_batch(2 ** 40, args.batch_size, config.seq_len, config.vocab_size, args.seed)
+        x, y = global_batch(2 ** 40, opts.batch_size, config.seq_len, config.vocab_size, opts.seed)
     with torch.no_grad():
         return model(x.to(device), y.to(device))[1].item()
 
 
-def report(args, mesh, group, counter, first, losses, ref_losses, bad, elapsed):
+def report(opts, mesh, group, counter, first, losses, ref_losses, bad, elapsed, reference_name="single-device"):
     """Rank 0's summary: time, final loss, communication per step, the single-device verdict."""
-    n = args.steps - first
+    n = opts.steps - first
     print(f"\n{n} steps in {elapsed:.1f} s; final loss {losses[-1] if losses else float('nan'):.6f}")
-    print(f"communication per step on rank 0 ({args.impl}; the bytes of the tensors handed to "
+    print(f"communication per step on rank 0 ({opts.impl}; the bytes of the tensors handed to "
           f"torch.distributed's collectives, before any algorithm multiplies them):")
-    if args.impl == "dtensor":
+    if opts.impl == "dtensor":
         print("  (DTensor calls functional collectives, which this counter does not see)")
     print(counter.table(n))
-    if args.impl == "scratch" and args.collectives == "scratch":
+    if opts.impl == "scratch" and opts.collectives == "scratch":
         print(f"TP traffic from scratch over the {n} steps (the TorchComm's meter: every ring "
               f"message this rank sent):")
         print(group.meter.table())
     if ref_losses:
-        tol = TOLERANCE[args.dtype]
-        if bad and getattr(args, "equal_steps", None):  # the line after the report says where they part
-            print(f"single-device comparison (tolerance {tol:.0e} x max(1, |loss|), {args.dtype}):")
+        tol = TOLERANCE[opts.dtype]
+        allowed = f"; only steps {first}..{opts.equal_steps - 1} must be (--equal-steps {opts.equal_steps})" \
+            if opts.equal_steps else ""
+        if bad and opts.equal_steps:  # the line after the report says where they part
+            print(f"{reference_name} comparison (tolerance {tol:.0e} x max(1, |loss|), {opts.dtype}):")
         else:
-            print(f"single-device comparison: {n - bad} of {n} steps equal "
-                  f"(tolerance {tol:.0e} x max(1, |loss|), {args.dtype})")
-    if args.plot:
+            print(f"{reference_name} comparison: {n - bad} of {n} steps equal "
+                  f"(tolerance {tol:.0e} x max(1, |loss|), {opts.dtype}){allowed}")
+    if opts.plot:
         from tp_from_scratch.plots import plot_loss_comparison
-        label = f"dp={mesh.dp} x tp={mesh.tp} ({args.impl})"
-        plot_loss_comparison(args.plot, range(first, args.steps), losses, ref_losses, label,
-                             TOLERANCE[args.dtype], args.dtype)
-        print(f"loss curves: {args.plot}")
-    if args.save:
-        print(f"checkpoint: {args.save} (step {args.steps}, tp={mesh.tp})")
+        label = f"dp={mesh.dp} x tp={mesh.tp} ({opts.impl})"
+        plot_loss_comparison(opts.plot, range(first, opts.steps), losses, ref_losses, label,
+                             TOLERANCE[opts.dtype], opts.dtype)
+        print(f"loss curves: {opts.plot}")
+    if opts.save:
+        print(f"checkpoint: {opts.save} (step {opts.steps}, tp={mesh.tp})")
 
 
 def main(argv=None):
-    args = parse_valid_args(build_parser(), validate, argv)
-    config = config_from_args(args)
-    mesh = setup_mesh(args.tp, args.device, args.timeout, dtensor=args.impl == "dtensor")
-    run_and_exit(run, args, config, mesh)
+    opts = parse_config(build_parser(), validate, argv)
+    mesh = setup_mesh(opts.tp, opts.device, opts.timeout, dtensor=opts.impl == "dtensor")
+    run_and_exit(run, opts, config_from_args(opts), mesh)
 
 
-def run_and_exit(run_fn, args, config, mesh):
-    """Exit with ``run_fn(args, config, mesh)``'s status; a checkpoint error is printed with the
+def run_and_exit(run_fn, opts, config, mesh):
+    """Exit with ``run_fn(opts, config, mesh)``'s status; a checkpoint error is printed with the
     rank and exits 1; the process group is torn down either way. Later lessons' trainers use it."""
     try:
-        status = run_fn(args, config, mesh)
+        status = run_fn(opts, config, mesh)
     except ckpt.CheckpointError as e:
         print(f"rank {mesh.rank}: error: {e}", file=sys.stderr, flush=True)
         status = 1

@@ -1,9 +1,9 @@
 """A tensor-parallel vision transformer: the GPT's Block on image patches, trained on digits.
 
-    python -m tp_from_scratch.gpt.vit                      # one device
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.vit --compare-single
+    .venv/bin/python -m tp_from_scratch.gpt.vit                      # one device
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.vit --compare-single
     # where TP and one device part: t=2 on simulated ranks, against a one-ulp perturbation
-    python -m tp_from_scratch.gpt.vit --drift lessons/measurements/vit_drift_float32.json --steps 300
+    .venv/bin/python -m tp_from_scratch.gpt.vit --drift lessons/measurements/vit_drift_float32.json --steps 300
 
 Nothing in the TP layers knows about language. The ViT is the same Block (same column and
 row layers, same f and g) with three changes around it:
@@ -50,6 +50,7 @@ import torch.nn.functional as F
 
 from tp_from_scratch.gpt.model import (Block, GPTConfig, _linear, gather_state_dict, init_weights,
                                        make_norm, shard_state_dict, tp_layer_factories)
+from tp_from_scratch.gpt.options import at_least, divides, first_problem, parse_valid_args, positive
 from tp_from_scratch.nn.mappings import tp_rank, tp_world_size
 
 N_CLASSES = 10
@@ -247,6 +248,16 @@ def write_drift(path, steps, dtype, seed):
     return 0
 
 
+def validate(args, world):
+    """The first problem with the command line for ``world`` processes, as a sentence; None if fine."""
+    heads = vit_config().n_heads
+    problem = first_problem(positive("--steps", args.steps), at_least("--check-steps", args.check_steps, 0),
+                            divides("the world size", world, heads, "the ViT's heads"))
+    if problem is None and args.compare_single and world == 1 and not args.drift:
+        problem = "--compare-single compares TP with one device: launch 2 or more processes with torchrun"
+    return problem
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m tp_from_scratch.gpt.vit", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -258,7 +269,7 @@ def main(argv=None):
                    help="exit 1 if a loss among the first N steps differs from one device's")
     p.add_argument("--drift", metavar="JSON", help="measure where TP (t=2, simulated ranks) and one device "
                    "part, against a one-ulp perturbation of the weights (see drift); write the rows here")
-    args = p.parse_args(argv)
+    args = parse_valid_args(p, validate, argv)
     dtype = getattr(torch, args.dtype)
     if args.drift:
         return write_drift(args.drift, args.steps, dtype, args.seed)

@@ -63,7 +63,7 @@ def main(argv=None):
     variants = ours.variant or [""]
     parsed = []
     for v in variants:
-        args = train.build_parser().parse_args(
+        args = train.parse(
             [*f"--dp {ours.dp} --pp {ours.pp} --tp {ours.tp} --steps {ours.steps} --compare-single "
                f"--no-progress {ours.common} {v}".split()])
         problem = train.validate(args, world)

@@ -1,17 +1,18 @@
 """Train the GPT on a dp x pp x tp mesh, each step's loss checked against one device (Lesson 11).
 
     # dp=2 x tp=2 on 4 processes, gradients averaged by PyTorch's DistributedDataParallel
-    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.train --dp 2 --tp 2 --ddp --compare-single
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.train --dp 2 --tp 2 --ddp --compare-single
     # dp=4 with the optimizer state sharded, gradients reduce-scattered (ZeRO-2)
-    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.train --dp 4 --zero 2 --compare-single
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.train --dp 4 --zero 2 --compare-single
     # a 2-stage pipeline of tp=2 stages, 1F1B over 4 micro-batches
-    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.train --pp 2 --tp 2 \\
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.train --pp 2 --tp 2 \\
         --schedule 1f1b --micro-batches 4 --compare-single
     # all three: dp=2 x pp=2 x tp=2 on 8 processes
-    torchrun --standalone --nproc-per-node 8 -m tp_from_scratch.parallelisms.train --dp 2 --pp 2 --tp 2 --zero 1
+    .venv/bin/torchrun --standalone --nproc-per-node 8 -m tp_from_scratch.parallelisms.train --dp 2 --pp 2 --tp 2 --zero 1
 
-The command line is Lesson 6's (``python -m tp_from_scratch.gpt.train --help``: model size,
-optimizer, batch, --compare-single, --metrics ...) plus the mesh and how DP synchronises:
+The command line is Lesson 6's (``.venv/bin/python -m tp_from_scratch.gpt.train --help``: model
+size, optimizer, batch, data, --compare-single, --metrics, --plot ...) plus the mesh and how DP
+synchronises:
 
     --dp D --pp P --tp T     D * P * T = the number of processes; rank layout in
                              tp_from_scratch/parallelisms/mesh.py (TP innermost)
@@ -23,12 +24,16 @@ optimizer, batch, --compare-single, --metrics ...) plus the mesh and how DP sync
     --sp                     sequence parallelism inside the TP group (Lesson 7), pp = 1
     --measure PATH           rank 0 writes every rank's memory, bytes and step times (JSON)
 
-The training loop, data, optimizer and report are Lesson 6's (gpt/train.py): this script
-only builds the model and optimizer for the mesh and supplies the step.
+The training step, loop, data, optimizer and report are Lesson 6's (gpt/train.py): this
+script builds the model and optimizer for the mesh and changes parts of the one step
+(gpt.train.train_step: the pipeline's forward and backward, DDP's and ZeRO's own averaging).
+Refused, as this trainer cannot honour them: --save / --load, --impl dtensor, and
+--eval-every with pp > 1 (each stage holds only its blocks).
 """
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,54 +41,78 @@ import torch.distributed as dist
 
 from tp_from_scratch.gpt import train
 from tp_from_scratch.gpt.model import gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.options import at_least, first_problem, positive
 from tp_from_scratch.gpt.traffic import CollectiveCounter
 from tp_from_scratch.parallelisms.memory import SavedActivations, memory_snapshot
 from tp_from_scratch.parallelisms.mesh import setup_mesh3d
 from tp_from_scratch.parallelisms.zero import ZeroOptimizer
 
 
+@dataclass(frozen=True)
+class MeshTrainConfig(train.TrainConfig):
+    """Lesson 6's settings plus the dp x pp x tp mesh and how DP synchronises."""
+    dp: int = 0
+    pp: int = 1
+    ddp: bool = False
+    zero: int = 0
+    schedule: str = "1f1b"
+    micro_batches: int = 1
+    sp: bool = False
+    measure: str = None
+
+
 def build_parser():
+    d = MeshTrainConfig()
     parser = train.build_parser()
     parser.prog, parser.description = "python -m tp_from_scratch.parallelisms.train", __doc__
     g = parser.add_argument_group("the dp x pp x tp mesh (Lesson 11)")
-    g.add_argument("--dp", type=int, default=0, help="data-parallel degree (0: world / (pp * tp))")
-    g.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    g.add_argument("--dp", type=int, default=d.dp, help="data-parallel degree (0: world / (pp * tp))")
+    g.add_argument("--pp", type=int, default=d.pp, help="pipeline stages")
     g.add_argument("--ddp", action="store_true", help="DP through torch's DistributedDataParallel (pp = 1)")
-    g.add_argument("--zero", type=int, choices=[0, 1, 2], default=0,
+    g.add_argument("--zero", type=int, choices=[0, 1, 2], default=d.zero,
                    help="1: optimizer state sharded over DP; 2: gradients too (reduce-scatter)")
-    g.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
-    g.add_argument("--micro-batches", type=int, default=1, metavar="M", help="per pipeline step")
+    g.add_argument("--schedule", choices=["gpipe", "1f1b"], default=d.schedule)
+    g.add_argument("--micro-batches", type=int, default=d.micro_batches, metavar="M", help="per pipeline step")
     g.add_argument("--sp", action="store_true", help="sequence parallelism in the TP group (pp = 1)")
     g.add_argument("--measure", metavar="JSON", help="write every rank's memory, bytes and times")
     return parser
 
 
-def degrees(args, world):
+def parse(argv=()):
+    return MeshTrainConfig.from_args(build_parser().parse_args([str(a) for a in argv]))
+
+
+def degrees(opts, world):
     """(dp, pp, tp) for this world; dp from --dp or the world."""
-    dp = args.dp or world // max(1, args.pp * args.tp)
-    return dp, args.pp, args.tp
+    dp = opts.dp or world // max(1, opts.pp * opts.tp)
+    return dp, opts.pp, opts.tp
 
 
-def validate(args, world):
+def validate(opts, world):
     """The first problem with the arguments, as a sentence; None if fine."""
-    if args.pp < 1 or args.dp < 0:
-        return f"--pp must be at least 1 and --dp at least 0, got pp={args.pp}, dp={args.dp}"
-    dp, pp, tp = degrees(args, world)
+    problem = first_problem(train.flag_problem(opts), positive("--pp", opts.pp), at_least("--dp", opts.dp, 0),
+                            positive("--micro-batches", opts.micro_batches))
+    if problem:
+        return problem
+    dp, pp, tp = degrees(opts, world)
     if dp * pp * tp != world:
         return (f"dp={dp} x pp={pp} x tp={tp} = {dp * pp * tp} ranks, but {world} processes were "
                 f"launched (torchrun --nproc-per-node {dp * pp * tp})")
-    if args.impl != "scratch" or args.save or args.load:
+    if opts.impl != "scratch" or opts.save or opts.load:
         return "parallelisms.train runs --impl scratch without --save / --load"
-    if args.ddp and args.zero:
+    if opts.ddp and opts.zero:
         return "--ddp and --zero are two ways of syncing DP: choose one"
-    if pp > 1 and (args.ddp or args.sp):
+    if pp > 1 and (opts.ddp or opts.sp):
         return "--ddp and --sp run with pp = 1 (the pipeline accumulates micro-batches itself)"
-    if pp > args.layers:
-        return f"pp={pp} stages for {args.layers} layers: every stage needs at least one block"
-    if args.micro_batches < 1 or (args.batch_size // dp) < args.micro_batches:
-        return (f"--micro-batches {args.micro_batches}: each DP rank has {args.batch_size // max(dp, 1)} "
+    if pp > 1 and opts.eval_every:
+        return ("--eval-every evaluates the whole model on every rank, but with --pp > 1 each rank "
+                "holds only its stage's blocks: run it with pp = 1")
+    if pp > opts.layers:
+        return f"pp={pp} stages for {opts.layers} layers: every stage needs at least one block"
+    if opts.micro_batches < 1 or (opts.batch_size // dp) < opts.micro_batches:
+        return (f"--micro-batches {opts.micro_batches}: each DP rank has {opts.batch_size // max(dp, 1)} "
                 f"sequences to split")
-    return train.validate(args, world // pp)   # Lesson 6's checks on the dp x tp part
+    return train.validate(opts, world // pp)   # Lesson 6's checks on the dp x tp part
 
 
 # ---------------------------------------------------------------------------------------
@@ -98,14 +127,13 @@ def ddp_hook_in_python(dp_group):
     return lambda state, bucket: allreduce_hook(dp_group, bucket)
 
 
-def build(args, config, mesh, group):
+def build(opts, config, mesh, group):
     """(module to train, optimizer, pipeline comm or None) on this rank; ``group``: the TP layers'.
 
     tp = 1 trains the single-device GPT itself (no TP layers, so no TP collectives at all)."""
-    dtype = getattr(torch, args.dtype)
-    full = init_gpt(config, args.seed, dtype)  # the same weights on every rank
+    full = init_gpt(config, opts.seed, opts.torch_dtype)  # the same weights on every rank
     model = full if mesh.tp == 1 else gpt_to_tp(group, full)
-    if args.sp:
+    if opts.sp:
         from tp_from_scratch.sequence_parallel.model import SequenceParallelGPT
         model = SequenceParallelGPT(model)
     model = model.to(mesh.device)
@@ -114,70 +142,71 @@ def build(args, config, mesh, group):
         from tp_from_scratch.comm.torch_comm import TorchComm
         from tp_from_scratch.parallelisms.pipeline import PipelineStage
         pp_comm = TorchComm(mesh.pp_group, device=mesh.device if mesh.device.type == "cuda" else None,
-                            timeout=args.timeout)
+                            timeout=opts.timeout)
         model = PipelineStage(pp_comm, model)
     params = list(model.parameters())
-    if args.ddp:
+    if opts.ddp:
         from torch.nn.parallel import DistributedDataParallel
         model = DistributedDataParallel(model, process_group=mesh.dp_group, gradient_as_bucket_view=True)
         model.register_comm_hook(None, ddp_hook_in_python(mesh.dp_group))
-    if args.zero:
-        optimizer = ZeroOptimizer(mesh.dp_group, params, args.zero, lambda ps: train.make_optimizer(ps, args))
+    if opts.zero:
+        optimizer = ZeroOptimizer(mesh.dp_group, params, opts.zero, lambda ps: train.make_optimizer(ps, opts))
     else:
-        optimizer = train.make_optimizer(params, args)
+        optimizer = train.make_optimizer(params, opts)
     return model, optimizer, pp_comm
 
 
 class Step:
-    """One training step on this rank, in the shape Lesson 6's train_loop calls it, recording
-    what the comparison needs: step time, memory held, the pipeline's timeline."""
+    """Lesson 6's one training step (gpt.train.train_step) with this mesh's parts, in the shape
+    train_loop calls it, recording what the comparison needs: step time, memory held, the
+    pipeline's timeline."""
 
-    def __init__(self, args, mesh, model, optimizer):
-        self.args, self.mesh, self.model, self.optimizer = args, mesh, model, optimizer
+    def __init__(self, opts, mesh, model, optimizer):
+        self.opts, self.mesh, self.model, self.optimizer = opts, mesh, model, optimizer
         self.module = getattr(model, "module", model)   # inside DDP
         self.activations = SavedActivations(self.module.parameters())
-        self.times, self.memory, self.timelines = [], None, []
+        self.times, self.memory, self.timelines, self.peak = [], None, [], 0
+
+    def pipeline_batch(self, model, x, y):
+        """The pipeline's forward and backward of every micro-batch (train_step's run_batch)."""
+        from tp_from_scratch.parallelisms.pipeline import forward_backward
+        result = forward_backward(model, x, y, self.opts.micro_batches, self.opts.schedule)
+        self.peak = result.peak_activation_bytes
+        self.timelines.append(result.timeline)
+        return torch.tensor(result.loss, dtype=self.opts.torch_dtype, device=self.mesh.device)
+
+    def tracked_batch(self, model, x, y):
+        """Lesson 6's forward and backward, the activations saved for backward measured."""
+        self.activations.reset_peak()
+        with self.activations.tracking():
+            _, loss = model(x, y)
+        loss.backward()
+        self.peak = self.activations.peak
+        return loss
 
     def __call__(self, model, optimizer, x, y, dp_group, dp):
-        args, mesh = self.args, self.mesh
         start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        if mesh.pp > 1:
-            from tp_from_scratch.parallelisms.pipeline import forward_backward
-            result = forward_backward(model, x, y, args.micro_batches, args.schedule)
-            loss = torch.tensor(result.loss, dtype=getattr(torch, args.dtype), device=mesh.device)
-            peak = result.peak_activation_bytes
-            self.timelines.append(result.timeline)
-        else:
-            self.activations.reset_peak()
-            with self.activations.tracking():
-                _, loss = model(x, y)
-            loss.backward()
-            peak = self.activations.peak
-        if not (args.ddp or args.zero) and dp > 1:   # Lesson 6's hand-written average
-            train.average_gradients([p for p in self.module.parameters() if p.grad is not None], dp_group, dp)
-        optimizer.step()
-        self.memory = memory_snapshot(self.module, optimizer, peak)   # what the step leaves held
-        loss = loss.detach().clone()
-        if dp > 1:
-            dist.all_reduce(loss, group=dp_group)
-            loss /= dp
+        run_batch = self.pipeline_batch if self.mesh.pp > 1 else self.tracked_batch
+        # DDP and ZeRO average the gradients themselves; otherwise Lesson 6's hand-written average
+        loss = train.train_step(model, optimizer, x, y, dp_group, dp, run_batch=run_batch,
+                                average=not (self.opts.ddp or self.opts.zero))
+        self.memory = memory_snapshot(self.module, optimizer, self.peak)   # what the step leaves held
         self.times.append(time.perf_counter() - start)
         return loss
 
 
-def strategy_name(args, mesh):
+def strategy_name(opts, mesh):
     """A short label: "dp4 zero2", "pp2xtp2 1f1b m4", ..."""
     parts = [f"{k}{v}" for k, v in (("dp", mesh.dp), ("pp", mesh.pp), ("tp", mesh.tp)) if v > 1] or ["dp1"]
     label = "x".join(parts)
     if mesh.dp > 1:
-        label += " ddp" if args.ddp else f" zero{args.zero}" if args.zero else " avg"
+        label += " ddp" if opts.ddp else f" zero{opts.zero}" if opts.zero else " avg"
     if mesh.pp > 1:
-        label += f" {args.schedule} m{args.micro_batches}"
-    return label + (" sp" if args.sp else "")
+        label += f" {opts.schedule} m{opts.micro_batches}"
+    return label + (" sp" if opts.sp else "")
 
 
-def measurements(args, mesh, step, counter, pp_comm, n_steps, warmup=1):
+def measurements(opts, mesh, step, counter, pp_comm, n_steps, warmup=1):
     """This rank's figures: memory (bytes), payload bytes per step by (collective, group),
     point-to-point bytes per step, step times after ``warmup`` steps, the pipeline timelines."""
     p2p = pp_comm.meter.bytes_sent / max(n_steps, 1) if pp_comm is not None else 0
@@ -186,56 +215,55 @@ def measurements(args, mesh, step, counter, pp_comm, n_steps, warmup=1):
             "step_s": step.times[warmup:] or step.times, "timelines": step.timelines[warmup:]}
 
 
-def train_once(args, config, mesh):
+def train_once(opts, config, mesh):
     """Build, train with Lesson 6's loop; a dict of what happened (the record on rank 0 only:
     every rank's measurements, gathered; collective over the world)."""
     counter = CollectiveCounter({mesh.tp_group: "tp", mesh.dp_group: "dp", mesh.pp_group: "pp"})
-    group = train.tp_group_for(args, mesh)
-    model, optimizer, pp_comm = build(args, config, mesh, group)
-    step = Step(args, mesh, model, optimizer)
-    compare = (args.compare_single or args.plot) and mesh.rank == 0
-    reference = train.single_device_run(config, args) if compare else None
+    group = train.tp_group_for(opts, mesh)
+    model, optimizer, pp_comm = build(opts, config, mesh, group)
+    step = Step(opts, mesh, model, optimizer)
+    reference = train.single_device_run(config, opts) if opts.compares and mesh.rank == 0 else None
     start = time.perf_counter()
-    losses, ref_losses, bad = train.train_loop(args, config, mesh, model, optimizer, 0, reference, counter,
+    losses, ref_losses, bad = train.train_loop(opts, config, mesh, model, optimizer, 0, reference, counter,
                                                step_fn=step)
     elapsed = time.perf_counter() - start
     everyone = [None] * mesh.world
-    dist.all_gather_object(everyone, measurements(args, mesh, step, counter, pp_comm, args.steps))
+    dist.all_gather_object(everyone, measurements(opts, mesh, step, counter, pp_comm, opts.steps))
     if pp_comm is not None:
         pp_comm.close()   # waits for its last sends (a TorchComm over a subgroup must be closed)
-    record = {"strategy": strategy_name(args, mesh), "dp": mesh.dp, "pp": mesh.pp, "tp": mesh.tp,
-              "zero": args.zero, "ddp": args.ddp, "sp": args.sp, "schedule": args.schedule,
-              "micro_batches": args.micro_batches, "config": config.to_dict(),
-              "batch_size": args.batch_size, "dtype": args.dtype, "steps": args.steps,
+    record = {"strategy": strategy_name(opts, mesh), "dp": mesh.dp, "pp": mesh.pp, "tp": mesh.tp,
+              "zero": opts.zero, "ddp": opts.ddp, "sp": opts.sp, "schedule": opts.schedule,
+              "micro_batches": opts.micro_batches, "config": config.to_dict(),
+              "batch_size": opts.batch_size, "dtype": opts.dtype, "steps": opts.steps,
               "losses": losses, "ranks": everyone}
     return {"losses": losses, "ref_losses": ref_losses, "bad": bad, "elapsed": elapsed, "group": group,
             "counter": counter, "pp_comm": pp_comm, "record": record}
 
 
-def run(args, config, mesh):
+def run(opts, config, mesh):
     """Train and report; returns 1 if a step differs from one device."""
     if mesh.rank == 0:
-        print(f"mesh dp={mesh.dp} x pp={mesh.pp} x tp={mesh.tp} ({strategy_name(args, mesh)}); "
+        print(f"mesh dp={mesh.dp} x pp={mesh.pp} x tp={mesh.tp} ({strategy_name(opts, mesh)}); "
               f"rank = (pp_index * dp + dp_index) * tp + tp_index", flush=True)
-    out = train_once(args, config, mesh)
+    out = train_once(opts, config, mesh)
     if mesh.rank == 0:
-        if args.measure:
-            Path(args.measure).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.measure).write_text(json.dumps(out["record"]))
-        train.report(args, mesh, out["group"], out["counter"], 0, out["losses"], out["ref_losses"],
+        if opts.measure:
+            Path(opts.measure).parent.mkdir(parents=True, exist_ok=True)
+            Path(opts.measure).write_text(json.dumps(out["record"]))
+        train.report(opts, mesh, out["group"], out["counter"], 0, out["losses"], out["ref_losses"],
                      out["bad"], out["elapsed"])
         if out["pp_comm"] is not None:
-            print(f"pipeline point-to-point: {out['pp_comm'].meter.bytes_sent / max(args.steps, 1):,.0f} "
+            print(f"pipeline point-to-point: {out['pp_comm'].meter.bytes_sent / max(opts.steps, 1):,.0f} "
                   f"bytes sent per step by rank 0")
     return 1 if out["bad"] else 0
 
 
 def main(argv=None):
-    args = train.parse_valid_args(build_parser(), validate, argv)
+    opts = train.parse_config(build_parser(), validate, argv, MeshTrainConfig)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    dp, pp, tp = degrees(args, world)
-    mesh = setup_mesh3d(dp, pp, tp, args.device, args.timeout)
-    train.run_and_exit(run, args, train.config_from_args(args), mesh)
+    dp, pp, tp = degrees(opts, world)
+    mesh = setup_mesh3d(dp, pp, tp, opts.device, opts.timeout)
+    train.run_and_exit(run, opts, train.config_from_args(opts), mesh)
 
 
 if __name__ == "__main__":
