@@ -258,7 +258,8 @@ def test_each_plan_preset_formula_and_bridge_is_defined_once():
 
 def test_formulas_are_not_retyped():
     # Korthikanti's terms and the ring's 2N - chunk - chunk appear in their one definition only
-    patterns = {"24 / t": "tp_from_scratch.sequence_parallel.memory", "34 +": "tp_from_scratch.sequence_parallel.memory",
+    patterns = {"24 / t": "tp_from_scratch.sequence_parallel.memory",
+                "34 +": "tp_from_scratch.sequence_parallel.memory",
                 "(rank + 1) % world_size]": "tp_from_scratch.collectives"}
     for text, home in patterns.items():
         where = [m for m, p in MODULES.items() if text in source(p)]

@@ -2,9 +2,10 @@
 
     .venv/bin/torchrun --standalone --nproc-per-node 2 -m tests.spmd_scripts.dtensor_plans
 
-For gpt2 (whose plan is gpt's: tests/test_plan_dtensor.py and Lesson 7's tests run gpt) and llama
-(RMSNorm, RoPE, SwiGLU's gate/up/down), both plans derived from the architecture's sharding plan: tensor parallelism (gpt.dtensor_plan) and tensor + sequence
-parallelism (sequence_parallel.dtensor_plan), each with the vocabulary replicated and sharded
+For gpt2 (whose plan is gpt's: tests/test_plan_dtensor.py and Lesson 7's tests run gpt) and
+llama (RMSNorm, RoPE, SwiGLU's gate/up/down), both plans derived from the architecture's
+sharding plan: tensor parallelism (gpt.dtensor_plan) and tensor + sequence parallelism
+(sequence_parallel.dtensor_plan), each with the vocabulary replicated and sharded
 (loss_parallel). A tiny GPT trains STEPS float64 AdamW steps next to the single-device GPT on
 the same batches; every loss and every parameter's gradient is compared under the tolerance
 policy (assert_matches_reference). Prints "check <plan> <arch> <vocab>: ok" per run on rank 0;

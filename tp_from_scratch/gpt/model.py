@@ -31,10 +31,10 @@ fields norm, position, mlp, gelu, bias, key_bias, norm_eps, tie_embeddings):
                                                    up), gate/up column, down row
 
 "gpt" is the course's own model and the default. The presets, and which module each architecture
-splits how (its sharding plan, from which the layers below are built), are in gpt/arch.py. RoPE rotates q and k of each head by its
-position, so a rank that holds a head rotates it by itself: no communication. SwiGLU's gate
-and up are column-parallel (one f for both), down is row-parallel: one all-reduce (g), as
-for the GeLU MLP.
+splits how (its sharding plan, from which the layers below are built), are in gpt/arch.py.
+RoPE rotates q and k of each head by its position, so a rank that holds a head rotates it by
+itself: no communication. SwiGLU's gate and up are column-parallel (one f for both), down is
+row-parallel: one all-reduce (g), as for the GeLU MLP.
 """
 from dataclasses import asdict, dataclass
 
