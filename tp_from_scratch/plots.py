@@ -10,6 +10,7 @@
     tagged_blocks / decode / draw_before_after / draw_ring_steps   Lesson 2's collective pictures
     draw_attention_backward(rank, t)                        one head's backward, and where f and g sit
     draw_cross_entropy_all_reduces(t)                       the vocab-parallel loss's three all-reduces
+    draw_course_map(lessons)                                which lesson builds on which (the site's landing page)
 
 Device i is always drawn in ``device_color(i)``, in every lesson, so a learner can follow a
 shard from picture to picture. Shards are contiguous blocks as cut by
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.patches import Rectangle
+from matplotlib.patches import FancyBboxPatch, Rectangle
 
 from tp_from_scratch.sharding import shard_sizes
 
@@ -506,3 +507,65 @@ def draw_cross_entropy_all_reduces(t=3, tokens=4, vocab=13):
     fig.suptitle(f"Vocabulary-parallel cross-entropy on t = {t} ranks: three all-reduces of one number "
                  "per token", fontsize=11)
     return fig
+
+
+def course_layout(lessons):
+    """{number: (x, row)} for a top-down course map: each lesson one row below its deepest prerequisite.
+
+    ``lessons`` is a list of (number, builds_on) pairs, prerequisites listed before the lessons
+    that build on them. Each lesson wants to sit under the mean x of its prerequisites; lessons
+    of one row keep at least 1 apart, in that order, and the row keeps the mean of what they want.
+    """
+    row, x = {}, {}
+    for number, builds_on in lessons:
+        missing = [p for p in builds_on if p not in row]
+        if missing:
+            raise ValueError(f"lesson {number} builds on {missing}, which are not listed before it")
+        row[number] = 1 + max((row[p] for p in builds_on), default=-1)
+    prerequisites = dict(lessons)
+    for r in sorted(set(row.values())):
+        wanted = {n: float(np.mean([x[p] for p in prerequisites[n]] or [0.0])) for n, _ in lessons if row[n] == r}
+        in_row = sorted(wanted, key=lambda n: (wanted[n], n))
+        placed = []
+        for n in in_row:
+            placed.append(wanted[n] if not placed else max(wanted[n], placed[-1] + 1))
+        shift = np.mean(list(wanted.values())) - np.mean(placed)
+        x.update({n: float(p + shift) for n, p in zip(in_row, placed)})
+    return {n: (x[n], row[n]) for n, _ in lessons}
+
+
+def draw_course_map(lessons, *, box_width=3.0, box_height=0.8, gap=0.25, inches_per_unit=0.66):
+    """The course as a graph, top down: a box per lesson (title, what it teaches), an arrow per prerequisite.
+
+    ``lessons``: (number, title, teaches, builds_on) rows, prerequisites first. Sizes are in data
+    units, ``inches_per_unit`` of the figure each. Returns the figure and {number: (x, y)} of
+    each box's centre in data units.
+    """
+    layout = course_layout([(n, builds_on) for n, _, _, builds_on in lessons])
+    columns = max(1, max(2 * abs(x) + 1 for x, _ in layout.values()))
+    rows = 1 + max(r for _, r in layout.values())
+    pitch_x, pitch_y = box_width + gap, box_height + 2 * gap
+    fig, ax = plt.subplots(figsize=(inches_per_unit * columns * pitch_x, inches_per_unit * rows * pitch_y))
+    centre = {n: (x * pitch_x, -r * pitch_y) for n, (x, r) in layout.items()}
+    for number, title, teaches, _ in lessons:
+        cx, cy = centre[number]
+        ax.add_patch(FancyBboxPatch((cx - box_width / 2, cy - box_height / 2), box_width, box_height,
+                                    boxstyle="round,pad=0.02,rounding_size=0.12", zorder=2,
+                                    fc="#eaf3fb", ec=device_color(0), lw=1.4))
+        ax.text(cx, cy + 0.15, f"{number}  {title}", ha="center", va="center", fontsize=10,
+                weight="bold", zorder=3)
+        ax.text(cx, cy - 0.18, teaches, ha="center", va="center", fontsize=9, color="0.2", zorder=3)
+    for number, _, _, builds_on in lessons:
+        for prerequisite in builds_on:
+            (x0, y0), (x1, y1) = centre[prerequisite], centre[number]
+            skips_rows = round((y0 - y1) / pitch_y) > 1  # bend around the rows in between
+            ax.annotate("", xy=(x1, y1 + box_height / 2), xytext=(x0, y0 - box_height / 2), zorder=1,
+                        arrowprops=dict(arrowstyle="-|>", color="0.35", lw=1.3, shrinkA=2, shrinkB=2,
+                                        connectionstyle=f"arc3,rad={0.35 if skips_rows else 0}"))
+    xs = [x for x, _ in centre.values()]
+    ax.set_xlim(min(xs) - pitch_x / 2, max(xs) + pitch_x / 2)
+    ax.set_ylim(-(rows - 1) * pitch_y - pitch_y / 2, pitch_y / 2)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    fig.tight_layout(pad=0.2)
+    return fig, centre

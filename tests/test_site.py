@@ -1,0 +1,327 @@
+"""The course's website: `make site` builds it offline, and a real headless browser reads every page.
+
+The build part runs wherever the site's requirements are installed (make test installs them).
+The browser part drives Debian's chromium through its chromedriver (selenium); where no
+Chromium is installed it skips with one line naming the command that installs it. The browser
+is told no host resolves but 127.0.0.1, and its network log must show nothing else asked for.
+Screenshots go to runs/site/: the landing page, and each lesson at its first figure and its math.
+"""
+import html as html_module
+import http.server
+import json
+import re
+import shutil
+import sys
+import threading
+import time
+from functools import partial
+from pathlib import Path
+from urllib.parse import unquote, urljoin, urlparse
+
+import pytest
+
+from tp_from_scratch.comm.launchers import run_command
+from tp_from_scratch.plots import course_layout, draw_course_map
+from tp_from_scratch.tools.grading import EXERCISES
+from website.build import lesson_notebooks, lesson_of_exercise, project_pages
+from website.build import main as build_main
+from website.course import LESSONS
+
+REPO = Path(__file__).resolve().parent.parent
+SCREENSHOTS = REPO / "runs" / "site"
+BUILD_TIMEOUT_S = 300   # about a minute on 2 quiet cores; generous for a loaded machine
+WAIT_S = 30             # any one page load, script or search in the browser
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+INSTALL_CHROMIUM = "apt-get install -y chromium chromium-driver"
+# any test may be the one whose fixture builds the site (pytest -k): each gets the build's time and more
+pytestmark = pytest.mark.timeout(BUILD_TIMEOUT_S + 240)
+
+
+# --- the course map's table --------------------------------------------------------------------
+
+def test_every_notebook_has_its_line_in_the_course_map_and_every_line_its_notebook():
+    in_table = [row[0] for row in LESSONS]
+    assert sorted(in_table) == sorted(lesson_notebooks()), (
+        f"website/course.py lists lessons {sorted(in_table)}, lessons/ holds {sorted(lesson_notebooks())}: "
+        f"add one line per lesson to LESSONS")
+
+
+def test_the_map_puts_each_lesson_below_every_lesson_it_builds_on_and_no_two_in_one_place():
+    layout = course_layout([(number, builds_on) for number, _, _, builds_on in LESSONS])
+    for number, _, _, builds_on in LESSONS:
+        for prerequisite in builds_on:
+            assert layout[prerequisite][1] < layout[number][1], (prerequisite, number, layout)
+    assert len(set(layout.values())) == len(layout), layout
+
+
+def test_the_map_draws_a_box_per_lesson_with_its_title_and_an_arrow_per_prerequisite():
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.patches import FancyBboxPatch
+
+    fig, centre = draw_course_map(LESSONS)
+    ax = fig.axes[0]
+    texts = {t.get_text() for t in ax.texts}
+    assert {f"{number}  {title}" for number, title, _, _ in LESSONS} | {t for _, _, t, _ in LESSONS} <= texts
+    assert len([p for p in ax.patches if isinstance(p, FancyBboxPatch)]) == len(LESSONS)
+    arrows = [(a.xyann, a.xy) for a in ax.texts if hasattr(a, "arrow_patch") and a.arrow_patch]
+    assert len(arrows) == sum(len(builds_on) for *_, builds_on in LESSONS)
+    for (x0, y0), (x1, y1) in arrows:  # each arrow runs down, from a box's bottom to a lower box's top
+        assert y1 < y0
+    matplotlib.pyplot.close(fig)
+
+
+def test_a_lesson_that_builds_on_one_not_yet_listed_is_refused():
+    with pytest.raises(ValueError, match="lesson 2 builds on \\[3\\]"):
+        course_layout([(1, ()), (2, (3,)), (3, (1,))])
+
+
+def test_the_build_refuses_an_out_folder_it_would_wipe_before_any_work(tmp_path, capsys):
+    keep = tmp_path / "notes"
+    keep.mkdir()
+    (keep / "mine.txt").write_text("not a site")
+    for out in (REPO, keep, keep / "mine.txt"):
+        with pytest.raises(SystemExit) as refused:
+            build_main(["--out", str(out), "--work", str(tmp_path / "work")])
+        assert refused.value.code != 0
+        assert f"--out {out}" in capsys.readouterr().err
+    assert (keep / "mine.txt").read_text() == "not a site" and not (tmp_path / "work").exists()
+
+
+# --- the build ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """(html folder, build log, seconds): one build for the whole file, as `make site` makes it."""
+    pytest.importorskip("sphinx", reason="the site's requirements: .venv/bin/pip install -r requirements-site.txt")
+    work = tmp_path_factory.mktemp("site")
+    start = time.perf_counter()
+    result = run_command([sys.executable, str(REPO / "website" / "build.py"), "--out", str(work / "html"),
+                          "--work", str(work)], timeout=BUILD_TIMEOUT_S, cwd=str(REPO))
+    seconds = time.perf_counter() - start
+    assert result.returncode == 0, f"the site did not build:\n{result.stdout[-4000:]}"
+    return work / "html", result.stdout, seconds
+
+
+def test_the_site_builds_without_a_warning_and_has_a_page_per_lesson_doc_and_exercise(site):
+    html, log, seconds = site
+    print(f"site built in {seconds:.1f} s")
+    assert not re.findall(r"^.*(?:WARNING|ERROR).*$", log, re.M), log[-4000:]
+    expected = ["index.html", "search.html", "api/index.html", "api/verify.html"]
+    expected += [f"lessons/{p.stem}.html" for p in lesson_notebooks().values()]
+    expected += [f"docs/{p.stem}.html" for p in sorted((REPO / "docs").glob("*.md"))]
+    expected += [f"{p.stem}.html" for p in project_pages()]
+    expected += [f"exercises/{stem}.html" for stem, _ in EXERCISES.values()]
+    missing = [page for page in expected if not (html / page).is_file()]
+    assert not missing, f"pages missing from the site: {missing}"
+
+
+def test_no_page_loads_anything_from_another_host(site):
+    html, _, _ = site
+    for page in html.rglob("*.html"):
+        text = page.read_text()
+        remote = re.findall(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=\"(?:https?:)?//[^\"]*\"", text)
+        assert not remote, f"{page.relative_to(html)} loads from another host: {remote[:3]}"
+    assert (html / "_static" / "mathjax" / "tex-chtml.js").is_file(), "MathJax is not in the site"
+
+
+def test_each_lesson_page_links_its_exercises_and_the_commands_that_grade_them(site):
+    html, _, _ = site
+    notebooks = lesson_notebooks()
+    for exercise_id, (stem, _) in EXERCISES.items():
+        page = (html / "lessons" / f"{notebooks[lesson_of_exercise(exercise_id)].stem}.html").read_text()
+        assert f'href="../exercises/{stem}.html"' in page, f"{exercise_id}: no link from its lesson"
+        shown = text_of(page)
+        assert f"make grade EX={exercise_id}" in shown and f"exercises/test_{stem}.py" in shown, exercise_id
+        exercise = text_of((html / "exercises" / f"{stem}.html").read_text())
+        assert "NotImplementedError" in exercise, f"{stem}: the stub is not shown on its page"
+
+
+def text_of(page):
+    """What a reader sees of an HTML page, tags (and so the highlighter's spans) removed."""
+    return html_module.unescape(re.sub(r"<[^>]+>", "", page))
+
+
+def test_the_landing_page_is_the_readme_with_the_course_map(site):
+    html, _, _ = site
+    landing = (html / "index.html").read_text()
+    assert "course_map.svg" in landing
+    first_section = re.search(r"^## (.+)$", (REPO / "README.md").read_text(), re.M).group(1)
+    assert first_section.split("(")[0].strip() in landing, f"README's '{first_section}' is not on the landing page"
+
+
+# --- the browser -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def server(site):
+    """The built site over HTTP on 127.0.0.1, on a port the OS picks."""
+    html, _, _ = site
+    handler = partial(QuietHandler, directory=str(html))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/", html
+    httpd.shutdown()
+    thread.join(timeout=10)
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.skip(f"no Chromium for the browser check: {INSTALL_CHROMIUM}")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1000",
+                 # Chromium phones home (updates, accounts) whatever else it is told: resolve nothing else
+                 "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
+    driver = webdriver.Chrome(service=service, options=options)
+    driver.set_page_load_timeout(WAIT_S)
+    driver.set_script_timeout(WAIT_S)
+    yield driver
+    driver.quit()
+
+
+MATHJAX_DONE = """
+const done = arguments[arguments.length - 1];
+if (!window.MathJax || !MathJax.startup || !MathJax.startup.promise) { done("no MathJax"); return; }
+MathJax.startup.promise.then(() => done("typeset"), (e) => done("failed: " + e));
+"""
+
+PAGE_FACTS = """
+const prose = [...document.querySelectorAll("p, li, td, h1, h2, h3")]
+  .filter((e) => !e.closest("pre, code, .highlight, .cell_output, mjx-container"));
+return {
+  math: document.querySelectorAll("article .math").length,
+  typeset: document.querySelectorAll("article mjx-container").length,
+  raw_dollars: prose.map((e) => e.innerText).filter((t) => /\\$[^$\\s][^$]*\\$/.test(t)).slice(0, 3),
+  images: [...document.images].map((i) => [i.getAttribute("src"), i.complete && i.naturalWidth > 0]),
+  links: [...document.querySelectorAll("a[href]")].map((a) => a.getAttribute("href")),
+  code: document.querySelectorAll("div.highlight pre").length,
+  copy_buttons: document.querySelectorAll("button.copybtn").length,
+};
+"""
+
+
+def scroll_to(driver, selector):
+    driver.execute_script("const e = document.querySelector(arguments[0]); if (e) e.scrollIntoView({block: 'center'});",
+                          selector)
+
+
+def requested_urls(driver):
+    """Every URL the browser asked for since the last call (Chrome's performance log)."""
+    urls = []
+    for entry in driver.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message["method"] == "Network.requestWillBeSent":
+            urls.append(message["params"]["request"]["url"])
+    return urls
+
+
+def ids_of(page, cache={}):  # noqa: B006 - a cache for this module's link check
+    if page not in cache:
+        cache[page] = set(re.findall(r'\bid="([^"]+)"', page.read_text()))
+    return cache[page]
+
+
+def broken_internal_links(base, html, url, links):
+    """The links of the page at ``url`` that point into the site at a missing file or anchor."""
+    broken = []
+    for link in links:
+        target = urlparse(urljoin(url, link))
+        if target.scheme not in ("http", "https") or target.netloc != urlparse(base).netloc:
+            continue  # mailto:, a paper's address: not the site's
+        path = html / unquote(target.path).lstrip("/")
+        if path.is_dir():
+            path = path / "index.html"
+        if not path.is_file() or (target.fragment and path.suffix == ".html"
+                                  and unquote(target.fragment) not in ids_of(path)):
+            broken.append(link)
+    return broken
+
+
+def site_pages(html):
+    """The site's pages: every .html but those under _static/ (the theme ships template fragments there)."""
+    return sorted(p.relative_to(html).as_posix() for p in html.rglob("*.html")
+                  if not p.relative_to(html).parts[0].startswith("_"))
+
+
+def test_every_page_loads_clean_offline_with_its_figures_math_and_links(browser, site, server):
+    """Each page, as a reader gets it: no console error, nothing asked of another host, every image
+    loaded, the math typeset (no $...$ left raw), every link into the site resolving, down to its
+    anchor, and a copy button on each code block of a lesson."""
+    base, html = server
+    pages = site_pages(html)
+    requested_urls(browser)  # drop what the browser did before the first page
+    problems, shots = [], {}
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for page in pages:
+        url = urljoin(base, page)
+        browser.get(url)
+        facts = browser.execute_script(PAGE_FACTS)
+        if facts["math"]:
+            status = browser.execute_async_script(MATHJAX_DONE)
+            facts = browser.execute_script(PAGE_FACTS)
+            if status != "typeset" or facts["typeset"] < facts["math"]:
+                problems.append(f"{page}: math not typeset ({status}, {facts['typeset']} of {facts['math']})")
+        if facts["raw_dollars"]:
+            problems.append(f"{page}: raw $...$ left: {facts['raw_dollars']}")
+        if page.startswith("lessons/") and not 0 < facts["code"] <= facts["copy_buttons"]:
+            problems.append(f"{page}: {facts['copy_buttons']} copy buttons for {facts['code']} code blocks")
+        unloaded = [src for src, loaded in facts["images"] if not loaded]
+        if unloaded:  # a lazy image loads once on screen
+            for src in unloaded:
+                scroll_to(browser, f'img[src="{src}"]')
+            time.sleep(0.5)
+            unloaded = [src for src, loaded in browser.execute_script(PAGE_FACTS)["images"] if not loaded]
+            problems += [f"{page}: image not loaded: {src}" for src in unloaded]
+        problems += [f"{page}: broken link {link}" for link in broken_internal_links(base, html, url, facts["links"])]
+        errors = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        problems += [f"{page}: console error: {message}" for message in errors]
+        outside = [u for u in requested_urls(browser) if not u.startswith((base, "data:", "blob:"))]
+        problems += [f"{page}: requested outside 127.0.0.1: {u}" for u in outside]
+        if page == "index.html" or page.startswith("lessons/"):
+            shots[page] = screenshot_figure_and_math(browser, page), facts["math"] > 0
+    assert not problems, "\n".join(problems[:40])
+    for page, (files, has_math) in shots.items():  # a lesson that writes no LaTeX has no math to show
+        kinds = {Path(f).stem.rsplit("_", 1)[-1] for f in files}
+        assert page == "index.html" or kinds == ({"figure", "math"} if has_math else {"figure"}), (page, files)
+
+
+def screenshot_figure_and_math(driver, page):
+    """runs/site/index.png (the landing page at its course map); for a lesson, <lesson>_figure.png centred on its
+    first figure and <lesson>_math.png on its first displayed equation (or inline math, if it has none)."""
+    name = page.removesuffix(".html").replace("/", "_")
+    if not page.startswith("lessons/"):
+        scroll_to(driver, 'img[src*="course_map"]')
+        driver.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
+        return [str(SCREENSHOTS / f"{name}.png")]
+    files = []
+    for what, selector in (("figure", ".cell_output img"), ("math", "article mjx-container[display='true']"),
+                           ("math", "article mjx-container")):
+        if what in (f.stem.rsplit("_", 1)[-1] for f in files):
+            continue
+        if driver.execute_script("return document.querySelector(arguments[0]) !== null", selector):
+            scroll_to(driver, selector)
+            files.append(SCREENSHOTS / f"{name}_{what}.png")
+            driver.save_screenshot(str(files[-1]))
+    return [str(f) for f in files]
+
+
+def test_the_site_search_finds_reduce_scatter(browser, site, server):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    base, _ = server
+    browser.get(urljoin(base, "search.html?q=reduce-scatter"))
+    results = WebDriverWait(browser, WAIT_S).until(
+        lambda d: d.find_elements("css selector", "#search-results ul.search li"))
+    titles = [r.text for r in results]
+    assert any("Sequence" in t or "sequence" in t for t in titles), titles[:10]

@@ -1,0 +1,68 @@
+"""Sphinx configuration of the course's website (website/build.py stages the sources and runs Sphinx with it).
+
+Offline by construction: notebooks are shown with their committed outputs (nothing executes),
+MathJax is served from the site itself (sphinx-mathjax-offline), the theme bundles its own assets.
+"""
+import re
+
+project = "tp_from_scratch"
+html_title = "Tensor parallelism from scratch"
+extensions = [
+    "myst_nb",                  # notebooks and Markdown pages
+    "sphinx.ext.autodoc",       # the API pages, from docstrings
+    "sphinx.ext.mathjax",
+    "sphinx-mathjax-offline",   # MathJax 3 copied into _static/mathjax, mathjax_path pointing there
+    "sphinx_copybutton",        # a copy button on every code cell
+]
+
+nb_execution_mode = "off"       # the committed outputs are the lesson: never re-execute
+nb_merge_streams = True
+myst_enable_extensions = ["dollarmath", "amsmath"]  # the lessons write $...$ and $$...$$
+myst_heading_anchors = 3
+smartquotes = False             # commands stay as typed: --standalone, not an en dash
+highlight_language = "none"     # a docstring's table or command is not Python; code cells say their language
+
+autodoc_default_options = {"member-order": "bysource"}
+autodoc_typehints = "none"      # the docstrings say the shapes; signatures stay short
+
+html_theme = "sphinx_book_theme"
+html_theme_options = {"show_toc_level": 2, "use_download_button": False, "use_fullscreen_button": False,
+                      "footer_content_items": []}  # no "By <author>" line
+html_context = {"default_mode": "light"}     # the theme's mode switch logs an error without one
+html_static_path = [str(__import__("pathlib").Path(__file__).parent / "_static")]
+html_css_files = ["site.css"]
+html_favicon = "_static/favicon.svg"         # else the browser asks for /favicon.ico and gets a 404
+html_copy_source = False        # no _sources/ copy of 3 MB of notebooks
+html_show_sourcelink = False
+exclude_patterns = ["**.ipynb_checkpoints"]
+autodoc_inherit_docstrings = False  # torch.autograd.Function.forward's own docstring is not the course's
+
+
+def docstring_as_written(app, what, name, obj, options, lines):
+    """The course's docstrings are plain text, not reStructuredText: an indented run of lines (a table
+    of functions, a command, a shape legend) is shown as a literal block, as it reads in the source."""
+    if what == "module" and obj.__doc__:
+        # a module's docstring sits at column 0: keep its indents as written (autodoc strips the
+        # common indent, which turns a docstring that is all table below its first line into prose)
+        raw = [line.rstrip() for line in obj.__doc__.expandtabs().splitlines()]
+        lines[:] = [raw[0].strip()] + raw[1:] + [""]
+    out, in_block = [], False
+    for line in lines:
+        indented = line.startswith((" ", "\t")) and line.strip()
+        if indented and not in_block:
+            out += ["", "::", ""]
+        elif not indented and line.strip() and in_block:
+            out.append("")
+        in_block = bool(indented) or (in_block and not line.strip())
+        out.append(line if in_block else plain(line))
+    lines[:] = out
+
+
+def plain(line):
+    """A prose line with |, * and a word's trailing _ meant literally (|x|, a * b, exposed_s), outside ``code``."""
+    parts = re.split(r"(``.+?``)", line)
+    return "".join(p if i % 2 else re.sub(r"([|*]|_(?=\W|$))", r"\\\1", p) for i, p in enumerate(parts))
+
+
+def setup(app):
+    app.connect("autodoc-process-docstring", docstring_as_written)
