@@ -1,7 +1,7 @@
 """Megatron-Core's tensor-parallel layers held against single-device PyTorch (CPU, gloo).
 
     pip install megatron-core==0.16.1        # in requirements.txt; needs only torch, numpy, packaging
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.verify examples/megatron_core_adapter.py:ADAPTER
+    .venv/bin/python -m tp_from_scratch.verify examples/megatron_core_adapter.py:ADAPTER
 
 Megatron-Core keeps its TP group in a global (parallel_state), so ``setup`` initialises it
 over the world; its layers also take the group explicitly (tp_group=). They are built on the
@@ -12,6 +12,12 @@ for the cross-entropy (Megatron's returns per-token losses; ignored tokens are m
 
 Not declared: "uneven" (Megatron divides every size by t and asserts it divides), and
 "padding_idx" (its VocabParallelEmbedding has none).
+
+EXPECTED lists what Megatron does on purpose that the suite's contract does not ask for,
+each with its reason (the rows read XFAIL). Two FAIL rows stay, being bugs (docs/verify.md):
+g on a non-contiguous input returns it unreduced (mappings.py _reduce all-reduces
+``input_.contiguous()``, a copy, and returns ``input_``), and the cross-entropy raises on
+non-contiguous logits (it flattens them with .view).
 """
 import math
 
@@ -121,6 +127,28 @@ def setup(group):
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=dist.get_world_size(group))
 
 
+_GPU_ONLY = ("GPU-only path: the all-gather allocates its output with torch.cuda.current_device() "
+             "(megatron/core/tensor_parallel/mappings.py:91); nothing to run on a CPU")
+_IN_PLACE_F = ("in place by design: f's backward all-reduces the incoming gradient in place "
+               "(one buffer fewer; a gradient shared with a residual branch changes)")
+_IN_PLACE_G = "in place by design: g all-reduces its input in place and hands that tensor back"
+_CROSS_ENTROPY = ("by design: computes in float32 (a float64 loss comes back float32) and subtracts "
+                  "the max from the caller's float32 logits in place, to save memory")
+EXPECTED = {
+    **{pattern: _GPU_ONLY for pattern in ("scatter/*", "gather/*", "column/gather_output*",
+                                          "row/input_is_parallel=False*")},
+    "column/4-D input": "by design: inputs are [s, b, h]; the backward flattens at most 3-D "
+                        "(megatron/core/tensor_parallel/layers.py:614)",
+    "row/4-D input": "by design: inputs are [s, b, h]; the backward flattens at most 3-D",
+    **{f"f/{check}": _IN_PLACE_F for check in ("inputs untouched", "2-D input", "4-D input",
+                                               "non-contiguous input", "random shapes")},
+    **{f"g/{check}": _IN_PLACE_G for check in ("inputs untouched", "fresh output", "2-D input",
+                                               "4-D input", "random shapes")},
+    **{f"cross-entropy/{check}": _CROSS_ENTROPY for check in (
+        "forward", "grad input", "inputs untouched", "2-D logits", "4-D logits", "ignore_index",
+        "large logits (x1000)", "random shapes")},
+}
+
 ADAPTER = Adapter(
     name="megatron-core 0.16.1", column=column, row=row, embedding=embedding,
     f=lambda group, x: copy_to_tensor_model_parallel_region(x, group=group),
@@ -128,4 +156,4 @@ ADAPTER = Adapter(
     scatter=lambda group, x: scatter_to_tensor_model_parallel_region(x, group=group),
     gather=lambda group, x: gather_from_tensor_model_parallel_region(x, group=group),
     cross_entropy=cross_entropy, default_init=default_init, setup=setup,
-    supports={"gather_output", "scatter_input", "ignore_index"})
+    supports={"gather_output", "scatter_input", "ignore_index"}, expected_failures=EXPECTED)

@@ -4,19 +4,24 @@ picotron is not a package on an index: clone it and point PICOTRON at the clone.
 picotron is copied here; this file only describes its classes to tp_from_scratch.verify.
 
     git clone https://github.com/huggingface/picotron ~/picotron
-    git -C ~/picotron checkout 59714b1        # the commit the README's table was measured at
-    PICOTRON=~/picotron torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.verify \\
+    git -C ~/picotron checkout 59714b1        # the commit docs/verify.md's table was measured at
+    PICOTRON=~/picotron .venv/bin/python -m tp_from_scratch.verify \\
         examples/picotron_adapter.py:ADAPTER examples/picotron_adapter.py:ASYNC_ADAPTER
 
 picotron keeps its TP group in a global (picotron.process_group_manager), so ``setup`` builds
-it over the whole world (tp = world size, no cp/pp/dp), and its layers and mappings find the
-group there, not in an argument: the group the suite passes is only used to know the rank.
+it with tp = the suite's group size and dp = the rest of the world (consecutive ranks form a
+TP group, as the suite's do), and its layers and mappings find the group there, not in an
+argument: the group the suite passes is only used to know the rank.
 Its layers build themselves with their own initialisation; the factories then load the
 single-device module's shard into them. ADAPTER uses the plain column layer (f, then
 F.linear); ASYNC_ADAPTER the one that all-reduces dX while computing dW (async_all_reduce).
 
 Declared unsupported: uneven sizes (every size must divide by t), a row layer that scatters
 its input (no input_is_parallel), a scatter mapping and a vocab-parallel cross-entropy (none).
+
+EXPECTED declares, with reasons, what picotron does on purpose (the rows read XFAIL). The
+FAIL rows left are its bugs (docs/verify.md): the embedding applies the global padding_idx
+to its local rows, and the async column layer takes only 3-D inputs.
 """
 import os
 import sys
@@ -37,7 +42,8 @@ from tp_from_scratch.verify import Adapter  # noqa: E402
 
 
 def setup(group):
-    pgm.setup_process_group_manager(tp_size=dist.get_world_size(group), cp_size=1, pp_size=1, dp_size=1)
+    tp = dist.get_world_size(group)
+    pgm.setup_process_group_manager(tp_size=tp, cp_size=1, pp_size=1, dp_size=dist.get_world_size() // tp)
 
 
 def _load(layer, weight, bias=None):
@@ -82,12 +88,25 @@ def default_init(group, kind, n_in, n_out, dtype):
     return cls(n_in, n_out, bias=True).to(dtype)
 
 
+_IN_PLACE_F = ("in place by design (as Megatron): f's backward all-reduces the incoming "
+               "gradient in place")
+_IN_PLACE_G = "in place by design (as Megatron): g all-reduces its input in place and returns it"
+_GLOBAL_TP = ("its layers read t from a global (process_group_manager), not from the group they "
+              "are given, so the t = 1 layer the init check compares with cannot be built beside them")
+EXPECTED = {
+    **{f"f/{check}": _IN_PLACE_F for check in ("inputs untouched", "2-D input", "4-D input",
+                                               "non-contiguous input", "random shapes")},
+    **{f"g/{check}": _IN_PLACE_G for check in ("inputs untouched", "fresh output", "2-D input",
+                                               "4-D input", "non-contiguous input", "random shapes")},
+    "*/default init": _GLOBAL_TP,
+}
+
 ADAPTER = Adapter(
     name="picotron", column=_column(False), row=row, embedding=embedding,
     f=lambda group, x: CopyToModelParallelRegion.apply(x),
     g=lambda group, x: ReduceFromModelParallelRegion.apply(x),
     gather=lambda group, x: GatherFromModelParallelRegion.apply(x),
-    default_init=default_init, setup=setup,
+    default_init=default_init, setup=setup, expected_failures=EXPECTED,
     supports={"gather_output", "padding_idx"})
 
 ASYNC_ADAPTER = Adapter(name="picotron async column", column=_column(True), setup=setup,

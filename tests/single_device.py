@@ -24,3 +24,13 @@ def single_device_losses(argv, start=None):
     opts = parse(argv)
     full = ckpt.load_full(opts.load, config_from_args(opts)) if opts.load and start is None else start
     return [loss for _, loss in single_device_run(config_from_args(opts), opts, full)]
+
+
+def layers_of(argv):
+    """The number of transformer blocks the command line ``argv`` trains: the tolerance's depth."""
+    return config_from_args(parse(argv)).n_layers
+
+
+def lr_of(argv):
+    """The learning rate the command line ``argv`` trains with (the optimizer's default if unset)."""
+    return parse(argv).learning_rate

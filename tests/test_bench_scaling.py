@@ -22,7 +22,7 @@ def test_bench_scaling_under_mpiexec_writes_every_run(tmp_path):
     result = run_command(cmd, timeout=100)
     assert result.returncode == 0, result.stdout[-3000:]
     report = json.loads(out.read_text())
-    assert report["all_reduce"] == "mpi" and report["command"].startswith("mpiexec -n 2")
+    assert report["all_reduce"] == "mpi" and report["command"].startswith(".venv/bin/mpiexec -n 2")
     assert [row["hidden"] for row in report["rows"]] == [32, 64]
     for row in report["rows"]:
         assert set(row["times_s"]) == {"tp1-1thread", "tp1-2threads", "tp2"}

@@ -10,8 +10,8 @@ from tp_from_scratch.comm.launchers import mpiexec_command, run_command, subproc
 
 SCRIPT = "tests.spmd_scripts.check_collectives"
 # checks per rank: 2 data kinds x (all_reduce, reduce_scatter) x 2 ops + all_gather, broadcast,
-# scatter, all_to_all (+ reduce x 2 ops on the root, + gather on rank 0), + point to point, see the script
-BASE_CHECKS = 2 * (2 * 2 + 4) + 1
+# scatter, all_to_all, all_to_all_v (+ reduce x 2 ops on the root, + gather on rank 0), + point to point, see the script
+BASE_CHECKS = 2 * (2 * 2 + 5) + 1
 
 
 def expected_checks(rank, p):

@@ -34,6 +34,7 @@ EXPECTED_TESTS = {
     "ex09": 37,
     "ex10": 15,
     "ex11": 67,
+    "ex12": 23,
 }
 
 # known-wrong implementations whose first failure must carry a targeted hint (a substring of it)

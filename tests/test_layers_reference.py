@@ -15,15 +15,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tp_from_scratch.compare import assert_all_match, assert_matches_reference
+from tp_from_scratch.compare import assert_all_match, assert_matches_reference, finite_difference_tolerance
 from tp_from_scratch.layers import BlockConfig, reference as ref
 from tp_from_scratch.testing import random_array, rank_rng
 
 # Central differences: the truncation error is O(eps^2) and the roundoff O(1e-16 / eps), so
 # eps = 1e-6 leaves errors near 1e-9 relative to the gradient scale. A wrong backward is off
-# by O(1). This is not a summation-order tolerance, hence the explicit override.
+# by O(1). This is not a summation-order tolerance: the policy's finite-difference bound.
 EPS = 1e-6
-FD_TOL = 1e-7
+FD_TOL = finite_difference_tolerance(EPS, "float64")
 COORDS = 6  # random coordinates checked per tensor
 
 

@@ -31,6 +31,46 @@ def test_zero_under_mpiexec_on_the_from_scratch_ring_collectives():
     assert "MPIComm" in result.stdout
 
 
+@pytest.mark.parametrize("dp", [2, 4])
+def test_zero_sends_dps_bytes_and_the_naive_zero1_one_and_a_half_times_them(dp):
+    # the Meter of the from-scratch ring collectives counts the bytes really sent (gloo would
+    # emulate the reduce-scatter with an all-reduce). DP: one all-reduce of the N = 58 gradients;
+    # ZeRO pads them to dp chunks of S = ceil(N/dp) (58 = 2 x 29: no padding at dp = 2)
+    import torch
+    from tp_from_scratch.nn.mappings import all_reduce
+    n = sum(p.numel() for p in check_zero.small_model().parameters())
+    size = -(-n // dp)
+
+    def sent(run):
+        def rank(comm):
+            run(comm)
+            return sum(t.bytes_sent for t in comm.meter.by_collective.values())
+        return run_spmd(rank, dp)
+
+    def dp_step(comm, elements):
+        for _ in range(check_zero.STEPS):
+            all_reduce(comm, torch.zeros(elements, dtype=torch.float64))
+
+    dp_bytes = sent(lambda comm: dp_step(comm, n))
+    padded_dp_bytes = sent(lambda comm: dp_step(comm, size * dp))
+    assert size * dp != n or padded_dp_bytes == dp_bytes
+    for stage in (1, 2):
+        zero = sent(lambda comm: check_zero.zero_run(comm, stage))
+        assert zero == padded_dp_bytes, f"ZeRO-{stage} at dp={dp} sent {zero}, DP (padded) {padded_dp_bytes}"
+    naive = sent(lambda comm: check_zero.zero_run(comm, 1, gradient_reduce="all_reduce"))
+    assert [2 * b for b in naive] == [3 * b for b in padded_dp_bytes], (naive, padded_dp_bytes)
+
+
+def test_the_lessons_comparison_shows_zero_sending_dps_bytes():
+    # Lesson 11's committed table (bench parallelisms, 4 torchrun processes): the DP bytes of
+    # ZeRO-1 and ZeRO-2 equal DP's to the byte (the meter test above proves it on a Comm)
+    import json
+    from pathlib import Path
+    rows = json.loads((Path(__file__).parents[1] / "lessons/measurements/parallelisms.json").read_text())["rows"]
+    dp = {r["strategy"]: r["bytes"]["dp"] for r in rows}
+    assert dp["dp4 zero1"] == dp["dp4 zero2"] == dp["dp4"] > 0, dp
+
+
 def test_zero_rejects_a_stage_it_does_not_have():
     with pytest.raises(SPMDError, match="ZeRO stage must be 1 or 2, got 3"):
         run_spmd(lambda comm: ZeroOptimizer(comm, check_zero.small_model().parameters(), 3), 1)

@@ -16,7 +16,7 @@ import pytest
 
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.comm.launchers import mpiexec_command, run_command
-from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.compare import assert_matches_reference, finite_difference_tolerance
 from tp_from_scratch.layers import reference as ref
 from tp_from_scratch.partial_sync import check, mappings, reference
 from tp_from_scratch.partial_sync.params import init_stack_params
@@ -24,6 +24,8 @@ from tp_from_scratch.testing import random_array, rank_rng
 
 TPS = [1, 2, 3, 4]
 PS = [1.0, 0.5, 0.25, 0.0]
+
+FD_STEP = 1e-6  # the central differences' step h (float64)
 
 
 def test_synced_channels_rounds_down_and_ignores_float_noise():
@@ -84,7 +86,7 @@ def _stack_loss(x, params, config, t, p, dys):
 @pytest.mark.parametrize("t, p", [(3, 0.5), (2, 0.0)])
 def test_reference_backward_matches_finite_differences(t, p):
     # an independent check of the reference's hand-written backward: central differences
-    # (eps 1e-6, float64) are accurate to ~1e-9; a wrong backward is off by O(1)
+    # (h = 1e-6, float64) are accurate to ~1e-9; a wrong backward is off by O(1)
     rng = rank_rng(7)
     config = check.check_config(t)
     params = init_stack_params(rng, config, 2)
@@ -101,14 +103,15 @@ def test_reference_backward_matches_finite_differences(t, p):
         numeric = []
         for c in coords:
             saved = flat[c]
-            flat[c] = saved + 1e-6
+            flat[c] = saved + FD_STEP
             up = _stack_loss(x, params, config, t, p, dys)
-            flat[c] = saved - 1e-6
+            flat[c] = saved - FD_STEP
             down = _stack_loss(x, params, config, t, p, dys)
             flat[c] = saved
-            numeric.append((up - down) / 2e-6)
+            numeric.append((up - down) / (2 * FD_STEP))
         assert_matches_reference(grad.reshape(-1)[coords], np.array(numeric),
-                                 name=f"finite-difference grad of {name}", tol=1e-7)
+                                 name=f"finite-difference grad of {name}",
+                                 tol=finite_difference_tolerance(FD_STEP, "float64"))
 
 
 @pytest.mark.parametrize("t", TPS)

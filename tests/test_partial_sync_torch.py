@@ -17,7 +17,7 @@ import torch
 from tp_from_scratch.collectives import ring_all_reduce_bytes
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.comm.launchers import run_command, torchrun_command
-from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.compare import assert_matches_reference, tolerance
 from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.model import GPTConfig, init_gpt, shard_state_dict
@@ -83,7 +83,8 @@ def test_50_steps_on_simulated_ranks_match_the_t_stream_model(t):
         assert len(result["losses"]) == 50
         for step, (got, want) in enumerate(zip(result["losses"], reference)):
             assert_matches_reference(torch.tensor(got, dtype=torch.float64), torch.tensor(want, dtype=torch.float64),
-                                     name=f"loss at step {step}", rank=rank)
+                                     name=f"loss at step {step}", rank=rank,
+                                     tol=tolerance("float64", layers=small_config(t).n_layers, steps=step))
     assert reference[-1] < reference[0] - 0.5  # it did learn: the comparison is not of constants
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tp_from_scratch.comm.launchers import run_command, torchrun_command
-from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.compare import assert_matches_reference, tolerance
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.model import GPTConfig, init_gpt
 
@@ -55,4 +55,5 @@ def test_vocab_sharded_dtensor_plan_trains_like_ours_and_single_device(tmp_path)
         assert len(got) == len(reference), f"{name}: {len(got)} losses, expected {len(reference)}"
         for step, (g, r) in enumerate(zip(got, reference)):
             assert_matches_reference(torch.tensor(g, dtype=torch.float32), r,
-                                     name=f"{name}: loss at step {step} against single device")
+                                     name=f"{name}: loss at step {step} against single device",
+                                     tol=tolerance("float32", layers=config.n_layers, steps=step))

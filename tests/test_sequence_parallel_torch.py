@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tp_from_scratch.comm import SPMDError, run_spmd
-from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.compare import assert_matches_reference, tolerance
 from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt, shard_state_dict
 from tp_from_scratch.sequence_parallel.memory import block_activation_bytes, saved_bytes_per_block
 from tp_from_scratch.sequence_parallel.model import gpt_to_sp
@@ -21,6 +21,7 @@ from tp_from_scratch.sequence_parallel.nn import gather_from_sequence_parallel_r
 # nkv = 2: at t = 4 each KV head is held by two ranks; T = 15 splits unevenly over 2 and 4
 CONFIG = GPTConfig(vocab_size=67, seq_len=16, n_layers=2, hidden=32, n_heads=4, n_kv_heads=2)
 B, T, STEPS = 2, 15, 3
+LR = 1e-2
 
 
 def batches(seed=1):
@@ -31,7 +32,7 @@ def batches(seed=1):
 
 def train(model, data):
     """AdamW steps; returns (losses, state dict after training)."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     losses = []
     for idx, targets in data:
         _, loss = model(idx, targets)
@@ -56,12 +57,17 @@ def test_sequence_parallel_training_equals_single_device(t, recompute, arch):
     def on_rank(comm):
         losses, weights = train(gpt_to_sp(comm, reference, recompute_attention=recompute), data)
         mine = shard_state_dict(expected_weights, t, comm.rank, config)
+        # the policy's growth rule: the loss of step k has been through n_layers blocks and k steps
         for step, (got, want) in enumerate(zip(losses, expected_losses)):
-            assert_matches_reference(got, want, name=f"loss at step {step}", rank=comm.rank)
+            assert_matches_reference(got, want, name=f"loss at step {step}", rank=comm.rank,
+                                     tol=tolerance(torch.float64, layers=config.n_layers, steps=step))
         # after the steps every shard still equals the single-device weights' shard: the
-        # LayerNorm and row-bias gradients (Partial under SP) were all-reduced
+        # LayerNorm and row-bias gradients (Partial under SP) were all-reduced. AdamW turns the
+        # roundoff of a near-zero gradient entry into a weight error up to lr / eps times larger
+        # (compare.py's growth rule; measured here: blocks.0.attn.v.weight, llama, t = 4)
+        weight_tol = tolerance(torch.float64, layers=config.n_layers, steps=STEPS, adamw_lr=LR)
         for name, tensor in mine.items():
-            assert_matches_reference(weights[name], tensor, name=name, rank=comm.rank)
+            assert_matches_reference(weights[name], tensor, name=name, rank=comm.rank, tol=weight_tol)
         return len(weights)
 
     assert run_spmd(on_rank, t) == [len(expected_weights)] * t

@@ -8,11 +8,13 @@ ours, the counts equal to the committed measurement the lesson shows. (tp=4 and 
 DTensor in the trainer and the checkpoint round trip: tests/test_sp_training_torchrun.py.)
 """
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from tp_from_scratch.comm.launchers import run_command, torchrun_command
+from tp_from_scratch.compare import tolerance
 from tp_from_scratch.sequence_parallel import train
 
 
@@ -38,13 +40,14 @@ def test_pytorch_sequence_parallel_plan_equals_single_device_and_counts_its_coll
     result = run_command(torchrun_command(2, "tp_from_scratch.sequence_parallel.dtensor_plan", "--write", out),
                          timeout=180)
     assert result.returncode == 0, result.stdout[-3000:]
-    line = next(l for l in result.stdout.splitlines() if "largest |loss - single-device loss|" in l)
-    assert float(line.rsplit(" ", 1)[1]) <= 1e-12, line  # float64: near-bitwise
-    # the same plan with the vocabulary sharded like ours and the loss under loss_parallel
-    line = next(l for l in result.stdout.splitlines() if "loss_parallel, tp=2: largest" in l)
-    assert float(line.rsplit(" ", 1)[1]) <= 1e-12, line
     counts = json.loads(out.read_text())
     layers = counts["config"]["layers"]
+    # the largest loss difference over the run's float64 steps, under the policy's bound for its
+    # last step (scale 1: the losses are above 1, so this is the stricter side of max(1, |loss|))
+    for marker in ("largest |loss - single-device loss|", "loss_parallel, tp=2: largest"):
+        line = next(l for l in result.stdout.splitlines() if marker in l)
+        steps = int(re.search(r"over (\d+) float64 steps", line).group(1))
+        assert float(line.rsplit(" ", 1)[1]) <= tolerance("float64", layers=layers, steps=steps - 1), line
     # ours: per block 2 all-gathers (q/k/v share one) + 2 reduce-scatters forward, one more
     # gather per column group in backward; DTensor's all-gathers and reduce-scatters are there too
     assert counts["ours"]["forward"]["all-gather"] == 2 * layers + 1  # + the gather before the LM head

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from tp_from_scratch.comm.launchers import run_command, torchrun_command
-from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.compare import assert_matches_reference, tolerance
 from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt import train
 from tp_from_scratch.partial_sync import train as caat_train
@@ -129,7 +129,9 @@ def test_F3_lesson_8_without_a_launcher_trains_on_text(tmp_path, monkeypatch):
     assert exit_info.value.code == 0
     got = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[0])["loss"]
     text = first_loss(train.parse(["--data", "text", *run]))
-    assert_matches_reference(torch.tensor(got, dtype=torch.float32), text, name="loss at step 0")
+    layers = train.config_from_args(train.parse(["--data", "text", *run])).n_layers
+    assert_matches_reference(torch.tensor(got, dtype=torch.float32), text, name="loss at step 0",
+                             tol=tolerance("float32", layers=layers))
     markov = first_loss(train.parse(["--data", "markov", "--vocab-size", 256, *run]))
     assert abs(got - markov.item()) > 1e-3
 

@@ -5,7 +5,7 @@ import torch
 
 pytest.importorskip("sklearn")
 from tp_from_scratch.comm import run_spmd  # noqa: E402
-from tp_from_scratch.compare import assert_matches_reference  # noqa: E402
+from tp_from_scratch.compare import assert_matches_reference, tolerance  # noqa: E402
 from tp_from_scratch.gpt.model import gather_state_dict, shard_axis  # noqa: E402
 from tp_from_scratch.gpt.vit import digits, init_vit, train_vit, vit_config, vit_to_tp  # noqa: E402
 from tp_from_scratch.nn import tp_rank  # noqa: E402
@@ -47,20 +47,22 @@ def test_tp_vit_trains_like_one_device(tp):
     for rank, losses in enumerate(run_spmd(rank_run, tp)):
         for step, (got, want) in enumerate(zip(losses, expected)):
             assert_matches_reference(torch.tensor(got, dtype=torch.float64), torch.tensor(want, dtype=torch.float64),
-                                     name=f"ViT loss at step {step}", rank=rank)
+                                     name=f"ViT loss at step {step}", rank=rank,
+                                     tol=tolerance("float64", layers=CONFIG.n_layers, steps=step))
 
 
 def test_the_full_runs_first_50_steps_equal_one_device_in_float32():
     # The real configuration and schedule (vit_config(), STEPS). Equality holds for a prefix only:
     # later, training amplifies roundoff until the runs part (measured by `vit --drift`, lessons/
     # measurements/vit_drift_*.json), as a one-ulp perturbation of one device's weights does too.
-    from tp_from_scratch.compare import TOLERANCE
     from tp_from_scratch.gpt.vit import drift
-    rows = run_spmd(lambda comm: drift(comm, vit_config(), 50, digits(), torch.float32), 2, timeout=300)[0]
+    config = vit_config()
+    rows = run_spmd(lambda comm: drift(comm, config, 50, digits(), torch.float32), 2, timeout=300)[0]
     assert len(rows) == 50 and rows[-1]["loss"] < rows[0]["loss"]
-    for row in rows:
-        assert row["loss_diff_tp"] <= TOLERANCE["float32"], f"step {row['step']}: {row}"
-        assert row["loss_diff_perturbed"] <= TOLERANCE["float32"], f"step {row['step']}: {row}"
+    for row in rows:  # the policy's bound for the loss of this step: depth and steps, x max(1, |loss|)
+        bound = tolerance("float32", layers=config.n_layers, steps=row["step"]) * max(1.0, row["loss"])
+        assert row["loss_diff_tp"] <= bound, f"step {row['step']}: {row}, bound {bound:.1e}"
+        assert row["loss_diff_perturbed"] <= bound, f"step {row['step']}: {row}, bound {bound:.1e}"
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -10,16 +10,39 @@ check aimed at it. Written here from the description of each pattern, not copied
     GLOBAL_PADDING_IDX  a vocab-parallel embedding that applies the global padding_idx to its
                         local rows, so rank r > 0 zeroes the gradient of row start_r + padding_idx
 
-They call torch.distributed directly, as picotron does, so they run under torchrun only.
+A second set, one per kind of input the suite now feeds (issue 26), each passing every
+check it passed before and failing only the new one aimed at it:
+
+    ROW_VIEW            flattens with .view(): fails on a non-contiguous input
+    ROW_ALWAYS_BIAS     adds self.bias unconditionally: fails with bias=False
+    COLUMN_PAD_TRIM     gather_output pads uneven blocks and trims from the wrong end
+    COLUMN_OVERWRITES_GRAD  its backward sets weight.grad instead of adding to it: fails
+                        the second of two forward+backward passes
+    F_G_WORLD           f and g all-reduce over the whole world, not their group: right when
+                        the TP group is the world, wrong in 2 groups of 2 on 4 processes
+    COLUMN_SQUARE_ONLY  slices its rows with in_features (equal to out_features in every
+                        fixed case): only the random shapes are not square
+    SCATTER_POW2_MASK   finds its block with rank & (t - 1): right at t = 2 and 4, wrong at t = 3
+
+and the ones that misbehave across ranks; each must cost one named row, never the launch:
+
+    HANGS_ON_RANK_1     g's rank 1 blocks forever (the 2-D input case, t = 3 only): a deadlock
+    RAISES_ON_RANK_1    the row layer raises on rank 1 only, after its all-reduce (4-D input)
+    SKIPS_COLLECTIVE    g's rank 1 skips the all-reduce (4-D input, t = 3 only); rank 0 waits
+    tests/verify_rank1_import.py:ADAPTER   an adapter file that fails to import on rank 1 (F24)
+
+They call torch.distributed directly, as picotron does, so they run in processes only.
 ``exercise_adapter(module)`` describes an Exercise 5 implementation (a known-wrong one, say).
 """
+import threading
+
 import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
 from tp_from_scratch.nn.embedding import VocabParallelEmbedding
-from tp_from_scratch.nn.linear import ColumnParallelLinear
-from tp_from_scratch.nn.mappings import copy_to_tp_region
+from tp_from_scratch.nn.linear import ColumnParallelLinear, RowParallelLinear
+from tp_from_scratch.nn.mappings import all_reduce, copy_to_tp_region, reduce_from_tp_region
 from tp_from_scratch.verify import FEATURES, Adapter
 
 NATIVE = set(FEATURES) - {"comm"}
@@ -98,6 +121,186 @@ TARGETS = {
 }
 
 
+# --- the inputs of issue 26 ------------------------------------------------------------
+
+class _RowView(RowParallelLinear):
+    def forward(self, x):
+        flat = x.view(-1, x.shape[-1])  # the bug: view needs a contiguous x
+        y = reduce_from_tp_region(self.group, F.linear(flat, self.weight)).reshape(*x.shape[:-1], -1)
+        return y if self.bias is None else y + self.bias
+
+
+class _RowAlwaysBias(RowParallelLinear):
+    def forward(self, x):
+        y = reduce_from_tp_region(self.group, F.linear(x, self.weight))
+        return y + self.bias  # the bug: None when built with bias=False
+
+
+class _ColumnPadTrim(ColumnParallelLinear):
+    def forward(self, x):
+        y = F.linear(copy_to_tp_region(self.group, x), self.weight, self.bias)
+        if not self.gather_output:
+            return y
+        size = max(self.output_sizes)
+        padded = F.pad(y, (0, size - y.shape[-1]))   # padding at the end of each block...
+        blocks = _AllGather.apply(self.group, padded).split(size, dim=-1)
+        # ...the bug: trimmed from the front, which is right only for full blocks
+        return torch.cat([b[..., size - n:] for b, n in zip(blocks, self.output_sizes)], dim=-1)
+
+
+class _AllGather(torch.autograd.Function):
+    """All-gather along the last dim; backward keeps this rank's block of the gradient."""
+
+    @staticmethod
+    def forward(ctx, group, x):
+        ctx.group, ctx.size = group, x.shape[-1]
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        rank = dist.get_rank(ctx.group)
+        return None, grad[..., rank * ctx.size:(rank + 1) * ctx.size].contiguous()
+
+
+class _LinearSettingGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.bias = bias
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        dw = dy.reshape(-1, dy.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+        weight.grad = dw  # the bug: overwrites what an earlier backward accumulated
+        db = None if ctx.bias is None else dy.reshape(-1, dy.shape[-1]).sum(0)
+        return dy @ weight, None, db
+
+
+class _ColumnOverwritesGrad(ColumnParallelLinear):
+    def forward(self, x):
+        return _LinearSettingGrad.apply(copy_to_tp_region(self.group, x), self.weight, self.bias)
+
+
+class _ColumnSquareOnly(ColumnParallelLinear):
+    @classmethod
+    def from_linear(cls, linear, *, group, gather_output=False):
+        layer = super().from_linear(linear, group=group, gather_output=gather_output)
+        t, rank = dist.get_world_size(group), dist.get_rank(group)
+        n = linear.in_features  # the bug: the rows are output features
+        lo, hi = rank * n // t, (rank + 1) * n // t
+        with torch.no_grad():
+            layer.weight = torch.nn.Parameter(linear.weight[lo:hi].clone())
+            if linear.bias is not None:
+                layer.bias = torch.nn.Parameter(linear.bias[lo:hi].clone())
+        return layer
+
+
+def _world_all_reduce(x):
+    out = x.clone()
+    dist.all_reduce(out)  # the bug: no group=, so the whole world
+    return out
+
+
+class _CopyWorld(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _world_all_reduce(grad)
+
+
+class _ReduceWorld(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return _world_all_reduce(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _ScatterPow2(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, group, x):
+        t, rank = dist.get_world_size(group), dist.get_rank(group)
+        size = x.shape[-1] // t
+        block = rank & (t - 1)  # the bug: a power-of-two mask
+        ctx.group, ctx.block, ctx.size = group, block, size
+        return x[..., block * size:(block + 1) * size].clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, _AllGather.apply(ctx.group, grad.contiguous())
+
+
+ROW_VIEW = Adapter(name="bug: row .view()", supports=NATIVE - {"scatter_input"},
+                   row=lambda group, linear, input_is_parallel=True: _RowView.from_linear(linear, group=group))
+ROW_ALWAYS_BIAS = Adapter(name="bug: row always adds bias", supports=NATIVE - {"scatter_input"},
+                          row=lambda group, linear, input_is_parallel=True: _RowAlwaysBias.from_linear(
+                              linear, group=group))
+COLUMN_PAD_TRIM = Adapter(name="bug: column pad trimmed wrong", supports=NATIVE,
+                          column=lambda group, linear, gather_output=False: _ColumnPadTrim.from_linear(
+                              linear, group=group, gather_output=gather_output))
+COLUMN_OVERWRITES_GRAD = Adapter(
+    name="bug: column overwrites grad", supports=NATIVE - {"gather_output"},
+    column=lambda group, linear, gather_output=False: _ColumnOverwritesGrad.from_linear(
+        linear, group=group, gather_output=gather_output))
+F_G_WORLD = Adapter(name="bug: f/g on the world", supports=NATIVE,
+                    f=lambda group, x: _CopyWorld.apply(x), g=lambda group, x: _ReduceWorld.apply(x))
+COLUMN_SQUARE_ONLY = Adapter(
+    name="bug: column square only", supports=NATIVE - {"uneven", "gather_output"},
+    column=lambda group, linear, gather_output=False: _ColumnSquareOnly.from_linear(linear, group=group))
+SCATTER_POW2_MASK = Adapter(name="bug: scatter pow2 mask", supports=NATIVE - {"uneven"},
+                            scatter=lambda group, x: _ScatterPow2.apply(group, x))
+
+# which (component, check) each one must FAIL, and the launch that shows it ("t3": t = 3,
+# "2of4": two TP groups of 2 on 4 processes)
+INPUT_TARGETS = {
+    "ROW_VIEW": ("row", "non-contiguous input", "t3"),
+    "ROW_ALWAYS_BIAS": ("row", "bias=False", "t3"),
+    "COLUMN_PAD_TRIM": ("column", "gather_output, uneven (13)", "t3"),
+    "COLUMN_OVERWRITES_GRAD": ("column", "two passes (accumulate)", "t3"),
+    "F_G_WORLD": ("g", "forward", "2of4"),
+    "COLUMN_SQUARE_ONLY": ("column", "random shapes", "t3"),
+    "SCATTER_POW2_MASK": ("scatter", "forward", "t3"),
+}
+
+
+# --- misbehaving across ranks -------------------------------------------------------------
+
+def _hangs_on_rank_1(group, x):
+    if dist.get_world_size(group) == 3 and dist.get_rank(group) == 1 and x.shape == (6, 12):
+        threading.Event().wait()  # the bug: blocks forever (a lock never released, say)
+    return reduce_from_tp_region(group, x)
+
+
+class _RowRaisesOnRank1(RowParallelLinear):
+    def forward(self, x):
+        y = super().forward(x)
+        if dist.get_rank(self.group) == 1 and x.dim() == 4:
+            raise ValueError("rank 1 cannot take a 4-D input")  # the bug: after the all-reduce
+        return y
+
+
+def _skips_on_rank_1(group, x):
+    if dist.get_world_size(group) == 3 and dist.get_rank(group) == 1 and x.dim() == 4:
+        return x.clone()  # the bug: rank 1 leaves out the all-reduce its peers wait in
+    return reduce_from_tp_region(group, x)
+
+
+HANGS_ON_RANK_1 = Adapter(name="bug: g hangs on rank 1", g=_hangs_on_rank_1, supports=NATIVE)
+RAISES_ON_RANK_1 = Adapter(name="bug: row raises on rank 1", supports=NATIVE,
+                           row=lambda group, linear, input_is_parallel=True: _RowRaisesOnRank1.from_linear(
+                               linear, group=group, input_is_parallel=input_is_parallel))
+SKIPS_COLLECTIVE = Adapter(name="bug: g skipped on rank 1", g=_skips_on_rank_1, supports=NATIVE)
+
+
 def exercise_adapter(module, name):
     """An Exercise 5 module (its four mapping Functions and two layers) as an Adapter."""
     return Adapter(
@@ -111,3 +314,37 @@ def exercise_adapter(module, name):
         scatter=lambda group, x: module.ScatterToTensorParallelRegion.apply(group, x),
         gather=lambda group, x: module.GatherFromTensorParallelRegion.apply(group, x),
         supports={"comm", "gather_output", "scatter_input"})
+
+
+# --- correct, but not Megatron's call pattern ---------------------------------------------
+
+class _FusedCrossEntropy(torch.autograd.Function):
+    """A correct vocab-parallel cross-entropy with two all-reduces, not Megatron's three: the
+    max first, then the sum of exponentials and the target's logit stacked into one."""
+
+    @staticmethod
+    def forward(ctx, group, logits, target, ignore_index, vocab_start):
+        z = logits.detach()                                             # (..., V/t)
+        top = all_reduce(group, z.max(dim=-1).values, op="max")         # (...)
+        shifted = z - top.unsqueeze(-1)
+        mine = (target >= vocab_start) & (target < vocab_start + z.shape[-1])
+        index = (target - vocab_start).clamp(0, z.shape[-1] - 1).unsqueeze(-1)
+        picked = shifted.gather(-1, index).squeeze(-1) * mine
+        sum_exp, target_logit = all_reduce(group, torch.stack([shifted.exp().sum(-1), picked]))
+        kept = target != ignore_index
+        count = kept.sum().clamp(min=1)
+        ctx.save_for_backward(shifted.exp() / sum_exp.unsqueeze(-1), index, mine, kept)
+        ctx.count = count
+        return ((sum_exp.log() - target_logit) * kept).sum() / count
+
+    @staticmethod
+    def backward(ctx, grad):
+        softmax, index, mine, kept = ctx.saved_tensors
+        dz = softmax.clone()
+        dz.scatter_add_(-1, index, -mine.unsqueeze(-1).to(dz.dtype))
+        return None, dz * (kept.unsqueeze(-1) * grad / ctx.count), None, None, None
+
+
+FUSED_CROSS_ENTROPY = Adapter(name="fused cross-entropy (correct)", supports=FEATURES,
+                              cross_entropy=lambda group, z, target, ignore_index, vocab_start:
+                              _FusedCrossEntropy.apply(group, z, target, ignore_index, vocab_start))

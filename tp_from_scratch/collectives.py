@@ -15,6 +15,8 @@ N bytes (chunks from numpy.array_split, so "N/p" is exact only when p divides th
     reduce           binomial tree       <= ceil(log2 p)      <= N per message
     scatter/gather   direct to/from root p - 1 (root)         (root) N - chunk_root
     all_to_all       pairwise exchange   p - 1                N - chunk_r
+    all_to_all_v     pairwise exchange   p - 1                (sum_d c_d - c_r) * row bytes
+                     (uneven: c_d rows go to rank d; exchange_counts first, p - 1 small messages)
 
 2(p-1)/p N is the least any all-reduce can send per rank (each rank must get (p-1)/p of
 the data in and push its (p-1)/p out), which is why the ring is called bandwidth-optimal.
@@ -274,3 +276,59 @@ def all_to_all(comm, x, split_axis, concat_axis):
             comm.send(chunks[(r + step) % p], (r + step) % p)
             received[(r - step) % p] = comm.recv((r - step) % p)
         return np.concatenate(received, axis=ca)
+
+
+def exchange_counts(comm, send_counts):
+    """Every rank learns how many rows each peer will send it: recv_counts[q] = send_counts_q[r].
+
+    send_counts: (p,) or (p, m) non-negative integers, row d for rank d (m: e.g. one count per
+    expert on rank d). This is the first half of a dispatch with uneven counts (MPI_Alltoallv,
+    torch's all_to_all_single with split sizes): a receiver must know what arrives before it
+    can allocate. It is itself an all_to_all of p equal blocks.
+    Cost per rank: p-1 messages of 8 m bytes.
+    """
+    counts = np.asarray(send_counts)
+    if (counts.ndim not in (1, 2) or counts.shape[0] != comm.world_size
+            or counts.dtype.kind not in "iu" or (counts < 0).any()):
+        raise ValueError(f"rank {comm.rank}: send_counts must be {comm.world_size} rows of "
+                         f"non-negative integers, one per destination rank, got {send_counts!r}")
+    return all_to_all(comm, counts.astype(np.int64), 0, 0)
+
+
+def all_to_all_v(comm, x, send_counts, recv_counts):
+    """Rank r sends rows [sum(c[:d]), sum(c[:d+1])) of ``x`` to rank d (c = send_counts) and
+    returns the rows it receives, concatenated in source-rank order along axis 0.
+
+    x: (n, ...) with n = sum(send_counts), its rows grouped by destination rank;
+    recv_counts[q]: the rows rank q sends here (from ``exchange_counts``). Returns
+    (sum(recv_counts), ...). Algorithm, pairwise exchange in p-1 steps: at step s send the
+    block for r+s and receive the block from r-s straight into its place in the output (every
+    size is known, so no header; an empty block is still one message, so the steps match).
+    Cost per rank: p-1 messages, (n - send_counts[r]) * bytes per row sent.
+    """
+    x = np.asarray(x)
+    _axis(x, 0, "all_to_all_v")
+    p, r = comm.world_size, comm.rank
+    send_counts, recv_counts = _counts(comm, send_counts, "send_counts"), _counts(comm, recv_counts, "recv_counts")
+    if sum(send_counts) != x.shape[0]:
+        raise ValueError(f"rank {r}: send_counts {send_counts} add up to {sum(send_counts)} rows, "
+                         f"but x has {x.shape[0]}")
+    with comm.collective("all_to_all_v", x, shape=x.shape[1:], dtype=x.dtype):
+        starts = np.cumsum([0, *send_counts])
+        out = np.empty((sum(recv_counts), *x.shape[1:]), x.dtype)
+        out_starts = np.cumsum([0, *recv_counts])
+        out[out_starts[r]:out_starts[r + 1]] = x[starts[r]:starts[r + 1]]  # this rank's own rows
+        for step in range(1, p):
+            dst, src = (r + step) % p, (r - step) % p
+            comm.send(x[starts[dst]:starts[dst + 1]], dst, header=False)
+            comm.recv(src, out=out[out_starts[src]:out_starts[src + 1]], header=False)
+        return out
+
+
+def _counts(comm, counts, what):
+    """``counts`` as p plain ints, or a ValueError naming ``what`` (one row count per rank)."""
+    array = np.asarray(counts)
+    if array.shape != (comm.world_size,) or array.dtype.kind not in "iu" or (array < 0).any():
+        raise ValueError(f"rank {comm.rank}: {what} must be {comm.world_size} non-negative "
+                         f"integers, one per rank, got {counts!r}")
+    return [int(c) for c in array]

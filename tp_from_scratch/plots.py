@@ -167,8 +167,9 @@ def memory_bars(ax, parts, labels=None, *, capacity=None, capacity_label="device
 def plot_loss_comparison(path, steps, losses, ref_losses, label, tolerance, dtype_name):
     """Two panels saved to ``path``: both loss curves, and their absolute difference (log scale).
 
-    tolerance: the comparison's relative bound (compare.TOLERANCE[dtype]); a step whose
-    difference is exactly 0 is drawn on a floor line far below it, in green.
+    tolerance: the comparison's relative bound, one number or one per step (compare.tolerance
+    grows with the steps); a step whose difference is exactly 0 is drawn on a floor line far
+    below the smallest bound, in green.
     """
     steps = list(steps)
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
@@ -176,14 +177,15 @@ def plot_loss_comparison(path, steps, losses, ref_losses, label, tolerance, dtyp
     a.plot(steps, losses, "--", label=label)
     a.set(xlabel="step", ylabel="loss", title="training loss")
     a.legend()
-    bound = tolerance * max(1.0, max(ref_losses))
-    floor = bound * 1e-6
+    scale = max(1.0, max(ref_losses))
+    bounds = [b * scale for b in (tolerance if hasattr(tolerance, "__len__") else [tolerance] * len(steps))]
+    floor = min(bounds) * 1e-6
     diffs = [abs(p - q) for p, q in zip(losses, ref_losses)]
     b.semilogy(steps, [max(d, floor) for d in diffs], ".-", label="|difference|")
     zero = [s for s, d in zip(steps, diffs) if d == 0]
     b.semilogy(zero, [floor] * len(zero), "g.", label="bit-equal (0)")
-    b.axhline(bound, color="r", ls=":", label="tolerance")
-    b.set_ylim(floor / 3, bound * 30)
+    b.plot(steps, bounds, color="r", ls=":", label="tolerance")
+    b.set_ylim(floor / 3, max(bounds) * 30)
     b.set(xlabel="step", ylabel="|loss - single-device loss|", title=f"difference ({dtype_name})")
     b.legend()
     fig.tight_layout()

@@ -18,4 +18,5 @@ LESSONS = [
     (9, "When TP pays", "compute vs communication", (6,)),
     (10, "Overlap", "hiding communication", (7,)),
     (11, "Parallelisms", "DP, ZeRO, pipelines + TP", (6,)),
+    (12, "DeepSeek-V3", "experts: all-to-all, MLA", (5, 11)),
 ]

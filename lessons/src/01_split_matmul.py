@@ -223,6 +223,12 @@ bit-identical. So `tp_from_scratch.compare.assert_matches_reference` applies one
   about 4500 units of roundoff for float64 (eps ≈ 2.2e-16) and about 80 for float32
   (eps ≈ 1.2e-7): enough for reordered sums of thousands of terms, and orders of magnitude below
   a real bug (a forgotten all-reduce is off by O(1), as section 3 showed).
+* **depth and training steps** make the roundoff grow, by a stated rule
+  (`compare.tolerance(dtype, layers=L, steps=n)`): the bound times L (each layer adds its own
+  reordered sums) times (1 + n) (each optimizer step feeds the weights' error into the next
+  gradient). Weights after **AdamW** steps also get a factor lr/eps: AdamW divides by the
+  gradient's own size, so a roundoff error on a gradient entry near 0 becomes a weight error up
+  to lr/eps times larger (`compare.py`'s docstring derives it, with the case that showed it).
 
 Shapes and dtypes are compared exactly first, with no broadcasting and no casting.
 

@@ -115,6 +115,7 @@ pictures cannot show what the library did not do.
 | `reduce_scatter(x)` | x_r everywhere | block r of Σ x_r on rank r | Partial → Sharded (sequence parallelism) |
 | `all_reduce(x)` | x_r everywhere | Σ x_r everywhere | Partial → Replicated (row-parallel output, Megatron's g) |
 | `all_to_all(x)` | block j of x_r on rank r | block r of every x_q on rank r | Sharded(heads) ↔ Sharded(sequence) |
+| `all_to_all_v(x, counts)` | c_d rows of x_r for each rank d | every rank's rows for r, in source order | tokens to their experts and back (Lesson 12) |
 """),
     new_code_cell("""# the picture helpers live in the library: tp_from_scratch/plots.py
 from tp_from_scratch.plots import decode, draw_before_after, draw_ring_steps, tagged_blocks"""),
@@ -156,6 +157,27 @@ for r, (ar, rs, ag) in enumerate(got):
     assert_matches_reference(ag, np.concatenate(xs), name="all_gather", rank=r, exact=True)
 print(f"{p} ranks: all_reduce, reduce_scatter (chunk sizes {shard_sizes(7, p)} rows) and all_gather "
       "equal numpy, bit for bit, on every rank")"""),
+    new_markdown_cell(r"""**All-to-all with uneven counts.** A mixture-of-experts layer (Lesson 12) sends each token
+to the rank that holds its expert, and no two ranks send the same number of rows: rank r sends
+$c_d$ rows to rank d. The receiver must size its buffer before the rows arrive, so the counts
+travel first (`exchange_counts`, itself an all-to-all of p integers); then `all_to_all_v` runs
+the same pairwise exchange as `all_to_all` (step s: send to r+s, receive from r−s), each block
+received straight into its place. Cost per rank: $(p-1)\alpha + (\sum_d c_d - c_r)\,\text{row}\,\beta$:
+only the rows that leave the rank travel."""),
+    new_code_cell("""counts = [rank_rng(3, q).integers(0, 4, size=p) for q in range(p)]   # counts[q][d]: rows q sends d
+rows = [random_array(rank_rng(4, q), (int(counts[q].sum()), 3), integer=True) for q in range(p)]
+
+def dispatch(comm):
+    recv_counts = collectives.exchange_counts(comm, counts[comm.rank])   # the counts go first
+    comm.meter.reset()
+    return collectives.all_to_all_v(comm, rows[comm.rank], counts[comm.rank], recv_counts), comm.meter.bytes_sent
+
+for r, (y, sent) in enumerate(run_spmd(dispatch, p)):
+    blocks = [np.split(rows[q], np.cumsum(counts[q])[:-1])[r] for q in range(p)]  # what q addressed to r
+    assert_matches_reference(y, np.concatenate(blocks), name="all_to_all_v", rank=r, exact=True)
+    assert sent == (counts[r].sum() - counts[r][r]) * 3 * 8      # bytes = the formula
+print(f"{p} ranks, rows sent per destination: {[c.tolist() for c in counts]}; every rank received its rows "
+      "in source order, and sent exactly its off-rank rows")"""),
 
     # ------------------------------------------------------------------ ring
     new_markdown_cell(r"""## 3. The ring all-reduce, step by step
@@ -263,7 +285,7 @@ price is $2(p-1)$ latency steps: for tiny messages the tree wins.
 
 The same reasoning gives $(p-1)/p$ of the result for `all_gather` and `reduce_scatter` alone.
 nccl-tests calls $\text{algbw} = N/t$ and $\text{busbw} = \text{algbw}\cdot 2(p-1)/p$: the busbw
-of a good all-reduce is the link bandwidth, whatever p (see `python -m tp_from_scratch.bench
+of a good all-reduce is the link bandwidth, whatever p (see `.venv/bin/python -m tp_from_scratch.bench
 collectives`).
 
 Now the meter. For each p we run the real collectives on an array of N = 1000 float64 and read
@@ -352,7 +374,7 @@ native one by the demo:
 
 ```
 .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.demos.collectives
-.venv/bin/torchrun --nproc-per-node 4 -m tp_from_scratch.demos.collectives
+.venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.demos.collectives
 .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.bench collectives --json runs/bench_mpi.json
 ```
 

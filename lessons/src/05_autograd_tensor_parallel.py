@@ -196,8 +196,8 @@ does (it is required: a layer built without one raises a `TypeError` naming it):
 them on simulated ranks and, through `torchrun`, on 2 and 4 real processes, with both
 collective implementations, on the world group and on sub-groups of 2 (a dp × tp mesh):
 
-    .venv/bin/torchrun --nproc-per-node 4 -m tp_from_scratch.nn.checks          # CPU, gloo
-    .venv/bin/torchrun --nproc-per-node 8 -m tp_from_scratch.nn.checks --device cuda
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.nn.checks          # CPU, gloo
+    .venv/bin/torchrun --standalone --nproc-per-node 8 -m tp_from_scratch.nn.checks --device cuda
 
 Every rank prints `rank r: all checks passed: native equals scratch; ...`.
 

@@ -21,7 +21,11 @@ Recomputation in Large Transformer Models") noticed that these regions act on ea
 on its own, so they can be split along the **sequence** instead: (B, T, H) -> (B, T/t, H).
 The all-reduce at each region boundary becomes a **reduce-scatter** and the identity becomes
 an **all-gather**, and a ring reduce-scatter plus a ring all-gather *is* a ring all-reduce:
-the same bytes on the wire, 1/t of the activations.
+the same bytes on the wire, 1/t of the activations. (That holds for the block as the paper
+draws it, section 4. The torch GPT of section 5 trades some bytes for memory: it gathers the
+column layers' inputs again in backward instead of keeping them, and all-reduces the small
+Partial gradients of LayerNorms and row biases, so it sends about 31 % more than the TP GPT;
+section 5 measures both.)
 
 What you will see:
 1. where each activation of a block lives, with TP only and with TP + SP;
@@ -144,8 +148,10 @@ and T = 2t + 1 (uneven), multi-head, grouped-query and multi-query attention. It
 output and dx shards and every parameter gradient (gathered), and checks the collectives:
 forward 2 all-gathers + 2 reduce-scatters and nothing else, backward the same plus one
 all-reduce per LayerNorm. The row-layer bias needs none: its backward has just all-gathered dy,
-so the full bias gradient is summed from it. (The same runs under `mpiexec -n 4 python -m
-tp_from_scratch.sequence_parallel.check`.)"""),
+so the full bias gradient is summed from it. The same runs on real processes:
+
+    .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.sequence_parallel.check
+"""),
     new_code_cell("""for t in (1, 2, 3, 4):
     compared = run_spmd(check.check_everything, t)
     print(f"t={t}: every rank compared {compared[0]} tensors with the reference: all match")"""),
@@ -172,12 +178,14 @@ for t, T in [(2, 8), (4, 8), (3, 6), (3, 7), (4, 7)]:
         if T % t == 0:
             assert sp_bytes == tp_bytes
         rows.append((t, T, direction, calls, sp_bytes, tp_bytes, ln_bytes))
-print(f"{'t':>2} {'T':>2} {'direction':<9} {'SP collectives':<54} {'SP AG+RS bytes per rank':<26} {'TP all-reduce bytes':<24} LN grads")
+print(f"{'t':>2} {'T':>2} {'direction':<9} {'SP collectives':<54} {'SP AG+RS bytes per rank':<26} {'TP all-reduce bytes':<24} LN grads, all ranks")
 for t, T, direction, calls, spb, tpb, ln in rows:
     print(f"{t:>2} {T:>2} {direction:<9} {str(calls):<54} {str(spb):<26} {str(tpb):<24} {ln}")"""),
     new_markdown_cell(r"""When T = 7 is split over 3 or 4 ranks, the per-rank bytes differ (the T-chunks are not the
 all-reduce's flat chunks) but the totals agree to the byte. The only extra traffic is the
-LayerNorm gradients: 2 all-reduces of 2H values per block, tiny next to (B, T, H).
+LayerNorm gradients: 2 all-reduces of 2H values per block, tiny next to (B, T, H). (The last
+column is summed over the ranks, unlike the two per-rank lists beside it: 512 at t = 2 is 2
+all-reduces x 128 B x 2 ranks.)
 
 ## 5. The torch GPT, sequence-parallel
 
@@ -233,7 +241,12 @@ blocks' all-reduces, and backward adds what the numpy block did not have: one mo
 per column group (the input is gathered again instead of being kept: the memory saving of
 section 6), and an all-reduce for each Partial LayerNorm weight, LayerNorm bias and row bias
 (f on each parameter; Megatron-LM coalesces them into one buffer). The embedding's all-reduce
-and the cross-entropy's small all-reduces are the same in both."""),
+and the cross-entropy's small all-reduces are the same in both. That embedding is the one place
+where this SP leaves bytes on the table: the vocab-parallel embedding's Partial output is
+all-reduced in full and then split to this rank's positions, where a reduce-scatter straight
+into the sequence shard would do (Megatron-LM does that under SP). Totals: 77,520 B for TP
+against 101,584 B for TP+SP on rank 0, +31 %, the price of the re-gathers that section 6 turns
+into memory."""),
     new_code_cell("""def one_step_traffic(comm, build):
     model = build(comm, reference)
     comm.meter.reset()
@@ -289,7 +302,14 @@ Backward, they differ in three ways, each visible in the counts:
   DTensor leaves the LayerNorm gradients Partial after backward (listed above) and sums them when
   an operation needs them Replicate: in the optimizer step, outside what was counted. Its row
   biases' gradients are not in that list: they come from the all-gathered output gradient, whole.
-  (Ours adds the bias on the sequence shard, so its gradient is Partial and needs the sum.)
+  Ours adds the row bias on the sequence shard, after the reduce-scatter, so autograd sees it
+  used on T_r positions only: its gradient is Partial and needs the sum, 4 more all-reduces of
+  H values per step. The numpy block of section 3 needed none because its hand-written backward
+  computes the bias gradient from the dy that g-bar's backward has just all-gathered (every
+  position); autograd computes a parameter's gradient where the parameter is used, so the torch
+  block would need a fused Function (bias inside g-bar) to do the same. Megatron-LM makes our
+  choice: under SP it marks the row bias as sequence-parallel and all-reduces its gradient with
+  the LayerNorms'.
 
 On gloo, a reduce-scatter is itself emulated with an all-reduce underneath, so wire bytes on CPU
 are not a ring's; the byte-exact comparison with tensor parallelism is our meter's, section 4."""),
@@ -319,7 +339,10 @@ With TP only, the first three rows do not shrink with t; with SP only the causal
 attention core softmax(q kᵀ/√hs + mask) v becomes one autograd Function that keeps only q, k and
 v and runs again in backward. The softmax output, the repeated k and v and the mask leave memory;
 k and v are now kept with this rank's KV heads only, so here GQA does save memory:
-2 e B T (nkv/t) hs instead of 2 e B T H/t."""),
+2 e B T max(nkv/t, 1) hs instead of 2 e B T H/t. The max: with t > nkv the KV heads are
+replicated (Lesson 4) and each rank keeps one whole head, not a fraction of one. That is why,
+below, TP+SP+selective keeps a little *more* than 1/8 of its t = 1 bytes at t = 8 (nkv = 4:
+k and v stop shrinking after t = 4), while TP+SP keeps 1/8 plus only the causal mask."""),
     new_code_cell("""course = GPTConfig()                       # the trainer's default GPT: H=64, nh=8, nkv=4, F=256, 2 layers
 BATCH, SEQ = 4, 32
 ts = [1, 2, 4, 8]
@@ -362,9 +385,7 @@ e = 2, F = 4H, term by term:
 So our model is sbh(32 + 2as/h) + 8sb + s² bytes per layer on one device, and with TP+SP
 everything but the s² mask divides by t. Their formulas, per layer, for the four models of their
 Table 3: sequence s = 2048 and tensor-parallel t = 8 for all four; pipeline p = 1, 8, 35, 64;
-global batch 4, 64, 280, 512 (micro-batch 4, 1, 1, 1), i.e. 8, 64, 280, 512 GPUs. (We could not
-open the paper's table itself here; these figures agree with the model and run files that the
-Calculon performance model (Isaev et al. 2023) uses to reproduce the paper's measurements.)"""),
+global batch 4, 64, 280, 512 (micro-batch 4, 1, 1, 1), i.e. 8, 64, 280, 512 GPUs."""),
     new_code_cell("""# (name, a heads, h hidden, L layers, p pipeline, global batch, b micro-batch); s = 2048, t = 8
 # (Korthikanti et al. 2022, Table 3)
 paper = [("22B", 64, 6144, 48, 1, 4, 4), ("175B", 96, 12288, 96, 8, 64, 1),
@@ -378,8 +399,10 @@ for name, a, h, L, p, batch, b in paper:
     tp_sel, sp_sel = k(t=t, selective=True), k(t=t, sequence_parallel=True, selective=True)
     print(f"{name:<5} {none:>15.2f} {tp:>8.2f} {sp:>8.2f} {tp_sel:>8.2f} {sp_sel:>11.2f}   "
           f"{' ' * 13}{L * tp:7.1f} -> {L * sp:6.1f} GiB (x{tp / sp:.1f} less)")"""),
-    new_markdown_cell(r"""With TP alone the replicated 10 sbh (of which our model has 8 sbh + 8 sb) dominates once
-t = 8. Pipeline parallelism does not help here: with the 1F1B schedule the first stage keeps
+    new_markdown_cell(r"""With TP alone at t = 8 a layer keeps sbh(10 + 3 + 5as/(ht)): the replicated 10 sbh (of which
+our model has 8 sbh + 8 sb) no longer shrinks, and it is 38 % of the layer's bytes for 22B
+(where the attention scores, 5as/(ht) = 13.3, are larger), 43 % for 175B (a tie: 10 against
+10) and 48 % for 530B and 1T (the largest single term, 10 against 8). Pipeline parallelism does not help here: with the 1F1B schedule the first stage keeps
 its L/p layers' activations for p micro-batches in flight, L layers' worth (each of the four runs
 has at least p micro-batches per step: 280 for 530B at p = 35). For the 530B model
 that is about 86 GiB per GPU with TP alone, more than an 80 GB A100 holds in total, hence full
@@ -388,23 +411,26 @@ of the attention core (the 5as/h term) as well, the paper needs no other recompu
 
 ## Run it on real processes
 
-* `torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.train --tp 2 --compare-single`:
+* `.venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.train --tp 2 --compare-single`:
   Lesson 6's trainer with the model run sequence-parallel (`--recompute-attention` for selective
-  recomputation, `--collectives scratch` for our ring collectives); every step against one device.
+  recomputation); every step against one device. Its header says `(scratch)`: `--impl scratch`,
+  our layers (the default), on torch's native collectives (`--collectives native`, the default;
+  `--collectives scratch` for our ring collectives). Its traffic summary names gloo's collective
+  `reduce_scatter_single`: torch's name for a reduce-scatter of one tensor.
   Add `--impl dtensor` for PyTorch's `SequenceParallel` plan in the same trainer (with dp > 1 too).
 * Checkpoints: the SP model's state dict is the TP model's, so a checkpoint does not know whether
   SP was on. `... sequence_parallel.train --tp 2 --steps 20 --save runs/sp`, then
-  `torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.gpt.train --tp 4 --steps 50 --load runs/sp`
+  `.venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.gpt.train --tp 4 --steps 50 --load runs/sp`
   continues it without SP at another t (and the other way round); a test checks such a chain
   step by step against one uninterrupted single-device run.
-* `torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.dtensor_plan --write FILE`:
+* `.venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.dtensor_plan --write FILE`:
   the plan's losses against one device and the collective counts of the table above.
-* `torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench train --sequence-parallel`: step
+* `.venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench train --sequence-parallel`: step
   time of ours, ours with selective recomputation and DTensor's plan, in alternating rounds, and the
   cost of recomputation as a ratio (one more attention forward per block in backward; measured on a
   quiet machine in `lessons/measurements/sp_step_time.txt`).
 
-Exercise 7: `exercises/ex07_sequence_parallel.py`, graded by `pytest exercises -m ex07`."""),
+Exercise 7: `exercises/ex07_sequence_parallel.py`, graded by `.venv/bin/python -m pytest exercises -m ex07`."""),
     new_code_cell("""print(f"lesson executed in {time.perf_counter() - START:.1f} s")"""),
 ]
 

@@ -18,16 +18,21 @@ cells = [
     new_markdown_cell(r"""# Lesson 9: when does tensor parallelism pay?
 
 Lessons 1 to 6 proved that TP computes the right numbers. This lesson asks whether it makes
-training **faster**, and when it stops paying. On this course's quiet 2-core machine, tp=2 on
-two processes was 1.55x (H=512) to 1.73x (H=1024) faster than one process with one thread, but
-only 0.85x to 0.92x of one process using both cores through two BLAS threads (measured when
-this lesson was planned). Megatron-LM (Shoeybi et al. 2019) kept 77 % of linear weak scaling at
-8-way TP on NVLink-connected GPUs. Both come out of one small cost model,
-`tp_from_scratch/cost/plan.py`, which you can run on the command line with the trainer's own
-flags:
+training **faster**, and when it stops paying. On this course's 2-core machine (section 4's
+committed measurement), tp=2 on two processes was 1.56x (H=512) to 1.80x (H=1024) faster than
+one process with one thread, and 0.87x to 1.02x of one process using both cores through two
+BLAS threads: at H=1024 it wins, by a hair. Megatron-LM (Shoeybi et al. 2019) reported 77 % of
+linear *weak* scaling at 8-way TP on NVLink-connected GPUs (the model grows with the GPUs).
+This lesson builds one small cost model of a training step, `tp_from_scratch/cost/plan.py`, and
+uses it for *strong* scaling (one model, more GPUs): for Megatron's 8.3B model at t = 8 on
+NVLink it predicts 3.6x, 45 % of linear; it does not re-derive the weak-scaling figure. You can
+run it on the command line with the trainer's own flags:
 
-    python -m tp_from_scratch.cost.plan --arch gpt2 --hidden 3072 --heads 32 --layers 72 \
-        --vocab-size 51200 --seq-len 1024 --tp 8 --profile h100-nvlink --dtype bfloat16
+    .venv/bin/python -m tp_from_scratch.cost.plan --arch gpt2 --hidden 3072 --heads 32 --layers 72 \
+        --vocab-size 51200 --seq-len 1024 --tp 8 --profile h100-nvlink --dtype bfloat16 --precision mixed
+
+(`--precision mixed`: bf16 weights and gradients, fp32 master weights and AdamW state, as in
+section 3. With `--dtype bfloat16` alone the memory table keeps weights and AdamW state in fp32.)
 
 What you will see:
 1. parameters, **exactly**: Megatron-LM's Table 1 and our own model;
@@ -119,23 +124,29 @@ fig.tight_layout()"""),
 
 The scaling book ("How to Scale Your Model", Part 5, Training) models a TP'd MLP block and
 finds it communication-bound once the TP degree exceeds about **F / (C/W)** (per mesh axis
-used). Our planner counts more precisely (attention, the all-reduces' latency, the embedding
-and loss collectives, no overlap), so the two need not agree exactly; they should agree on
-the order of magnitude."""),
-    new_code_cell("""print(f"{'model, link':<30} {'C/W':>7} {'F/(C/W)':>8} {'planner crossover t':>20}")
+used). Our own ratio of section 2 gives the same kind of rule: communication catches up with
+the matmuls when (t - 1)·bytes·C/W = 9H, i.e. at t* = 1 + 9H / (bytes·C/W), which in bf16
+(2 bytes) with F = 4H is 1 + (9/8)·F/(C/W): 7.3 for the 8.3B model on NVLink where the book's
+F/(C/W) says 5.6, the same order, and the same factor of nine between NVLink and InfiniBand.
+The planner counts more precisely still (attention, the all-reduces' latency, the embedding
+and loss collectives, no overlap), so the three need not agree exactly."""),
+    new_code_cell("""print(f"{'model, link':<30} {'C/W':>7} {'F/(C/W)':>8} {'1+9H/(2C/W)':>12} {'planner crossover t':>20}")
 for name, config in [("8.3B", MEGATRON["8.3B"]), ("GPT-2 small", GPT2_SMALL)]:
     for link in ("h100-nvlink", "h100-infiniband"):
         prof = plan.load_profile(link)
         intensity = prof["matmul_flops"]["1"] * prof["all_reduce"]["native"]["beta_s_per_byte"]
         cross = plan.crossover_tp(config, prof, 8, itemsize=2, arch="gpt2")
-        print(f"{name + ', ' + link:<30} {intensity:>7.0f} {config.ffn / intensity:>8.1f} {str(cross):>20}")"""),
+        ours = 1 + 9 * config.hidden / (2 * intensity)   # section 2's ratio, bf16
+        print(f"{name + ', ' + link:<30} {intensity:>7.0f} {config.ffn / intensity:>8.1f} {ours:>12.1f} {str(cross):>20}")"""),
     new_markdown_cell(r"""## 3. The planner's tables
 
 Everything the planner prints for one configuration: the exact count, memory per rank by t
 (weights, gradients, AdamW state, and activations from Korthikanti et al. 2022's formulas,
 with and without sequence parallelism and selective recomputation: those columns are the
-paper's formula, not a count of our model), the collectives of one step with their bytes,
-and the predicted step time by t. Here Megatron's 8.3B model in mixed precision on one
+paper's formula, not a count of our model), the collectives of one step with their bytes
+(all in the activations' dtype, the cross-entropy's three small all-reduces too, where a
+vocab-parallel loss usually reduces in fp32: a few KB either way), and the predicted step
+time by t. Here Megatron's 8.3B model in mixed precision on one
 8-GPU NVLink node."""),
     new_code_cell("""args = plan.build_parser().parse_args(
     "--arch gpt2 --hidden 3072 --heads 32 --layers 72 --vocab-size 51200 --seq-len 1024 "
@@ -148,9 +159,10 @@ TP: the model did not fit. The step-time table shows the price: 8 GPUs, about 3.
 
 Look at its "elem." column: priced as our code runs them, unfused, the element-wise ops take more
 time than the matmuls at t = 8, and their replicated part (the norms, the residual adds) does not
-shrink with t at all. About half of those bytes are the softmax over the materialised T x T
-scores and a quarter AdamW's seven passes over its state (`plan.ELEMENTWISE_PASSES` lists each op's
-reads and writes). That is why Megatron-LM fuses exactly these ops into single kernels (the scaled,
+shrink with t at all. At t = 1, about half of those bytes are the softmax over the materialised
+T x T scores and a quarter AdamW's seven passes over its state (`plan.ELEMENTWISE_PASSES` lists
+each op's reads and writes); both shrink with t, so at t = 8 the replicated residual adds (36 %)
+and norms (15 %) are half of the element-wise bytes, the softmax a quarter and AdamW an eighth. That is why Megatron-LM fuses exactly these ops into single kernels (the scaled,
 masked softmax; bias + GeLU; LayerNorm), why FlashAttention never writes the scores to memory,
 and why a fused optimizer updates each parameter in one pass. The planner prices the unfused
 code of this course; a fused model moves fewer bytes.
@@ -176,8 +188,9 @@ per step can overlap with the backward pass, and pipeline parallelism sends one 
 per stage boundary. So the fastest link (NVLink, about 450 GB/s per direction, against
 50 GB/s for one InfiniBand NDR port) goes to TP, and t stops at the number of GPUs in a
 node (8). Across nodes: data and pipeline parallelism. (These are vendor-spec peak numbers
-and an assumed latency; real sustained FLOP/s are lower, which makes communication look
-relatively *cheaper*.)"""),
+and an assumed latency. Real sustained FLOP/s are lower than peak, which alone would make the
+communication a smaller share of the step; real link bandwidth is below peak too, which pushes
+the other way. Which wins depends on the kernels and the network: calibrate, section 4.)"""),
     new_markdown_cell(r"""## 4. This machine: the planner's bytes, and measured strong scaling
 
 First, the bytes. The planner lists every all-reduce our trainer makes (13 per step for the
@@ -209,7 +222,10 @@ makes a dozen all-reduces and pays the typical one, not the luckiest).
 The element-wise work is where TP's promise of "1/t of the work per rank" breaks: the norms
 and the residual adds act on the whole (B, T, H) activation on every rank, whatever t is.
 Only the activation, the softmax, the copies, the loss and AdamW (on the rank's own
-parameters) shrink. `plan.elementwise_elements` counts each (a test checks every count against
+parameters) shrink. Two rows even grow from t = 1 to t = 2: at t = 1 a row layer adds its bias
+inside the matmul (one `addmm`), but with t > 1 the bias may only be added once, after the
+all-reduce, as a separate add of a whole (B, T, H): `add` goes from 5 to 9 (B, T, H) per step
+for two layers (x1.8), and those row biases' gradients (`bias_grad`) are whole on every rank too. `plan.elementwise_elements` counts each (a test checks every count against
 the aten ops one forward actually runs, on every TP rank):"""),
     new_code_cell("""config = GPTConfig(vocab_size=512, seq_len=128, n_layers=2, hidden=512, n_heads=8, n_kv_heads=4)
 prof = json.loads((REPO / "lessons/measurements/scaling.json").read_text())["profile"]
@@ -360,11 +376,11 @@ none of it is a copy or an extra collective. What would help further is not more
 
 Under torchrun the TP group is gloo's, and gloo moves every message over TCP, even between two
 processes of one machine: the calibration times one all-reduce, in lockstep between matmuls, at
-about a millisecond however small it is. Under `mpiexec` the same model (the same Block, the same
+almost 2 ms even for 1 KiB (the table below: 1.79 ms). Under `mpiexec` the same model (the same Block, the same
 TP layers) takes an `MPIComm` as its group instead: our ring all-reduce of Lesson 2 over MPI's
 point-to-point messages, which MPICH passes through shared memory. Nothing else changes.
 
-    mpiexec -n 2 .venv/bin/python -m tp_from_scratch.bench scaling
+    .venv/bin/mpiexec -n 2 .venv/bin/python -m tp_from_scratch.bench scaling
 
 """),
     new_code_cell("""show(over_mpi)
@@ -396,13 +412,14 @@ embedding and LM head **replicated**: every rank computes all V logits) and agai
 `Shard(-1)`, and `loss_parallel`'s cross-entropy). Only the second is a fair race; both train
 the same losses as one device (tests/test_plan_dtensor.py).
 
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench train
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench train
 
 ## 5. On a CPU laptop
 
 * TP is rarely a speed-up tool on a few CPU cores. One process with as many BLAS threads as
   cores does the same matmuls with no all-reduces, in one memory. TP on processes only matches it
-  when its messages are cheap (MPI's shared memory above; not gloo's TCP), and then only just.
+  when its messages are cheap relative to the compute: with MPI's shared memory from H = 192 on
+  (0.99x to 1.10x), with gloo's TCP only at the largest size (H = 1024, 1.02x), and then only just.
   On a busy machine, separate single-threaded processes degrade more gracefully than a
   multi-threaded one: measure, with `bench scaling` (under torchrun and under mpiexec).
 * TP on a laptop is for **learning and checking**: the simulated ranks of `run_spmd` and

@@ -6,7 +6,7 @@
 The measured numbers come from two files in lessons/measurements/:
     allreduce_algorithms.json  written by the commands listed in it (bench algorithms --write-table,
                                mpiexec and torchrun, 2, 3 and 4 ranks)
-    overlap.json               torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench overlap
+    overlap.json               .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench overlap
                                --json lessons/measurements/overlap.json (the backward overlap and
                                the collective matmul)
 """
@@ -21,7 +21,7 @@ cells = [
     new_markdown_cell(r"""# Lesson 10: hiding and shrinking communication
 
 Lessons 2 to 9 sent the bytes tensor parallelism needs, one collective after the other, with
-one algorithm: the ring. Production TP does two more things:
+one algorithm: the ring. Production TP does three more things:
 
 1. it **picks the all-reduce algorithm by message size**: a ring is bandwidth-optimal but
    pays 2(p-1) message latencies; small messages prefer fewer, larger steps. MPICH and NCCL
@@ -67,7 +67,7 @@ from tp_from_scratch.testing import random_array, rank_rng"""),
 | segmented ring | 2(p-1) x segments | 2(p-1)/p N | the ring, each chunk cut into segments that flow as a pipeline |
 
 (for p a power of two). When p is not, recursive doubling and Rabenseifner first **fold**:
-with p2 the largest power of two below p, the first 2(p - p2) ranks pair up, the even one
+with p2 the largest power of two not above p (p2 = p when p is one), the first 2(p - p2) ranks pair up, the even one
 hands its array to the odd one and sits out, and gets the result back at the end: one
 whole-array message more each way.
 
@@ -89,13 +89,16 @@ for name in A.ALGORITHMS:
         if rank in (0, 1, 5):
             print(f"{name:<20} {rank:>4} {got[0]:>9} {got[1]:>7}   {formula}")"""),
     new_markdown_cell(r"""Rank 0 sits out of the fold (one array out, one back), rank 1 absorbs it, rank 5 plays an
-ordinary rank of the 4-rank power of two. Recursive doubling sends the least messages,
-Rabenseifner and the ring the least bytes; the segmented ring (default segments of 256 KiB)
-is the ring itself on arrays this small.
+ordinary rank of the 4-rank power of two. Recursive doubling sends the fewest messages. Bytes
+depend on the rank when p is not a power of two: rank 1, which absorbs rank 0's array and
+hands the result back, sends 10,000 B under Rabenseifner against the ring's 6,664. Over all
+ranks the ring (39,992 B) and Rabenseifner (40,000 B) send the least, recursive doubling the
+most (48,000 B); for p a power of two Rabenseifner and the ring send the least on every rank.
+The segmented ring (default segments of 256 KiB) is the ring itself on arrays this small.
 
 ## 2. The latency-bandwidth crossover, measured
 
-`python -m tp_from_scratch.bench algorithms` times every algorithm and the backend's native
+`.venv/bin/python -m tp_from_scratch.bench algorithms` times every algorithm and the backend's native
 all-reduce from 8 B to 64 MiB, taking turns call by call (the machine is shared; each time is
 the fastest of its calls). Solid lines: measured; dashed: the alpha-beta-gamma prediction
 (`algorithms.predicted_seconds`: alpha per message, beta per byte sent, gamma per byte
@@ -149,6 +152,16 @@ for (backend, p), fit in fits.items():
     print(f"{backend:<10} {p:>2} {str(predicted_crossover(p, *fit)):>30}   {table['rules'][backend][str(p)]}")
 print()
 print("the commands that measured them:", *table["command"], sep="\\n  ")"""),
+    new_markdown_cell(r"""Which columns to trust: the **measured rules**. The predicted crossovers come from three
+fitted numbers per panel, and on a shared 2-core machine the fits are poor physics: at
+MPIComm p = 4 alpha comes out at 2 ms per message (4 ranks take turns on 2 cores, so a message
+waits for its peer's time slice), at p = 3 gamma fits to 0, and TorchComm p = 3's predicted
+crossover (about 78 KB) is 50 times below the measured switch at 4 MiB (p = 2: 8 MiB predicted,
+4 MiB measured). Where two algorithms are within the noise of each other the measured winner
+can flip from size to size: MPIComm p = 3's rules change algorithm five times. The fits show
+the *shape* of the alpha-beta-gamma argument; the selector uses the measurements. A rule
+[n, name] covers every message of **up to and including** n bytes (the row before it ends
+below): at MPIComm p = 3, 4096 B picks the ring, and at p = 2, 1 MiB picks recursive doubling."""),
     new_markdown_cell(r"""`algorithms.all_reduce(comm, x)` is the selector: it looks up the measured rules for the
 communicator's backend (the simulator uses MPI's) and p, and calls the winner. Every rank makes
 the same choice because it depends only on N, p and the backend. Measured here: p = 2, 3 and 4
@@ -185,7 +198,7 @@ run_spmd(check_async_layer, 3)  # raises if any output or gradient differs in a 
 print("AsyncColumnParallelLinear == ColumnParallelLinear, bit for bit, on 3 simulated ranks")"""),
     new_markdown_cell(r"""### Before and after, measured (torchrun, 2 ranks, 2 cores)
 
-`python -m tp_from_scratch.bench overlap` runs one layer (X of 1024 x 2048 float32, a
+`.venv/bin/python -m tp_from_scratch.bench overlap` runs one layer (X of 1024 x 2048 float32, a
 dX all-reduce of 8 MiB) forward and backward, blocking and overlapped, taking turns. The
 timeline is rank 0's last backward of each; "exposed" is the time backward spends in the
 all-reduce (blocking) or in starting and waiting for it (overlap)."""),
@@ -222,8 +235,11 @@ against the same model with the CPU numbers fitted above and one core doing both
 h100 = plan.load_profile("h100-nvlink")
 gpu_link = h100["all_reduce"]["native"]
 alpha_cpu, beta_cpu, _ = fits.get(("TorchComm", 2), next(iter(fits.values())))
+# one core's matmul rate as Lesson 9's calibration measured it on this machine (plan --calibrate)
+cpu_flops = json.loads((REPO / "lessons/measurements/scaling.json").read_text())["profile"]["matmul_flops"]["1"]
+print(f"CPU matmul rate (Lesson 9's calibration, one core, one thread): {cpu_flops / 1e9:.0f} GFLOP/s")
 cases = {
-    "CPU core, 2 ranks (fitted), 1 core does both": dict(flops=20e9, alpha=alpha_cpu, beta=beta_cpu, own_engine=False),
+    "CPU core, 2 ranks (fitted), 1 core does both": dict(flops=cpu_flops, alpha=alpha_cpu, beta=beta_cpu, own_engine=False),
     "H100 NVLink, 8 GPUs, bf16, engine of its own": dict(flops=h100["matmul_flops"]["1"], alpha=gpu_link["alpha_s"],
                                                          beta=gpu_link["beta_s_per_byte"], own_engine=True),
 }
@@ -237,8 +253,11 @@ for label, case in cases.items():
           f"backward {m['blocking'] * 1e3:.3f} -> {m['overlap'] * 1e3:.3f} ms "
           f"({1 - m['overlap'] / m['blocking']:.0%} faster), exposed {m['exposed_blocking'] * 1e3:.3f} -> "
           f"{m['exposed_overlap'] * 1e3:.3f} ms")"""),
-    new_markdown_cell(r"""The CPU line assumes 20 GFLOP/s for one core's matmul (measure yours with
-`python -m tp_from_scratch.cost.plan --calibrate`); the GPU line is Llama-3-70B-like (H = 8192,
+    new_markdown_cell(r"""The CPU line takes one core's matmul rate from Lesson 9's calibration of this machine
+(`.venv/bin/python -m tp_from_scratch.cost.plan --calibrate`, a quiet core, one matmul at a time).
+Its dW (5.8 ms) is then faster than the dW measured above (7.6 to 10.5 ms, 51 to 70 GFLOP/s):
+in the bench two ranks and gloo's threads share the two cores with other jobs, which the
+calibration avoided. The GPU line is Llama-3-70B-like (H = 8192,
 F = 28672, t = 8, 4096-token sequences, batch 8) with vendor peak numbers: a prediction, not a
 measurement. Megatron-LM and PyTorch's async TP report gains of a few percent end to end
 from overlaps like this one: large when the all-reduce and the matmul it hides behind take
@@ -289,8 +308,11 @@ print("(messages, bytes) sent per rank, fused:   ", run_spmd(bytes_moved, 3, Tru
 and `linear_reduce_scatter(group, x_local, weight, bias)`, is a pair of autograd Functions whose
 backward is the other loop (the column layer's dX is a matmul -> reduce-scatter, the row layer's
 dX an all-gather -> matmul). It runs on a `Comm` (isend/irecv of numpy views of the tensors) or on
-a torch ProcessGroup (`dist.isend`/`dist.irecv`); `tests/test_collective_matmul.py` and
-`python -m tp_from_scratch.overlap.check` compare it with `sequence_parallel.nn` on both.
+a torch ProcessGroup (`dist.isend`/`dist.irecv`); `tests/test_collective_matmul.py` compares it
+with `sequence_parallel.nn` on both. On real processes (a Comm under mpiexec; under torchrun also the ProcessGroup):
+
+    .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.overlap.check
+
 
 ### Measured: exposed communication, fused vs un-fused (torchrun, 2 ranks, 2 cores)
 
@@ -322,7 +344,7 @@ Llama-3-70B-like layer on 8 H100s (bf16, the planner's NVLink profile, an engine
     new_code_cell("""measured = {row["variant"]: row for row in cm_rows
             if row["op"] == "all-gather->matmul" and row["group"].startswith("scratch")}
 gpu_cases = {
-    "CPU, 2 ranks (model, 1 core does both)": dict(tokens=1024, in_features=2048, out_per_rank=128, t=2, flops=20e9,
+    "CPU, 2 ranks (model, 1 core does both)": dict(tokens=1024, in_features=2048, out_per_rank=128, t=2, flops=cpu_flops,
                                                     alpha=alpha_cpu, beta=beta_cpu, itemsize=4, own_engine=False),
     "H100 NVLink, t=8 (model, own engine)": dict(tokens=8 * 4096, in_features=8192, out_per_rank=28672 // 8, t=8,
                                                   flops=h100["matmul_flops"]["1"], alpha=gpu_link["alpha_s"],
@@ -337,19 +359,25 @@ if measured:
     u, f = measured["un-fused"], measured["fused"]
     print(f"{'CPU, 2 ranks, measured (scratch ring, above)':<46} {u['op_ms']:>11.3f} {f['op_ms']:>9.3f} "
           f"{u['exposed_ms'] / u['op_ms']:>19.0%} {f['exposed_ms'] / f['op_ms']:>6.0%}")"""),
-    new_markdown_cell(r"""The GPU line is a prediction from vendor peak numbers, not a measurement: each step's chunk
+    new_markdown_cell(r"""The model's CPU line comes out at about half the measured un-fused 19 ms: its matmul runs at
+the quiet core's calibrated rate (5.8 ms against the 9.4 ms measured in this run) and its fitted
+link is cheaper than this run's all-gather (about 4 ms against about 10). The share it leaves
+exposed (42 %) is close to the measured 47 %: the proportions hold where the absolute times,
+taken on a busier machine, do not.
+
+The GPU line is a prediction from vendor peak numbers, not a measurement: each step's chunk
 (4096 positions x 8192 features in bf16, 64 MiB) crosses NVLink in less time than its matmul
 takes, so the model hides all of the all-gather; it ignores the SMs NCCL borrows and the
 lower efficiency of eight smaller matmuls, which is why real systems report less (PyTorch's
-async TP: a forward pass up to about 29 % faster for Llama-3-class models, about 8 % end to
-end). On the CPU, where one core both copies and multiplies, the model predicts no gain at
+async TP in TorchTitan: a forward pass up to about 20 % faster for Llama 3 70B, the model this
+line imitates, and about 8 % end to end; up to 29 % forward for the smaller Llama 3 model). On the CPU, where one core both copies and multiplies, the model predicts no gain at
 all; what a measurement shows beyond that is waiting for the neighbour that the fused loop
 filled with work, and the noise of a shared machine is as large.
 
 ## Exercise 9
 
 Write `all_reduce_rabenseifner(comm, x, op)` in `exercises/ex09_recursive_halving_doubling.py`
-on `comm.send` and `comm.recv` only; `pytest exercises -m ex09` grades it: the sum on every
+on `comm.send` and `comm.recv` only; `.venv/bin/python -m pytest exercises -m ex09` grades it: the sum on every
 rank for p = 1..8, the same bits everywhere, the input untouched, and the meter and the
 partners of recursive halving-doubling (not a ring, not recursive doubling)."""),
 ]

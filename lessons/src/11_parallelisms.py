@@ -6,7 +6,7 @@
 Section 5 (the pipeline) reads its measured bubble from lessons/measurements/pipeline_bubble.json
 (parallelisms.measure_pipeline; lessons/measurements/remeasure/11_pipeline_bubble.sh).
 The measured table comes from lessons/measurements/parallelisms.json, written by
-    python -m tp_from_scratch.bench parallelisms --json lessons/measurements/parallelisms.json
+    .venv/bin/python -m tp_from_scratch.bench parallelisms --json lessons/measurements/parallelisms.json
 (one torchrun launch of 4 processes, every strategy in turn; lessons/measurements/remeasure/11_parallelisms.sh).
 Everything else runs live in a few seconds: ZeRO on simulated ranks, the cost model, the pictures.
 """
@@ -20,8 +20,8 @@ HERE = Path(__file__).resolve().parent
 cells = [
     new_markdown_cell(r"""# Lesson 11: tensor parallelism among the parallelisms
 
-The document this course grew from spends a whole section telling tensor parallelism apart
-from its neighbours. In short: pipeline parallelism cuts the network **by depth**, and the
+Tensor parallelism is one of several ways to spread training over devices, and it is worth
+telling apart from its neighbours. In short: pipeline parallelism cuts the network **by depth**, and the
 stages wait on each other (the *pipeline bubble*); tensor parallelism cuts **each layer**, so
 no stage waits, but it talks in every layer and needs far more bandwidth; data parallelism,
 through PyTorch's `DistributedDataParallel`, is the default for any model that fits on one
@@ -35,11 +35,11 @@ rank, bytes per step, step time and bubble. Then we ask the question learners as
 Where things are:
 * `tp_from_scratch/parallelisms/mesh.py`: the dp x pp x tp mesh and its rank layout;
 * `zero.py`: ZeRO-1 and ZeRO-2 from scratch; `train.py`: the trainer
-  (`python -m tp_from_scratch.parallelisms.train --dp D --pp P --tp T [--ddp] [--zero 1|2]
+  (`.venv/bin/python -m tp_from_scratch.parallelisms.train --dp D --pp P --tp T [--ddp] [--zero 1|2]
   [--schedule gpipe|1f1b --micro-batches M]`), which reuses Lesson 6's loop;
 * `pipeline.py`, `schedules.py`: the pipeline (GPipe and 1F1B from send/recv);
 * `cost.py`: Lesson 9's cost model extended to dp x pp x tp; `memory.py`: what we count;
-* `python -m tp_from_scratch.bench parallelisms`: the comparison.
+* `.venv/bin/python -m tp_from_scratch.bench parallelisms`: the comparison.
 
 Legend: B global batch, T sequence, H hidden, L layers, N parameters (of a rank's stage and TP
 shard), p pipeline stages, m micro-batches, t TP degree, dp data-parallel degree."""),
@@ -74,7 +74,7 @@ print(f"the comparison's GPT: {parameter_count(config):,} parameters, L={config.
 | | what a rank holds | what it sends per step | who waits |
 |---|---|---|---|
 | **DP** (DDP) | the whole model, its gradients and optimizer state; B/dp of the batch | one all-reduce of all N gradients (bucketed, overlapped with backward) | nobody, if the all-reduce hides behind backward |
-| **ZeRO-1 / 2** | the whole model; 1/dp of the optimizer state (ZeRO-2: of the gradients too) | reduce-scatter (or all-reduce) of the gradients + all-gather of the parameters | as DP |
+| **ZeRO-1 / 2** | the whole model; 1/dp of the optimizer state (ZeRO-2: of the gradients too) | reduce-scatter of the gradients + all-gather of the parameters | as DP |
 | **PP** | L/p blocks, whole | one activation (B/m, T, H) per micro-batch to the next stage, one gradient back | the other stages, during the fill and drain: the bubble |
 | **TP** | 1/t of every layer | all-reduces of (B, T, H) in every layer, forward and backward | every rank, at every all-reduce |
 
@@ -107,7 +107,7 @@ carries on with the earlier layers: communication overlapped with computation (L
 the losses are the hand-written average's, step for step (tests/test_parallelisms.py checks
 both, and ZeRO's, against one device and each other in one launch):
 
-    torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.train --dp 2 --tp 2 --ddp --compare-single
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.train --dp 2 --tp 2 --ddp --compare-single
 
 Our model is small enough to fit into one bucket, so DDP sends exactly what the hand-written
 average sends; the difference is *when* (during backward instead of after it).
@@ -119,18 +119,42 @@ copy: 12 bytes per parameter, against 2 for the bf16 weights). Every DP rank kee
 copy. Rajbhandari et al. (2020) shard it: flatten the N parameters, cut them into dp chunks,
 and let rank r update only chunk r:
 
-    ZeRO-1:  all-reduce the gradients (N)  -> AdamW on chunk r -> all-gather the chunks
-    ZeRO-2:  reduce-scatter the gradients  -> AdamW on chunk r -> all-gather the chunks
+    ZeRO-1 (the paper's P_os):  reduce-scatter the gradients -> AdamW on chunk r -> all-gather the chunks
+    ZeRO-2 (P_os+g):            the same, and each rank frees the full gradient after the reduce
 
-A ring all-reduce *is* a reduce-scatter plus an all-gather, so ZeRO-2 costs DP's bytes; it only
-moves parameters in the second half instead of gradients. Below: ZeRO on 3 simulated ranks
-(58 parameters do not split evenly into 3) against unsharded `torch.optim.AdamW`, every step."""),
+Rank r needs only chunk r of the averaged gradient, so a reduce-scatter is all it asks for. A
+ring all-reduce *is* a reduce-scatter plus an all-gather, so ZeRO sends DP's bytes: the
+gradients go round once, reduced, and the parameters come back in the second half instead of
+the averaged gradients. ZeRO-1 and ZeRO-2 differ in memory only.
+
+The naive first version of ZeRO-1 all-reduces the whole gradient and then uses a quarter of it
+(`ZeroOptimizer(..., gradient_reduce="all_reduce")`): the all-reduce alone is DP's 2(dp-1)/dp N,
+and the all-gather adds (dp-1)/dp N, **1.5x** DP's bytes, for an average each rank mostly throws
+away. DeepSpeed first shipped ZeRO-1 that way and later moved to the partition-aware reduce
+("ZeRO stage 1 with reduced communication": 1.5x -> 1x of data parallelism). Below: ZeRO on 3
+simulated ranks (58 parameters do not split evenly into 3) against unsharded
+`torch.optim.AdamW`, every step, then the bytes each sends, as the Comm's meter counts them
+(the messages our ring collectives really send). The same check from the command line (dp = 1
+to 4 on simulated ranks; under `mpiexec` or `torchrun` on real processes):
+
+    .venv/bin/python -m tp_from_scratch.parallelisms.check_zero
+"""),
     new_code_cell("""# check_zero: a 58-parameter model, rank-distinct rows, ZeroOptimizer over the simulated ranks'
 # ring collectives; every rank compares its parameters after each step with unsharded AdamW
 run_spmd(check_zero.report, 3)
-for stage in (1, 2):  # what rank 0 sent in those 3 steps, by collective (the Comm's meter)
-    traffic = run_spmd(lambda comm: (check_zero.zero_run(comm, stage), comm.meter.by_collective)[1], 3)[0]
-    print(f"ZeRO-{stage}, rank 0 sent in 3 steps:", ", ".join(f"{k} {v.bytes_sent} B" for k, v in sorted(traffic.items())))"""),
+from tp_from_scratch.nn.mappings import all_reduce
+def dp_step(comm):  # DP's step for the same gradients: one all-reduce of the 58 (padded to 60) values
+    for _ in range(check_zero.STEPS):
+        all_reduce(comm, torch.zeros(60, dtype=torch.float64))
+sent = {}
+for label, run in (("DP (all-reduce)", dp_step),
+                   ("ZeRO-1 naive", lambda comm: check_zero.zero_run(comm, 1, gradient_reduce="all_reduce")),
+                   ("ZeRO-1", lambda comm: check_zero.zero_run(comm, 1)), ("ZeRO-2", lambda comm: check_zero.zero_run(comm, 2))):
+    traffic = run_spmd(lambda comm: (run(comm), comm.meter.by_collective)[1], 3)[0]
+    sent[label] = sum(v.bytes_sent for v in traffic.values())
+    print(f"{label:<16} rank 0 sent in 3 steps: {sent[label]:>5} B  (" +
+          ", ".join(f"{k} {v.bytes_sent} B" for k, v in sorted(traffic.items())) + ")")
+assert sent["ZeRO-1"] == sent["ZeRO-2"] == sent["DP (all-reduce)"] and 2 * sent["ZeRO-1 naive"] == 3 * sent["ZeRO-1"]"""),
     new_markdown_cell(r"""The optimizer state splits 320 + 320 + 288 = 928 bytes, the 928 of unsharded AdamW (58
 parameters x 2 states x 8 bytes). What each rank holds, drawn for the comparison's GPT at dp=4:
 every rank holds all weights (W); ZeRO-1 keeps 1/4 of the optimizer state (O); ZeRO-2 also
@@ -149,7 +173,7 @@ for name, n, d in (("7.5B, dp=64", 7.5e9, 64), ("8B, dp=8", 8.0e9, 8)):
                                     for s, w in zip(range(4), (8, 8, 8, 12))))"""),
     new_markdown_cell(r"""The 8B model does not fit an 80 GB GPU with plain DDP (128 GB, before any activation);
 ZeRO-1 brings it to 44 GB and ZeRO-2 to 30 GB without cutting a single layer, and for the same
-bytes as DDP (ZeRO-2). FSDP goes to 16 GB, at the price of all-gathering every layer's weights
+bytes as DDP. FSDP goes to 16 GB, at the price of all-gathering every layer's weights
 in the forward and again in the backward: 1.5x DDP's traffic. That is the answer to "why not
 FSDP?": often, do use it; it shards what DDP duplicates. What it does not shrink are the
 **activations** of a layer (each rank still runs whole layers on its own batch) and the
@@ -210,7 +234,7 @@ for name, make in (("GPipe", gpipe), ("1F1B", one_f_one_b)):
     for m in (1, 4, 8):
         ideal = bubble(simulate(make(4, m)))["fraction"]
         print(f"{name:5} p=4 m={m}: bubble on an ideal clock {ideal:.3f}, (p-1)/(m+p-1) = {bubble_formula(4, m):.3f}")"""),
-    new_markdown_cell(r"""Measured on real processes (`torchrun --nproc-per-node 2 -m tp_from_scratch.parallelisms.measure_pipeline`:
+    new_markdown_cell(r"""Measured on real processes (`.venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.parallelisms.measure_pipeline`:
 2 stages of 4 blocks, H=256, batch 16 x 64 tokens, float32, one process per core). Each
 action is timed on each stage; the bubble is the idle share between the first start and the
 last end. Measured on a quiet machine, it follows the formula at m = 1 (0.50) and m = 4 (about
@@ -235,12 +259,12 @@ plt.show()"""),
 group, and ranks lay out as rank = stage * t + tp_rank (TP innermost, inside a node). The same
 check runs pp=2 x tp=2 on 4 processes, on both process backends:
 
-    torchrun --nproc-per-node 4 -m tp_from_scratch.parallelisms.check_pipeline --tp 2
-    mpiexec -n 4 python -m tp_from_scratch.parallelisms.check_pipeline --tp 2
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.check_pipeline --tp 2
+    .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.parallelisms.check_pipeline --tp 2
 
 **Exercise 11** asks you to write `one_f_one_b(n_stages, n_micro)`: each stage's ordered list
 of actions. The graders check its rules, its in-flight bound, its bubble on the ideal clock,
-and then train the pipeline with it: `make grade EX=ex11` (or `pytest exercises -m ex11`)."""),
+and then train the pipeline with it: `make grade EX=ex11` (or `.venv/bin/python -m pytest exercises -m ex11`)."""),
     new_markdown_cell(r"""What each rank holds under each strategy of the comparison below (GPipe and 1F1B hold the
 same weights; TP+SP the same as TP): DP copies everything, PP cuts by depth, TP by width, and
 the hybrids do both: each rank holds a block of the model by depth and a slice by width."""),
@@ -268,7 +292,9 @@ shows the rank holding the most memory and the rank sending the most bytes:
   timestamps, beside (p-1)/(m+p-1)."""),
     new_code_cell("""print(f"measured {MEASURED['date']} on {MEASURED['cores']} cores, torch {MEASURED['torch']}: "
       f"{MEASURED['command']}")
-print(table(MEASURED["rows"]))"""),
+print(table(MEASURED["rows"]))
+by_strategy = {r["strategy"]: r for r in MEASURED["rows"]}   # ZeRO-1 and -2 send DP's bytes, to the byte
+assert by_strategy["dp4 zero1"]["bytes"]["dp"] == by_strategy["dp4 zero2"]["bytes"]["dp"] == by_strategy["dp4"]["bytes"]["dp"]"""),
     new_code_cell("""rows = MEASURED["rows"]
 labels = [r["strategy"] for r in rows]
 fig, (a, b) = plt.subplots(1, 2, figsize=(14, 4.2))
@@ -292,14 +318,24 @@ fig.tight_layout(); plt.show()"""),
 * **DP** holds everything on every rank (weights + gradients + 2x optimizer state = 4N floats)
   and sends one all-reduce of the N gradients per step: 2(p-1)/p N = 1.5 N at p = 4.
 * **ZeRO-1/2** keep the weights and cut the optimizer column to a quarter (plus the chunk's flat
-  master copy, counted under weights); ZeRO-2 also keeps a quarter of the gradients. ZeRO-2's
-  bytes equal DP's exactly (reduce-scatter + all-gather = an all-reduce); ZeRO-1 (all-reduce,
-  then all-gather) sends 1.5x as much.
+  master copy, counted under weights: 741 + 185 KiB). Their grads column: ZeRO-1 keeps every
+  parameter's gradient (741 KiB, as DP) **plus** the gradient buffer of its chunk (185 KiB, the
+  inner AdamW's `.grad` of its flat chunk, where the reduce-scatter's result lands), so 926 KiB,
+  more than DP; ZeRO-2 frees the full gradients and keeps only the chunk's buffer, a quarter.
+  Both send exactly DP's bytes (reduce-scatter + all-gather = an all-reduce); the naive ZeRO-1
+  of section 4 would send 1.5x. The DP column counts what a ring algorithm sends for the
+  collectives the trainer called; gloo itself emulates a reduce-scatter with an all-reduce and
+  moves twice as much for it, which is why section 4 counts ZeRO's true bytes on our Comm.
 * **PP** holds about a quarter of the weights (the first stage the embeddings, the last a copy
-  of the tied embedding for its head) and sends only activations and their gradients: the
-  fewest bytes of all, and no collective at all. Activations: GPipe's first stage keeps all 8
+  of the tied embedding for its head) and sends only activations and their gradients, plus, once
+  per step, the tied embedding's gradient between the first and the last stage (section 5): the
+  fewest bytes of all, and no collective at all. That exchange is why pp2xtp2 sends 73 KiB where
+  its activations are 64 KiB: 2144 float32 gradients of its half of the embedding, about 8 KiB. Activations: GPipe's first stage keeps all 8
   sequences of its block whatever m is; 1F1B with m = 8 keeps at most p = 4 micro-batches of 1,
-  half of it. The bubble: see below.
+  half of it. The act column names the rank it shows (@s: the pipeline stage): the largest
+  holder can change between rows. Under GPipe the last stage is the largest (it keeps every
+  micro-batch's activations *and* the LM head's logits); under 1F1B the last stage keeps one
+  micro-batch at a time, so the largest is an earlier stage. The bubble: see below.
 * **TP** holds a quarter of every layer and sends the most: every block all-reduces (B, T, H)
   four times per step, whatever the batch split, and every rank sees the whole batch, so its
   activations are the largest here (the LayerNorm and residual regions are not split). **SP**
@@ -326,7 +362,7 @@ cost model with a link profile (Lesson 9) to predict those.
   the default for a reason.
 * **They do not fit, but the weights do (the optimizer state is the 12 of 16 bytes per
   parameter in mixed precision): shard the state, ZeRO-1/2, or FSDP/ZeRO-3 for the weights too.**
-  Same bytes as DDP (ZeRO-2), dp times less optimizer memory.
+  Same bytes as DDP (ZeRO-1 and -2), dp times less optimizer memory.
 * **One layer's activations are too big, or a single step must be fast (latency, inference):
   TP, inside a node.** Only TP cuts the activations of one layer and the time of one matmul,
   and it pays for it with all-reduces in every layer; Lesson 9's crossover says how large t
@@ -340,9 +376,10 @@ cost model with a link profile (Lesson 9) to predict those.
 
 Large vision transformers (ViT-H, ViT-22B) are the same blocks on image patches
 (`tp_from_scratch/gpt/vit.py` trains one with TP:
-`torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.vit --compare-single`).
+`.venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.vit --compare-single`).
 Take a ViT-Huge-sized stack of GPT blocks (H=1280, 32 layers, 16 heads, 257 patch tokens, a
-1000-class head in place of the vocabulary) on two 8-GPU nodes, and ask the cost model what
+1000-class head in place of the vocabulary: a GPT stack standing in for the ViT, so its head is
+tied to an input embedding of 1000 rows, which a real ViT's untied classifier is not) on two 8-GPU nodes, and ask the cost model what
 each rank sends per step, and how long that takes over NVLink and over InfiniBand (the
 Lesson 9 presets; bf16, 32 images per pipeline):"""),
     new_code_cell("""vit_h = GPTConfig(vocab_size=1000, seq_len=257, n_layers=32, hidden=1280, n_heads=16, n_kv_heads=16, causal=False)
@@ -359,7 +396,9 @@ for name, kw, tp_link, p2p_link in (
     print(f"{name:<36} {tp_bytes / 1e9:>8.2f}GB {p2p / 1e6:>8.1f}MB {tp_bytes * 2 * tp_link * 1e3:>12.0f} ms "
           f"{p2p * p2p_link * 1e3:>6.1f} ms")"""),
     new_markdown_cell(r"""(TP time: a ring all-reduce sends about twice its payload; latency terms left out; no
-overlap.) TP's traffic is gigabytes per step, the pipeline's megabytes: put TP across the
+overlap. The pipeline's bytes include 0.32 MB of the stand-in's tied head: the bf16 gradient of
+a rank's eighth of the 1000 x 1280 embedding, exchanged between the first and the last stage,
+which a real ViT would not send.) TP's traffic is gigabytes per step, the pipeline's megabytes: put TP across the
 nodes and it costs about ten times more time than on NVLink, while the pipeline's messages
 barely notice InfiniBand. TP on NVLink, the pipeline's small messages across nodes. This is why the layout of section 2 puts TP innermost."""),
     new_markdown_cell(r"""### A ViT through the pipeline: TP inside a node, PP across
@@ -387,7 +426,7 @@ images: every loss, gradient and final parameter against the same ViT on one dev
 inside the stages the check runs on 4 processes (pp=2 x tp=2; `tests/test_pipeline_launch.py`
 runs it, after the GPT's):
 
-    torchrun --nproc-per-node 4 -m tp_from_scratch.parallelisms.check_pipeline --tp 2 --model vit"""),
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.check_pipeline --tp 2 --model vit"""),
     new_code_cell("""vit_config = check_pipeline.MODELS["vit"][0]()          # 3 blocks, H=16: 2 + 1 over 2 stages
 vit_batches = check_pipeline.global_batches(2, vit_config, kind="vit")  # images (4, 8, 8), labels (4,)
 vit_single = check_pipeline.single_device_training(vit_config, vit_batches, kind="vit")

@@ -100,6 +100,20 @@ class Native:
         self.dist.all_to_all(out, [self.torch.from_numpy(c.copy()) for c in chunks])
         return np.concatenate([o.numpy() for o in out], axis=1)
 
+    def all_to_all_v(self, x, send_counts, recv_counts):  # uneven blocks of rows
+        out = np.empty((sum(recv_counts), *x.shape[1:]), x.dtype)
+        if self.mpi:
+            row = int(np.prod(x.shape[1:]))
+            def spec(counts):
+                return ([c * row for c in counts], list(np.cumsum([0, *counts[:-1]]) * row))
+            self.comm.mpi.Alltoallv([np.ascontiguousarray(x), spec(send_counts), self.MPI.DOUBLE],
+                                    [out, spec(recv_counts), self.MPI.DOUBLE])
+            return out
+        t = self.torch.from_numpy(out)
+        self.dist.all_to_all_single(t, self.torch.from_numpy(x.copy()), [int(c) for c in recv_counts],
+                                    [int(c) for c in send_counts])
+        return t.numpy()
+
 
 def main(comm):
     p, r = comm.world_size, comm.rank
@@ -142,6 +156,14 @@ def main(comm):
         check(C.all_to_all(comm, even, 0, 1),
               np.concatenate([np.array_split(xq[: 2 * p], p)[r] for xq in xs], axis=1),
               native.all_to_all(even), "all_to_all", True)
+        # token dispatch: rank q sends (q + d) % 3 rows to rank d (some blocks empty)
+        counts = [[(q + d) % 3 for d in range(p)] for q in range(p)]
+        rows = xs[r][: sum(counts[r])]
+        recv_counts = C.exchange_counts(comm, counts[r])
+        assert list(recv_counts) == [counts[q][r] for q in range(p)], f"rank {r}: exchanged counts"
+        blocks = [np.split(xq[: sum(counts[q])], np.cumsum(counts[q])[:-1])[r] for q, xq in enumerate(xs)]
+        check(C.all_to_all_v(comm, rows, counts[r], recv_counts), np.concatenate(blocks),
+              native.all_to_all_v(rows, counts[r], recv_counts), "all_to_all_v", True)
     # point to point around the ring: messages with and without a header, interleaved, one
     # of them empty and one received into a non-contiguous view, must arrive intact and in order
     right, left = (r + 1) % p, (r - 1) % p

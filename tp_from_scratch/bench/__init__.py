@@ -1,5 +1,5 @@
 """Benchmarks (not tests): timings and bandwidths, printed as tables.
 
-    python -m tp_from_scratch.bench collectives   (under mpiexec or torchrun)
-    python -m tp_from_scratch.bench train         (under torchrun)
+    .venv/bin/python -m tp_from_scratch.bench collectives   (under mpiexec or torchrun)
+    .venv/bin/python -m tp_from_scratch.bench train         (under torchrun)
 """

@@ -1,4 +1,4 @@
-"""Dispatch ``python -m tp_from_scratch.bench <name> [args]`` to tp_from_scratch.bench.<name>.main(args).
+"""Dispatch ``.venv/bin/python -m tp_from_scratch.bench <name> [args]`` to tp_from_scratch.bench.<name>.main(args).
 
 The submodule is imported by name only when asked for, so one benchmark's imports
 (mpi4py, torch) are never needed to run another.

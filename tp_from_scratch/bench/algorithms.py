@@ -1,7 +1,7 @@
 """Benchmark the four from-scratch all-reduce algorithms against the native one, by message size.
 
-    mpiexec -n 2 python -m tp_from_scratch.bench algorithms
-    torchrun --nproc-per-node 4 -m tp_from_scratch.bench algorithms --json runs/algorithms_torch4.json
+    .venv/bin/mpiexec -n 2 .venv/bin/python -m tp_from_scratch.bench algorithms
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.bench algorithms --json runs/algorithms_torch4.json
     ... algorithms --write-table lessons/measurements/allreduce_algorithms.json
 
 Every algorithm and the native all-reduce run in the same job on the same integer-valued
@@ -135,9 +135,11 @@ def write_table(comm, args, rows):
     table["rules"].setdefault(backend, {})[p] = rules_from_rows(rows)
     keep = ["size", *[f"{n}_{kind}time_us" for n in [*NAMES, "native"] for kind in ("", "min_")]]
     table["measured"].setdefault(backend, {})[p] = [{k: round(r[k], 2) for k in keep} for r in rows]
-    launcher = "torchrun --nproc-per-node" if backend == "TorchComm" else "mpiexec -n"
-    command = f"{launcher} {p} ... -m tp_from_scratch.bench algorithms {' '.join(sys.argv[2:])}"
-    table["command"] = [c for c in table["command"] if not c.startswith(f"{launcher} {p} ")] + [command]
+    # the command as a learner runs it from the repository root
+    launcher = (f".venv/bin/torchrun --standalone --nproc-per-node {p}" if backend == "TorchComm"
+                else f".venv/bin/mpiexec -n {p} .venv/bin/python")
+    command = f"{launcher} -m tp_from_scratch.bench algorithms {' '.join(sys.argv[2:])}"
+    table["command"] = [c for c in table["command"] if not c.startswith(f"{launcher} ")] + [command]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(table, indent=1) + "\n")
     print(f"# wrote {backend} p={p} into {path}")

@@ -1,7 +1,7 @@
 """Benchmark the from-scratch collectives against the backend's native ones, nccl-tests style.
 
-    mpiexec -n 4 python -m tp_from_scratch.bench collectives
-    torchrun --nproc-per-node 4 -m tp_from_scratch.bench collectives --json runs/bench.json
+    .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.bench collectives
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.bench collectives --json runs/bench.json
     ... collectives --ops all_reduce --min-bytes 1M --max-bytes 16M --iters 20 --warmup 5
 
 Both implementations run in the same job, on the same float32 data, taking turns call by

@@ -2,8 +2,8 @@
 backward (dX all-reduce behind dW) and the collective matmul (all-gather / reduce-scatter along T
 interleaved with the matmul).
 
-    torchrun --nproc-per-node 2 -m tp_from_scratch.bench overlap
-    mpiexec -n 2 python -m tp_from_scratch.bench overlap          (from-scratch only)
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench overlap
+    .venv/bin/mpiexec -n 2 .venv/bin/python -m tp_from_scratch.bench overlap          (from-scratch only)
     ... overlap --tokens 1024 --hidden 2048 --out 256 --iters 20 --json runs/overlap.json
 
 One AsyncColumnParallelLinear (X (tokens, hidden) -> (tokens, out/t) per rank) runs forward

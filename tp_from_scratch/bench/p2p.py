@@ -1,7 +1,7 @@
 """Benchmark one ring step: the communicator's send/recv against the backend's bare calls.
 
-    mpiexec -n 2 python -m tp_from_scratch.bench p2p
-    torchrun --nproc-per-node 2 -m tp_from_scratch.bench p2p --json runs/p2p.json
+    .venv/bin/mpiexec -n 2 .venv/bin/python -m tp_from_scratch.bench p2p
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench p2p --json runs/p2p.json
 
 Each rank sends a float32 array of ``size`` bytes to rank + 1 and receives one from
 rank - 1, as in one step of a ring collective, three ways, taking turns call by call:

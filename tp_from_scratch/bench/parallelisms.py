@@ -1,9 +1,9 @@
 """DP, ZeRO, PP, TP, TP+SP and hybrids on one GPT and one global batch, at 4 ranks, side by side.
 
-    python -m tp_from_scratch.bench parallelisms                       # every strategy, prints the table
-    python -m tp_from_scratch.bench parallelisms --json lessons/measurements/parallelisms.json
-    python -m tp_from_scratch.bench parallelisms --only "pp4 1f1b m8" --only tp4
-    python -m tp_from_scratch.bench parallelisms --markdown lessons/measurements/parallelisms.json  # README table
+    .venv/bin/python -m tp_from_scratch.bench parallelisms                       # every strategy, prints the table
+    .venv/bin/python -m tp_from_scratch.bench parallelisms --json lessons/measurements/parallelisms.json
+    .venv/bin/python -m tp_from_scratch.bench parallelisms --only "pp4 1f1b m8" --only tp4
+    .venv/bin/python -m tp_from_scratch.bench parallelisms --markdown lessons/measurements/parallelisms.json  # README table
 
 One torchrun launch of 4 CPU processes (gloo) trains every strategy in turn with Lesson 11's
 trainer (tp_from_scratch.parallelisms.train.train_once), each on its own dp x pp x tp groups
@@ -113,7 +113,7 @@ def main(argv=None):
         import torch
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({
-            "command": "python -m tp_from_scratch.bench parallelisms " + " ".join(argv or []),
+            "command": ".venv/bin/python -m tp_from_scratch.bench parallelisms " + " ".join(argv or []),
             "ranks": RANKS, "model_flags": MODEL, "steps": args.steps, "cores": os.cpu_count(),
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "rows": rows}, indent=1))

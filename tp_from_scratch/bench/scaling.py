@@ -1,9 +1,9 @@
 """Strong scaling on this machine: one process against two TP ranks, and the planner's prediction.
 
     .venv/bin/python -m tp_from_scratch.cost.plan --calibrate        # once: runs/profile.json
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench scaling \\
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench scaling \\
         --json lessons/measurements/scaling.json
-    mpiexec -n 2 python -m tp_from_scratch.bench scaling  # tp=2 on our ring over MPI instead
+    .venv/bin/mpiexec -n 2 .venv/bin/python -m tp_from_scratch.bench scaling  # tp=2 on our ring over MPI instead
 
 For each model size, three ways to run the same training step (forward, backward, AdamW)
 on the same global batch, in turn, round after round, so that whatever else the machine
@@ -156,7 +156,7 @@ def main(argv=None):
             if comm.world_size < 2:
                 raise SystemExit("bench scaling runs on 2 (or more) processes: mpiexec -n 2 ...")
             return run(args, Launch(comm.rank, comm.world_size, comm, comm.barrier, "mpi",
-                                    f"mpiexec -n {comm.world_size} python"))
+                                    f".venv/bin/mpiexec -n {comm.world_size} .venv/bin/python"))
         finally:
             comm.close()
     from tp_from_scratch.comm.process_group import init_process_group
@@ -166,7 +166,7 @@ def main(argv=None):
             raise SystemExit("bench scaling runs on 2 (or more) processes: torchrun --standalone --nproc-per-node 2 ...")
         world = dist.get_world_size()
         launch = Launch(dist.get_rank(), world, dist.group.WORLD, dist.barrier, "native",
-                        f"torchrun --standalone --nproc-per-node {world}")
+                        f".venv/bin/torchrun --standalone --nproc-per-node {world}")
         return trace(args) if args.trace else run(args, launch)
     finally:
         dist.destroy_process_group()
@@ -386,7 +386,7 @@ def trace(args):
         say(f"# Chrome/Perfetto traces: {out_dir}/step_H<H>_<setup>_rank<r>.json "
             f"(open in https://ui.perfetto.dev or chrome://tracing)")
         if args.summary:
-            summary = {"command": "torchrun --standalone --nproc-per-node "
+            summary = {"command": ".venv/bin/torchrun --standalone --nproc-per-node "
                                   f"{world} -m tp_from_scratch.bench scaling --trace {args.trace} --sizes {args.sizes} "
                                   f"--rounds {args.rounds} --steps-per-round {args.steps_per_round}",
                        "kinds": list(KINDS) + ["python"], "rows": report}

@@ -1,7 +1,7 @@
 """``bench train --sequence-parallel``: Lesson 7's step time, ours against PyTorch's, and what
 selective recomputation costs.
 
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench train --sequence-parallel
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench train --sequence-parallel
 
 Three versions of the same GPT, from the same single-device weights, on the same batches:
 

@@ -3,7 +3,7 @@
     from tp_from_scratch.comm import run_spmd
     run_spmd(fn, 4)                 # fn(comm) on 4 threads; returns the 4 results
 
-    # in a script launched by `mpiexec -n 4 python script.py` or `torchrun --nproc-per-node 4 script.py`
+    # in a script launched by `.venv/bin/mpiexec -n 4 .venv/bin/python script.py` or `.venv/bin/torchrun --standalone --nproc-per-node 4 script.py`
     from tp_from_scratch.comm import spmd_main
     spmd_main(fn)                   # fn(comm_from_env()); a failing rank brings the job down
 

@@ -36,8 +36,8 @@ def comm_from_env():
         return MPIComm()
     raise RuntimeError(
         "no launcher found (neither torchrun's RANK/WORLD_SIZE/MASTER_ADDR nor mpiexec's PMI_RANK"
-        " is set). Launch with `mpiexec -n 4 python -m <module>` or"
-        " `torchrun --nproc-per-node 4 -m <module>`, or use tp_from_scratch.comm.run_spmd to"
+        " is set). Launch with `.venv/bin/mpiexec -n 4 .venv/bin/python -m <module>` or"
+        " `.venv/bin/torchrun --standalone --nproc-per-node 4 -m <module>`, or use tp_from_scratch.comm.run_spmd to"
         " simulate ranks in one process.")
 
 

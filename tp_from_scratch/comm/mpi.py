@@ -1,4 +1,4 @@
-"""MPIComm: the communicator over mpi4py, for scripts launched with ``mpiexec -n N``.
+"""MPIComm: the communicator over mpi4py, for scripts launched with ``.venv/bin/mpiexec -n N``.
 
 A message is two MPI messages: a small pickled header (shape, dtype) and the payload as raw
 bytes (skipped when empty); with header=False, the payload alone. Sends are non-blocking

@@ -1,1 +1,1 @@
-"""Runnable demos: python -m tp_from_scratch.demos.<name>."""
+"""Runnable demos: .venv/bin/python -m tp_from_scratch.demos.<name>."""

@@ -1,7 +1,7 @@
 """Lesson 2 demo: every from-scratch collective, checked against the backend's native one.
 
-    mpiexec -n 4 python -m tp_from_scratch.demos.collectives
-    torchrun --nproc-per-node 4 -m tp_from_scratch.demos.collectives [--rows 256]
+    .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.demos.collectives
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.demos.collectives [--rows 256]
 
 Each rank draws its own integer-valued float32 data (rank_rng(seed, rank)), so every sum
 is exact and every comparison is bit for bit. Each collective is compared with the native

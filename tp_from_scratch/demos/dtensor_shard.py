@@ -1,7 +1,7 @@
 """PyTorch DTensor's canonical sharding example, run for real on CPU, checked against our own shard().
 
-    python -m tp_from_scratch.demos.dtensor_shard                  # launches itself: torchrun, 2 ranks
-    torchrun --nproc-per-node 2 -m tp_from_scratch.demos.dtensor_shard [--rows 1024 --cols 1024 --axis 0]
+    .venv/bin/python -m tp_from_scratch.demos.dtensor_shard                  # launches itself: torchrun, 2 ranks
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.demos.dtensor_shard [--rows 1024 --cols 1024 --axis 0]
 
 The example builds a 1-D device mesh over 2 GPUs and calls
 ``distribute_tensor(tensor, mesh, [Shard(0)])``: each GPU then holds a (512, 1024) block of

@@ -1,6 +1,6 @@
 """Lesson 1 demo: one matmul split across t simulated devices, by columns and by rows.
 
-    python -m tp_from_scratch.demos.split_matmul [--tp 4] [--batch 8] [--hidden 1024] [--ffn 4096]
+    .venv/bin/python -m tp_from_scratch.demos.split_matmul [--tp 4] [--batch 8] [--hidden 1024] [--ffn 4096]
 
 Prints each device's memory and the largest error against the single-device product.
 """

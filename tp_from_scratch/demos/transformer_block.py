@@ -1,8 +1,8 @@
 """Demo: one pre-LN transformer block, forward and backward, split across the ranks of a job.
 
-    mpiexec -n 4 python -m tp_from_scratch.demos.transformer_block
-    torchrun --nproc-per-node 4 -m tp_from_scratch.demos.transformer_block
-    python -m tp_from_scratch.demos.transformer_block --simulate 4     # 4 ranks as threads
+    .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.demos.transformer_block
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.demos.transformer_block
+    .venv/bin/python -m tp_from_scratch.demos.transformer_block --simulate 4     # 4 ranks as threads
 
 Every rank builds the same full (single-device) parameters, keeps only its shard, runs the
 numpy tensor-parallel block (tp_from_scratch.layers.block) forward and backward, and checks

@@ -1,11 +1,11 @@
 """Hugging Face checkpoints in and out: GPT2LMHeadModel and LlamaForCausalLM <-> our GPT.
 
     # a downloaded GPT-2 small (config.json + model.safetensors) -> our checkpoint, 2 shards
-    python -m tp_from_scratch.gpt.convert import ~/gpt2 --out runs/gpt2 --tp 2
+    .venv/bin/python -m tp_from_scratch.gpt.convert import ~/gpt2 --out runs/gpt2 --tp 2
     # ... or one single-device file (what --load and generate --load also accept)
-    python -m tp_from_scratch.gpt.convert import ~/gpt2 --single runs/gpt2.pt
+    .venv/bin/python -m tp_from_scratch.gpt.convert import ~/gpt2 --single runs/gpt2.pt
     # ours (a checkpoint root or a single-device file) -> a save_pretrained directory
-    python -m tp_from_scratch.gpt.convert export runs/ckpt --out runs/hf
+    .venv/bin/python -m tp_from_scratch.gpt.convert export runs/ckpt --out runs/hf
 
 The source is a directory as ``save_pretrained`` writes it (config.json and model.safetensors,
 sharded model-0000i-of-0000n.safetensors with their index, or pytorch_model.bin), or a single

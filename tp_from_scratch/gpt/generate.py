@@ -2,13 +2,13 @@
 
     # our checkpoint (or an imported Hugging Face one, see convert.py), 2 ranks, greedy,
     # rank 0 also generates on one device and says whether the token ids are identical
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.generate --load runs/ckpt \\
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.generate --load runs/ckpt \\
         --prompt 1,2,3 --new-tokens 20 --compare-single
     # seeded sampling (temperature, top-k): the same ids at every t
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.generate --load runs/gpt2.pt \\
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.generate --load runs/gpt2.pt \\
         --sample --temperature 0.8 --top-k 40 --seed 1
     # latency: prefill time and per-token decode time of a random model at t = world size
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.generate bench --arch llama
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.generate bench --arch llama
 
 Each rank holds its heads' weights and caches only its heads' keys and values (KVCache in
 model.py: Sharded by heads, a replicated KV head when nkv < t). One step of decoding is one

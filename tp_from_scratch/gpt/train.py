@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 
 from tp_from_scratch.gpt import checkpoint as ckpt
-from tp_from_scratch.compare import TOLERANCE, assert_matches_reference
+from tp_from_scratch.compare import TOLERANCE, assert_matches_reference, tolerance
 from tp_from_scratch.gpt.data import global_batch, local_batch
 from tp_from_scratch.gpt.mesh import setup_mesh
 from tp_from_scratch.gpt.options import at_least, first_problem, greater_than_zero, parse_valid_args, positive
@@ -470,9 +470,15 @@ def report_memory(opts, model, config, mesh):
                   flush=True)
 
 
-def verdict(loss, ref, step):
+def loss_tolerance(opts, config, step):
+    """The policy's bound for the loss at ``step``: TOLERANCE[dtype] x layers x (1 + step)
+    (compare.tolerance's growth rule: roundoff compounds through the layers and the steps)."""
+    return tolerance(opts.dtype, layers=config.n_layers, steps=step)
+
+
+def verdict(loss, ref, step, tol):
     try:
-        assert_matches_reference(loss, ref, name=f"loss at step {step}")
+        assert_matches_reference(loss, ref, name=f"loss at step {step}", tol=tol)
         return True, "equal"
     except AssertionError as e:
         return False, f"DIFFERS: {e}"
@@ -505,18 +511,18 @@ def run(opts, config, mesh, hooks=None):
     if opts.save:
         save(opts, config, mesh, model, optimizer, opts.steps, hooks)
     if mesh.rank == 0:
-        report(opts, mesh, group, counter, first, losses, ref_losses, bad, elapsed, hooks.reference_name)
+        report(opts, config, mesh, group, counter, first, losses, ref_losses, bad, elapsed, hooks.reference_name)
         if hooks.summary is not None:
             hooks.summary(group, counter, opts.steps - first)
-    return 1 if bad and differs_too_early(opts, first, losses, ref_losses) else 0
+    return 1 if bad and differs_too_early(opts, config, first, losses, ref_losses) else 0
 
 
-def differs_too_early(opts, first, losses, ref_losses):
+def differs_too_early(opts, config, first, losses, ref_losses):
     """Rank 0: print the first step whose loss differs from one device's; True if it is one of
     the steps that must be equal (every step, or the first --equal-steps)."""
     step = next(first + i for i, (a, b) in enumerate(zip(losses, ref_losses))
                 if not verdict(torch.tensor(a, dtype=opts.torch_dtype), torch.tensor(b, dtype=opts.torch_dtype),
-                               first + i)[0])
+                               first + i, loss_tolerance(opts, config, first + i))[0])
     limit = opts.equal_steps or opts.steps
     print(f"steps {first}..{step - 1} equal to one device; step {step} differs: training amplifies the "
           f"roundoff of the two summation orders step after step until the runs part"
@@ -561,7 +567,7 @@ def train_loop(opts, config, mesh, model, optimizer, first, reference, counter, 
                       **(measured() if measured else {})}
             if reference is not None:
                 _, ref = next(reference)
-                ok, text = verdict(loss.cpu(), ref, step)
+                ok, text = verdict(loss.cpu(), ref, step, loss_tolerance(opts, config, step))
                 if parted or (not ok and step >= (opts.equal_steps or opts.steps)):
                     parted = True  # a later step that happens to fall within tolerance is not "equal"
                     text = "apart: roundoff amplified by training (past --equal-steps)"
@@ -603,7 +609,7 @@ def validation_loss(model, opts, config, device):
         return model(x.to(device), y.to(device))[1].item()
 
 
-def report(opts, mesh, group, counter, first, losses, ref_losses, bad, elapsed, reference_name="single-device"):
+def report(opts, config, mesh, group, counter, first, losses, ref_losses, bad, elapsed, reference_name="single-device"):
     """Rank 0's summary: time, final loss, communication per step, the single-device verdict."""
     n = opts.steps - first
     print(f"\n{n} steps in {elapsed:.1f} s; final loss {losses[-1] if losses else float('nan'):.6f}")
@@ -617,19 +623,20 @@ def report(opts, mesh, group, counter, first, losses, ref_losses, bad, elapsed, 
               f"message this rank sent):")
         print(group.meter.table())
     if ref_losses:
-        tol = TOLERANCE[opts.dtype]
+        tol = f"{TOLERANCE[opts.dtype]:.0e} x {config.n_layers} layers x (1 + step) x max(1, |loss|)"
         allowed = f"; only steps {first}..{opts.equal_steps - 1} must be (--equal-steps {opts.equal_steps})" \
             if opts.equal_steps else ""
         if bad and opts.equal_steps:  # the line after the report says where they part
-            print(f"{reference_name} comparison (tolerance {tol:.0e} x max(1, |loss|), {opts.dtype}):")
+            print(f"{reference_name} comparison (tolerance {tol}, {opts.dtype}):")
         else:
             print(f"{reference_name} comparison: {n - bad} of {n} steps equal "
-                  f"(tolerance {tol:.0e} x max(1, |loss|), {opts.dtype}){allowed}")
+                  f"(tolerance {tol}, {opts.dtype}){allowed}")
     if opts.plot:
         from tp_from_scratch.plots import plot_loss_comparison
         label = f"dp={mesh.dp} x tp={mesh.tp} ({opts.impl})"
-        plot_loss_comparison(opts.plot, range(first, opts.steps), losses, ref_losses, label,
-                             TOLERANCE[opts.dtype], opts.dtype)
+        steps = range(first, opts.steps)
+        plot_loss_comparison(opts.plot, steps, losses, ref_losses, label,
+                             [loss_tolerance(opts, config, step) for step in steps], opts.dtype)
         print(f"loss curves: {opts.plot}")
     if opts.save:
         print(f"checkpoint: {opts.save} (step {opts.steps}, tp={mesh.tp})")

@@ -7,7 +7,7 @@
   attention.py  causal self-attention, heads split across ranks (GQA included)
   block.py      the pre-LayerNorm transformer block: two all-reduces each way
   check.py      every layer against its reference on one rank of any backend
-                (`mpiexec -n 4 python -m tp_from_scratch.layers.check`)
+                (`.venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.layers.check`)
 
 Every parallel function takes the communicator ``comm`` as its FIRST argument, so the same
 code runs on the simulator (run_spmd), under mpiexec (MPIComm) and under torchrun (TorchComm).

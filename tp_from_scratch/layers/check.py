@@ -12,9 +12,9 @@ Each ``check_*`` function runs on every rank (under run_spmd, mpiexec or torchru
 It returns a list of Verdict rows and raises AssertionError listing every mismatch.
 
 Launched directly it checks every layer for float64 and float32, e.g.
-    mpiexec -n 4 python -m tp_from_scratch.layers.check
-    torchrun --nproc-per-node 4 -m tp_from_scratch.layers.check
-    python -m tp_from_scratch.layers.check        # simulated ranks, t = 1, 2, 3, 4
+    .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.layers.check
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.layers.check
+    .venv/bin/python -m tp_from_scratch.layers.check        # simulated ranks, t = 1, 2, 3, 4
 """
 from dataclasses import dataclass
 

@@ -7,8 +7,8 @@ it, and compares its own shard of every result through assert_matches_reference.
 
 Under torchrun, on any number of processes (CPU gloo; CUDA nccl with --device cuda):
 
-    torchrun --nproc-per-node 4 -m tp_from_scratch.nn.checks
-    torchrun --nproc-per-node 2 -m tp_from_scratch.nn.checks --device cuda
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.nn.checks
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.nn.checks --device cuda
 
 which runs every check with native collectives (the process group itself) and with
 from-scratch ones (a TorchComm over the same group), on the whole world and on sub-groups,
@@ -121,12 +121,14 @@ def check_untouched_and_fresh(judge, rank, output, **inputs):
 def check_column_parallel_linear(group, dtype=torch.float64, seed=0, *, in_features=12,
                                  out_features=12, bias=True, gather_output=False, optimizer="sgd",
                                  device="cpu", layer_cls=ColumnParallelLinear, batch=(2, 3),
-                                 layout=shard_range, judge=None):
+                                 layout=shard_range, judge=None, passes=1):
     """ColumnParallelLinear vs nn.Linear: Y (or Y's block), dX, dW block, db block, and one step.
 
     layer_cls: the class under test (an exercise's own ColumnParallelLinear, say).
     batch: the input's leading dims, (B, T) by default; layout(n, rank, t): this rank's block.
     judge: how mismatches are reported (Strict: raise at the first).
+    passes: forward+backward passes before the step, each with its own dY; the gradients must
+    accumulate (sum) over them, as nn.Linear's do.
     """
     judge = judge or Strict()
     rank, t = tp_rank(group), tp_world_size(group)
@@ -138,14 +140,15 @@ def check_column_parallel_linear(group, dtype=torch.float64, seed=0, *, in_featu
     lo, hi = layout(out_features, rank, t)
 
     x_ref, x_tp = _tensor(x, dtype, device, True), _tensor(x, dtype, device, True)
-    y_ref = reference(x_ref)                       # (B, T, out)
-    y_ref.backward(_tensor(dy, dtype, device))
-    dy_tp = _tensor(dy if gather_output else dy[..., lo:hi], dtype, device)
-    dy_kept = dy_tp.clone()
-    with judge.phase("forward"):
-        y_tp = layer(x_tp)                         # (B, T, out) or (B, T, out/t)
-    with judge.phase("backward"):
-        y_tp.backward(dy_tp)
+    for dy in [dy] + [random_array(rng, dy.shape) for _ in range(passes - 1)]:
+        y_ref = reference(x_ref)                   # (B, T, out)
+        y_ref.backward(_tensor(dy, dtype, device))
+        dy_tp = _tensor(dy if gather_output else dy[..., lo:hi], dtype, device)
+        dy_kept = dy_tp.clone()
+        with judge.phase("forward"):
+            y_tp = layer(x_tp)                     # (B, T, out) or (B, T, out/t)
+        with judge.phase("backward"):
+            y_tp.backward(dy_tp)
 
     # the parallel layer must reproduce its block of every single-device quantity
     judge.match(y_tp, y_ref if gather_output else y_ref[..., lo:hi], name="Y", rank=rank)
@@ -163,11 +166,11 @@ def check_column_parallel_linear(group, dtype=torch.float64, seed=0, *, in_featu
 def check_row_parallel_linear(group, dtype=torch.float64, seed=0, *, in_features=12,
                               out_features=12, bias=True, input_is_parallel=True, optimizer="sgd",
                               device="cpu", layer_cls=RowParallelLinear, batch=(2, 3),
-                              layout=shard_range, judge=None):
+                              layout=shard_range, judge=None, passes=1):
     """RowParallelLinear vs nn.Linear: Y, dX (or its block), dW block, db (bias added once), one step.
 
     layer_cls: the class under test (an exercise's own RowParallelLinear, say).
-    batch, layout, judge: as for check_column_parallel_linear.
+    batch, layout, judge, passes: as for check_column_parallel_linear.
     """
     judge = judge or Strict()
     rank, t = tp_rank(group), tp_world_size(group)
@@ -181,13 +184,14 @@ def check_row_parallel_linear(group, dtype=torch.float64, seed=0, *, in_features
     x_ref = _tensor(x, dtype, device, True)
     x_local = x[..., lo:hi] if input_is_parallel else x
     x_tp = _tensor(x_local, dtype, device, True)
-    y_ref = reference(x_ref)
-    y_ref.backward(_tensor(dy, dtype, device))
-    dy_tp = _tensor(dy, dtype, device)
-    with judge.phase("forward"):
-        y_tp = layer(x_tp)
-    with judge.phase("backward"):
-        y_tp.backward(dy_tp)
+    for dy in [dy] + [random_array(rng, dy.shape) for _ in range(passes - 1)]:
+        y_ref = reference(x_ref)
+        y_ref.backward(_tensor(dy, dtype, device))
+        dy_tp = _tensor(dy, dtype, device)
+        with judge.phase("forward"):
+            y_tp = layer(x_tp)
+        with judge.phase("backward"):
+            y_tp.backward(dy_tp)
 
     judge.match(y_tp, y_ref, name="Y (after g's all-reduce)", rank=rank)
     dx_ref = x_ref.grad[..., lo:hi] if input_is_parallel else x_ref.grad
@@ -228,12 +232,13 @@ def check_parallel_mlp(group, dtype=torch.float64, seed=0, *, hidden=8, ffn=12, 
 
 def check_vocab_parallel_embedding(group, dtype=torch.float64, seed=0, *, vocab=13, dim=6,
                                    optimizer="sgd", device="cpu", layer_cls=VocabParallelEmbedding,
-                                   ids_shape=(3, 5), padding_idx=None, layout=shard_range, judge=None):
+                                   ids_shape=(3, 5), padding_idx=None, layout=shard_range, judge=None,
+                                   passes=1):
     """VocabParallelEmbedding vs nn.Embedding: rows (bit-exact), dE block, and one step.
 
     padding_idx: the reference nn.Embedding's (its row gets no gradient); the ids then also
     hold the row at the same offset inside every rank's block, which must get its gradient.
-    layer_cls, layout, judge: as for check_column_parallel_linear; ids_shape: the ids' shape.
+    layer_cls, layout, judge, passes: as for check_column_parallel_linear; ids_shape: the ids' shape.
     """
     judge = judge or Strict()
     rank, t = tp_rank(group), tp_world_size(group)
@@ -251,12 +256,14 @@ def check_vocab_parallel_embedding(group, dtype=torch.float64, seed=0, *, vocab=
     layer = layer_cls.from_embedding(reference, group=group)
     lo, hi = layout(vocab, rank, t)
 
-    reference(ids).backward(dy)
-    ids_kept, dy_kept = ids.clone(), dy.clone()
-    with judge.phase("forward"):
-        out = layer(ids)
-    with judge.phase("backward"):
-        out.backward(dy)
+    more = [_tensor(random_array(rng, tuple(dy.shape)), dtype, device) for _ in range(passes - 1)]
+    for dy in [dy] + more:
+        reference(ids).backward(dy)
+        ids_kept, dy_kept = ids.clone(), dy.clone()
+        with judge.phase("forward"):
+            out = layer(ids)
+        with judge.phase("backward"):
+            out.backward(dy)
     # one real row plus t-1 zeros: the all-reduce must give every bit back
     judge.match(out, reference(ids), name="embedding rows", rank=rank, exact=True)
     judge.match(layer.weight.grad, reference.weight.grad[lo:hi], name="dE", rank=rank)
@@ -273,8 +280,10 @@ def _cross_entropy(group, local_logits, target, ignore_index, vocab_start):
 def check_vocab_parallel_cross_entropy(group, dtype=torch.float64, seed=0, *, vocab=13,
                                        scale=1.0, ignore_index=-100, vocab_start_given=True,
                                        device="cpu", loss_fn=_cross_entropy, layout=shard_range,
-                                       ignored=0.2, judge=None):
+                                       ignored=0.2, judge=None, batch=(3, 5)):
     """vocab_parallel_cross_entropy vs F.cross_entropy: the loss and this rank's logit-gradient block.
+
+    batch: the logits' leading dims, (B, T) by default: logits (*batch, V), targets (*batch).
 
     scale: multiplies the logits; large values (1e3) overflow exp() without the max subtraction.
     A fraction ``ignored`` of the targets are ignore_index; the mean runs over the others.
@@ -283,9 +292,9 @@ def check_vocab_parallel_cross_entropy(group, dtype=torch.float64, seed=0, *, vo
     judge = judge or Strict()
     rank, t = tp_rank(group), tp_world_size(group)
     rng = rank_rng(seed, 0)
-    logits = scale * random_array(rng, (3, 5, vocab))          # (B, T, V)
-    target = rng.integers(0, vocab, size=(3, 5))
-    target[rng.random((3, 5)) < ignored] = ignore_index
+    logits = scale * random_array(rng, (*batch, vocab))        # (B, T, V)
+    target = rng.integers(0, vocab, size=batch)
+    target[rng.random(batch) < ignored] = ignore_index
     target = torch.tensor(target, device=device)
     lo, hi = layout(vocab, rank, t)
 

@@ -185,3 +185,58 @@ __all__ = ["check_group", "tp_rank", "tp_world_size", "all_reduce", "all_gather"
            "sum_over_replicas", "copy_to_tp_region", "reduce_from_tp_region", "reduce_from_tp_region_",
            "scatter_to_tp_region",
            "gather_from_tp_region", "f", "g"]
+
+
+# =======================================================================================
+# Lesson 12: the all-to-all of expert parallelism (token dispatch and combine), on both
+# kinds of group. (Written by the Lesson 12 work; to live in nn/collectives.py at merge.)
+# =======================================================================================
+
+def exchange_counts(group, send_counts):
+    """send_counts (t,) or (t, m) ints, row d for rank d -> an int64 tensor of the same shape
+    whose row q is what rank q sends this rank: what every receiver must know before a
+    dispatch with uneven counts (an all-to-all of t equal blocks)."""
+    if isinstance(check_group(group), Comm):
+        return torch.from_numpy(collectives.exchange_counts(group, np.asarray(send_counts)))
+    sent = torch.as_tensor(np.asarray(send_counts), dtype=torch.int64).contiguous()
+    received = torch.empty_like(sent)
+    dist.all_to_all_single(received, sent, group=group)
+    return received
+
+
+def all_to_all_v(group, x, send_counts, recv_counts):
+    """(sum send_counts, ...) -> (sum recv_counts, ...): rows [c_<d, c_<=d) of ``x`` go to rank
+    d; what arrives is concatenated in source-rank order. A Comm runs the from-scratch
+    pairwise exchange (collectives.all_to_all_v); a ProcessGroup runs torch's native
+    all_to_all_single with the same split sizes. ``x`` is never modified."""
+    if isinstance(check_group(group), Comm):
+        return _from_numpy(collectives.all_to_all_v(group, _to_numpy(x), np.asarray(send_counts),
+                                                    np.asarray(recv_counts)), x)
+    out = x.new_empty((sum(recv_counts), *x.shape[1:]))
+    dist.all_to_all_single(out, x.detach().contiguous(), [int(c) for c in recv_counts],
+                           [int(c) for c in send_counts], group=group)
+    return out
+
+
+class AllToAll(torch.autograd.Function):
+    """forward: all-to-all with counts (send_counts -> recv_counts);
+    backward: the same all-to-all run backwards (recv_counts -> send_counts): each row's
+    gradient goes home to the rank it came from, so dispatch and combine are each other's adjoint."""
+
+    @staticmethod
+    def forward(ctx, group, x, send_counts, recv_counts):
+        ctx.group, ctx.counts = group, (send_counts, recv_counts)
+        return all_to_all_v(group, x, send_counts, recv_counts)
+
+    @staticmethod
+    def backward(ctx, grad):
+        send_counts, recv_counts = ctx.counts
+        return None, all_to_all_v(ctx.group, grad, recv_counts, send_counts), None, None
+
+
+def all_to_all(group, x, send_counts, recv_counts):
+    """Differentiable all-to-all with uneven counts: see ``all_to_all_v`` and ``AllToAll``."""
+    return AllToAll.apply(check_group(group), x, list(send_counts), list(recv_counts))
+
+
+__all__ += ["exchange_counts", "all_to_all_v", "AllToAll", "all_to_all"]

@@ -22,7 +22,7 @@ p - p2 ranks into neighbours and send them the result at the end, +2 messages of
 meter must show), ``predicted_seconds`` the alpha-beta time of its critical path.
 ``all_reduce(comm, x, op, table)`` picks an algorithm from thresholds measured on this
 machine (lessons/measurements/allreduce_algorithms.json, written by
-``python -m tp_from_scratch.bench algorithms --write-table ...``), like MPICH's
+``.venv/bin/python -m tp_from_scratch.bench algorithms --write-table ...``), like MPICH's
 and NCCL's tuning tables.
 """
 import json

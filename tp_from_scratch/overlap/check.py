@@ -1,7 +1,7 @@
 """Lesson 10's claims, checked on one rank's communicator: simulated, under mpiexec or torchrun.
 
-    mpiexec -n 3 python -m tp_from_scratch.overlap.check
-    torchrun --nproc-per-node 2 -m tp_from_scratch.overlap.check
+    .venv/bin/mpiexec -n 3 .venv/bin/python -m tp_from_scratch.overlap.check
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.overlap.check
 
 * every all-reduce algorithm (and the selector) equals the single-device sum, holds the same
   bits on every rank, and sends exactly what its formula says (algorithms.traffic);

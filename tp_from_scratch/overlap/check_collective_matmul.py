@@ -11,7 +11,7 @@ Sequence lengths: divisible by t, uneven (array_split), and shorter than t (empt
 Data: integer-valued (exact in any summation order: compared bit for bit) and gaussian
 (the matmul by row blocks may differ in the last bits from one matmul, see collective_matmul:
 the tolerance policy). Used by tests/test_collective_matmul.py on simulated ranks and by
-``python -m tp_from_scratch.overlap.check`` under mpiexec and torchrun.
+``.venv/bin/python -m tp_from_scratch.overlap.check`` under mpiexec and torchrun.
 """
 import numpy as np
 

@@ -1,7 +1,7 @@
 """AsyncColumnParallelLinear against ColumnParallelLinear and nn.Linear, on one rank's group.
 
 Used by tests/test_overlap.py (simulated ranks), the Lesson 10 notebook, and
-``python -m tp_from_scratch.overlap.check`` under torchrun.
+``.venv/bin/python -m tp_from_scratch.overlap.check`` under torchrun.
 """
 import torch
 from torch import nn

@@ -1,9 +1,9 @@
 """Check pipeline training against one device, on the simulator, torchrun or mpiexec.
 
-    python -m tp_from_scratch.parallelisms.check_pipeline                      # simulated, pp = 2, 3
-    torchrun --nproc-per-node 4 -m tp_from_scratch.parallelisms.check_pipeline --tp 2   # pp=2 x tp=2
-    mpiexec -n 2 python -m tp_from_scratch.parallelisms.check_pipeline          # pp=2
-    ... --model vit                                                             # the ViT only
+    .venv/bin/python -m tp_from_scratch.parallelisms.check_pipeline                                           # simulated, pp = 2, 3
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.check_pipeline --tp 2  # pp=2 x tp=2
+    .venv/bin/mpiexec -n 2 .venv/bin/python -m tp_from_scratch.parallelisms.check_pipeline                    # pp=2
+    ... --model vit                                                                                           # the ViT only
 
 For each model (the tiny GPT on token ids, then the tiny ViT on images), schedule (GPipe,
 1F1B) and micro-batch count, a few AdamW steps in float64: every step's loss, every gradient
@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.compare import assert_matches_reference, tolerance
 from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt, shard_tensor
 from tp_from_scratch.gpt.vit import N_CLASSES, init_vit, vit_config, vit_to_tp
 from tp_from_scratch.nn import mappings
@@ -94,15 +94,19 @@ def check_pipeline_training(comm, reference, batches, n_micro, schedule, tp_grou
         result = train_step(stage, optimizer, idx, targets, n_micro, schedule)
         loss, grads = steps[k]
         # the pipeline's loss is the weighted sum of micro-batch losses: the batch mean
+        # the policy's growth rule: step k's loss and gradients went through n_layers blocks and k steps
+        bound = tolerance(loss.dtype, layers=config.n_layers, steps=k)
         assert_matches_reference(torch.tensor(result.loss, dtype=loss.dtype), loss,
-                                 name=f"loss of step {k}", rank=where)
+                                 name=f"loss of step {k}", rank=where, tol=bound)
         for name, p in stage.named_parameters():
             expected = shard_tensor(name, grads[name], tp, tp_rank, config)
-            assert_matches_reference(p.grad, expected, name=f"grad of {name} at step {k}", rank=where)
+            assert_matches_reference(p.grad, expected, name=f"grad of {name} at step {k}", rank=where, tol=bound)
+    # the weights: AdamW amplifies a near-zero gradient's roundoff by up to lr / eps
+    bound = tolerance(loss.dtype, layers=config.n_layers, steps=len(batches), adamw_lr=lr)
     for name, p in stage.named_parameters():
         expected = shard_tensor(name, final[name].detach(), tp, tp_rank, config)
         assert_matches_reference(p.detach(), expected, name=f"{name} after {len(batches)} AdamW steps",
-                                 rank=where)
+                                 rank=where, tol=bound)
     return result
 
 

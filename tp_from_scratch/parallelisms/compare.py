@@ -5,7 +5,7 @@ or the bench's single launch) into a row: the memory of the rank holding the mos
 the cost model's; the bytes per step of the rank sending the most, by TP group, DP group and
 point to point, next to the cost model's total; the step time; the pipeline bubble measured
 from the stages' timestamps next to (p-1)/(m+p-1). ``table(rows)`` prints them. The bench
-(``python -m tp_from_scratch.bench parallelisms``) measures; the lesson reads its JSON.
+(``.venv/bin/python -m tp_from_scratch.bench parallelisms``) measures; the lesson reads its JSON.
 """
 import statistics
 
@@ -58,6 +58,8 @@ def summarise(label, record):
     busiest = max(range(len(ranks)), key=lambda i: totals[i])
     row = {"strategy": label, "memory": memory, "memory_predicted": memory_predicted,
            "activations_formula_16bit": formula,
+           # which rank holds the most activations: (pp stage, tp rank), printed as "s1" or "s1t0"
+           "activations_rank": max(((r["memory"]["activations"], r["pp_rank"], r["tp_rank"]) for r in ranks))[1:],
            "bytes": by_kind[busiest], "bytes_total": totals[busiest], "bytes_rank": ranks[busiest]["rank"],
            "payload_bytes": payloads[busiest], "cost_model_agrees": agrees,
            "step_ms": 1e3 * statistics.median(statistics.median(r["step_s"]) for r in ranks),
@@ -72,8 +74,8 @@ def summarise(label, record):
 
 def table(rows):
     """The comparison as text: KiB of memory, KiB sent per step, ms, bubble %."""
-    head = (f"{'strategy':<16} {'weights':>7} {'grads':>6} {'optim':>6} {'act':>6} {'act*':>6} "
-            f"{'TP KiB':>7} {'DP KiB':>7} {'p2p KiB':>7} {'model':>5} {'step ms':>7} {'bubble':>6} {'(p-1)/':>6}")
+    head = (f"{'strategy':<16} {'weights':>7} {'grads':>6} {'optim':>6} {'act':>6}{'@':<5} {'act*':>6} "
+            f"{'TP KiB':>7} {'DP KiB':>7} {'p2p KiB':>7} {'model':>5} {'step ms':>7} {'bubble':>6} {'formula':>7}")
     lines = [head, "-" * len(head)]
     kib = 2 ** 10
     for r in rows:
@@ -81,16 +83,25 @@ def table(rows):
         agrees = {None: "-", True: "=", False: "DIFF"}[r["cost_model_agrees"]]
         bub = "" if r["bubble"] is None else f"{100 * r['bubble']:.0f}%"
         form = "" if r["bubble_formula"] is None else f"{100 * r['bubble_formula']:.0f}%"
+        stage, tp_rank = r.get("activations_rank") or (0, 0)
+        name = r["strategy"]
+        where = (f"@s{stage}" if "pp" in name else "") + (f"t{tp_rank}" if "tp" in name else "")
+        where = where if where.startswith("@") or not where else "@" + where
         lines.append(f"{r['strategy']:<16} {m['weights'] / kib:>7.0f} {m['gradients'] / kib:>6.0f} "
-                     f"{m['optimizer'] / kib:>6.0f} {m['activations'] / kib:>6.0f} "
+                     f"{m['optimizer'] / kib:>6.0f} {m['activations'] / kib:>6.0f}{where:<5} "
                      f"{r['activations_formula_16bit'] / kib:>6.0f} {b['tp'] / kib:>7.0f} {b['dp'] / kib:>7.0f} "
-                     f"{b['p2p'] / kib:>7.0f} {agrees:>5} {r['step_ms']:>7.1f} {bub:>6} {form:>6}")
-    lines += ["memory (KiB): the rank holding the most; weights include ZeRO's flat copy of its chunk; act: bytes",
-              "  autograd kept at the peak (measured); act*: Korthikanti et al.'s formula (16-bit, dropout);",
+                     f"{b['p2p'] / kib:>7.0f} {agrees:>5} {r['step_ms']:>7.1f} {bub:>6} {form:>7}")
+    lines += ["memory (KiB): the rank holding the most of each; weights include ZeRO's flat copy of its chunk;",
+              "  grads: every parameter's .grad, plus ZeRO's gradient buffer of its chunk (ZeRO-2 keeps only that);",
+              "  act: bytes autograd kept at the peak (measured), @ the rank holding them (s: pipeline stage,",
+              "  t: TP rank); act*: Korthikanti et al.'s formula (16-bit, dropout);",
               "bytes (KiB per step): the rank sending the most; TP/DP: what a ring sends for the collectives",
-              "  measured (payload x 2(p-1)/p for all-reduce, x (p-1) for all-gather and reduce-scatter);",
-              "  p2p: pipeline sends, metered; model '=': every rank's payload bytes and weight, gradient",
-              "  and optimizer bytes equal the cost model's (parallelisms/cost.py), '-': not modelled (SP)"]
+              "  called (payload x 2(p-1)/p for all-reduce, x (p-1) for all-gather and reduce-scatter), not",
+              "  what gloo moved (gloo emulates a reduce-scatter with an all-reduce, twice the bytes);",
+              "  p2p: pipeline sends, metered: activations and their gradients, plus the tied embedding's",
+              "  gradient between the first and the last stage; model '=': every rank's payload bytes and",
+              "  weight, gradient and optimizer bytes equal the cost model's (parallelisms/cost.py), '-': not",
+              "  modelled (SP); bubble: the stages' idle share, measured; formula: (p-1)/(m+p-1)"]
     return "\n".join(lines)
 
 

@@ -118,10 +118,9 @@ def step_bytes(config, batch, dp=1, pp=1, t=1, zero=0, ddp=False, micro_batches=
             add("all_reduce/tp", calls, elements)
     if dp > 1:
         n = stage_parameter_count(config, pp, stage, t, tp_rank, arch)
-        if zero:
+        if zero:   # ZeRO-1 and -2 (zero.py): reduce-scatter the padded gradient, all-gather the chunks
             size = chunk(n, dp)
-            add("all_reduce/dp" if zero == 1 else "reduce_scatter/dp", 1,
-                size * dp if zero == 1 else size)
+            add("reduce_scatter/dp", 1, size)
             add("all_gather/dp", 1, size)
         elif ddp:   # one all-reduce per bucket of at most 25 MiB (one bucket for a small model)
             buckets = chunk(n * itemsize, DDP_BUCKET_BYTES)

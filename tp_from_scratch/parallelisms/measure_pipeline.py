@@ -1,7 +1,7 @@
 """Measure the pipeline bubble and the activations in flight on real processes.
 
-    torchrun --nproc-per-node 2 -m tp_from_scratch.parallelisms.measure_pipeline --out pipeline_bubble.json
-    mpiexec -n 4 python -m tp_from_scratch.parallelisms.measure_pipeline --out pipeline_p4.json
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.parallelisms.measure_pipeline --out pipeline_bubble.json
+    .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.parallelisms.measure_pipeline --out pipeline_p4.json
 
 One process per stage (pp = world size, no TP), a GPT large enough that compute outweighs the
 messages, float32. For GPipe and 1F1B and each m: one warm-up step, then ``--steps`` timed

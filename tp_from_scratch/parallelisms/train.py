@@ -250,7 +250,7 @@ def run(opts, config, mesh):
         if opts.measure:
             Path(opts.measure).parent.mkdir(parents=True, exist_ok=True)
             Path(opts.measure).write_text(json.dumps(out["record"]))
-        train.report(opts, mesh, out["group"], out["counter"], 0, out["losses"], out["ref_losses"],
+        train.report(opts, config, mesh, out["group"], out["counter"], 0, out["losses"], out["ref_losses"],
                      out["bad"], out["elapsed"])
         if out["pp_comm"] is not None:
             print(f"pipeline point-to-point: {out['pp_comm'].meter.bytes_sent / max(opts.steps, 1):,.0f} "

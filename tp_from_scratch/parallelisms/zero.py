@@ -7,21 +7,35 @@ parameter, m and v; three with fp32 master weights) although each rank could upd
 pipeline stage), flattened in parameter order and cut into dp chunks of S = ceil(N/dp)
 (the last ones shorter or empty: uneven N is fine), DP rank r owns elements [r*S, (r+1)*S):
 
-    ZeRO-1 (optimizer state sharded)
-        all-reduce the flat gradient (N)           every rank gets the full average ...
-        AdamW on elements [r*S, (r+1)*S)           ... but updates only its chunk
-        all-gather the chunks (S each)             everyone gets every updated parameter
-    ZeRO-2 (optimizer state and gradients sharded)
+    ZeRO-1 = the paper's P_os (optimizer state sharded)
         reduce-scatter the flat gradient           rank r receives only the average of its chunk
-        AdamW on its chunk; all-gather the chunks  as ZeRO-1; the full gradient is dropped
+        AdamW on elements [r*S, (r+1)*S)           it updates only its chunk ...
+        all-gather the chunks (S each)             ... and everyone gets every updated parameter
+    ZeRO-2 = P_os+g (optimizer state and gradients sharded)
+        the same three steps; the full gradient is dropped after the reduce-scatter
 
-A ring all-reduce is a reduce-scatter followed by an all-gather (Lesson 2), so ZeRO-2 sends
-what DDP sends (2 (dp-1)/dp N per rank), only the all-gather moves parameters instead of
-gradients; ZeRO-1 as written here sends 1.5 times that (the all-reduce, then the all-gather).
-Optimizer state per rank: 1/dp of the unsharded optimizer's. This ZeRO-2 reduce-scatters once,
-after backward, so the full gradient still exists for a moment at the end of backward; DeepSpeed
-reduce-scatters bucket by bucket during backward and frees each, never holding all of it. (ZeRO-3 = FSDP also shards the
-weights and gathers each layer's just in time; not built here.)
+A ring all-reduce is a reduce-scatter followed by an all-gather (Lesson 2), so both send what
+DDP sends, 2 (dp-1)/dp N per rank (with dp*S - N <= dp-1 elements of padding): the gradients
+go round once, reduced, and the parameters come back instead of the reduced gradients. The two
+stages differ in memory only: ZeRO-1 keeps every parameter's .grad (the local, un-averaged
+gradient backward wrote), ZeRO-2 frees it.
+
+The naive first version, ``gradient_reduce="all_reduce"``: all-reduce the whole gradient, then
+use 1/dp of it. That is how one writes ZeRO-1 first, and how DeepSpeed first shipped it; it
+sends 1.5x DDP's bytes (the all-reduce alone is DDP's 2 (dp-1)/dp N, the all-gather adds
+(dp-1)/dp N more), for nothing: each rank throws away (dp-1)/dp of the average it received.
+DeepSpeed's later "ZeRO stage 1 with reduced communication" moved to the partition-aware
+reduce: 1.5x -> 1x.
+
+This ZeRO-2 reduce-scatters once, after backward, so the full gradient still exists for a
+moment at the end of backward; DeepSpeed reduce-scatters bucket by bucket during backward and
+frees each, never holding all of it. (ZeRO-3 = FSDP also shards the weights and gathers each
+layer just in time; not built here.)
+
+Bytes on the wire: on a tp_from_scratch Comm the ring reduce-scatter really sends (dp-1) S per
+rank (its Meter counts the messages). On a torch ProcessGroup, gloo has no native
+reduce-scatter and emulates reduce_scatter_single with an all-reduce: it moves twice the
+bytes; count ZeRO's true bytes on a Comm.
 
 The update itself is any element-wise optimizer (``torch.optim.AdamW`` by default) run on the
 rank's chunk as one flat tensor: AdamW treats every element alike, so updating a slice is the
@@ -59,20 +73,25 @@ class ZeroOptimizer:
     """An optimizer whose state lives in 1/dp pieces over the DP group ``group``.
 
     params: this rank's parameters (the same shapes, in the same order, on every DP rank).
-    stage: 1 (all-reduce the gradients) or 2 (reduce-scatter them).
+    stage: 1 (optimizer state sharded) or 2 (the gradients too: .grad is freed after the reduce).
+    gradient_reduce: "reduce_scatter" (the paper's, DDP's bytes) or "all_reduce" (the naive
+        first version: the full average on every rank, 1.5x DDP's bytes).
     make_inner: builds the element-wise optimizer for one flat tensor, e.g.
         ``lambda ps: torch.optim.AdamW(ps, lr=3e-3)`` (the default is AdamW with torch's defaults).
 
     Use it like a torch optimizer: ``zero_grad()``, backward, ``step()``. ``step`` is
-    collective over ``group``: one all-reduce (stage 1) or reduce-scatter (stage 2) of the
-    gradients, then one all-gather of the updated parameters.
+    collective over ``group``: one reduce-scatter (or, naive, all-reduce) of the gradients, then
+    one all-gather of the updated parameters.
     """
 
-    def __init__(self, group, params, stage=1, make_inner=None):
-        self.group, self.stage = group, stage
+    def __init__(self, group, params, stage=1, make_inner=None, gradient_reduce="reduce_scatter"):
+        self.group, self.stage, self.gradient_reduce = group, stage, gradient_reduce
         self.dp, self.rank = tp_world_size(group), tp_rank(group)
         if stage not in (1, 2):
             raise ValueError(f"DP rank {self.rank}: ZeRO stage must be 1 or 2, got {stage}")
+        if gradient_reduce not in ("reduce_scatter", "all_reduce"):
+            raise ValueError(f"DP rank {self.rank}: gradient_reduce must be 'reduce_scatter' or 'all_reduce', "
+                             f"got {gradient_reduce!r}")
         self.params = list(params)
         self.numel = sum(p.numel() for p in self.params)
         self.chunk = -(-self.numel // self.dp)
@@ -99,13 +118,14 @@ class ZeroOptimizer:
 
     @torch.no_grad()
     def step(self):
-        """Average the gradients over the DP group, update this rank's chunk, gather every chunk."""
+        """Average this rank's chunk of the gradients over the DP group, update it, gather every chunk."""
         flat = self._flat_gradient()
         n = self.stop - self.start
-        if self.stage == 1:   # all-reduce: everyone holds the full average, uses its chunk
+        if self.gradient_reduce == "all_reduce":   # naive: the whole average, of which 1/dp is used
             mine = all_reduce(self.group, flat)[self.start:self.stop]
-        else:                 # reduce-scatter: chunk r of the sum arrives on rank r only
+        else:                                       # P_os: chunk r of the sum arrives on rank r only
             mine = reduce_scatter(self.group, flat, dim=0)[:n]
+        if self.stage == 2:
             for p in self.params:   # the full gradient is not kept (ZeRO-2's saving)
                 p.grad = None
         self.shard.grad = (mine / self.dp).clone()

@@ -12,8 +12,8 @@
      slices: k/H of what ordinary TP sends.
 
 Launched directly:
-    mpiexec -n 4 python -m tp_from_scratch.partial_sync.check
-    python -m tp_from_scratch.partial_sync.check          # simulated ranks, t = 1, 2, 3, 4
+    .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.partial_sync.check
+    .venv/bin/python -m tp_from_scratch.partial_sync.check          # simulated ranks, t = 1, 2, 3, 4
 """
 import numpy as np
 

@@ -5,7 +5,7 @@
   linear.py     column / row layers with a sequence-sharded input / output
   block.py      the sequence-parallel pre-LN block, forward and backward by hand
   check.py      the block against the single-device reference on one rank of any backend
-                (`mpiexec -n 4 python -m tp_from_scratch.sequence_parallel.check`)
+                (`.venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.sequence_parallel.check`)
   nn.py         torch: the two mappings as autograd Functions, LayerNorm with all-reduced
                 weight gradients, column layers fed by one all-gather, row layers reduce-scattered
   model.py      SequenceParallelGPT: the tensor-parallel GPT's modules, run sequence-parallel

@@ -12,8 +12,8 @@ t). Then, through compare.assert_matches_reference:
 It returns a list of Verdict rows and raises AssertionError listing every mismatch.
 
 Launched directly it checks float64 and float32, T divisible by t and not:
-    mpiexec -n 4 python -m tp_from_scratch.sequence_parallel.check
-    python -m tp_from_scratch.sequence_parallel.check        # simulated ranks, t = 1, 2, 3, 4
+    .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.sequence_parallel.check
+    .venv/bin/python -m tp_from_scratch.sequence_parallel.check        # simulated ranks, t = 1, 2, 3, 4
 """
 import numpy as np
 

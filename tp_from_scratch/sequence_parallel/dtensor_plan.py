@@ -14,9 +14,9 @@ and llama (RMSNorm, RoPE, SwiGLU) are all covered.
 The embeddings, the final LayerNorm and the LM head stay replicated (ours shards the
 vocabulary), or with vocab_parallel=True are sharded as ours are, the loss under loss_parallel. Run it against one device, and count its collectives with torch's CommDebugMode
 next to ours (gpt.traffic.CollectiveCounter), with
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.dtensor_plan \
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.dtensor_plan \
         [--write lessons/measurements/sp_collectives.json]
-The trainer runs the plan with `python -m tp_from_scratch.sequence_parallel.train --impl dtensor`.
+The trainer runs the plan with `.venv/bin/python -m tp_from_scratch.sequence_parallel.train --impl dtensor`.
 Note: gloo has no reduce-scatter of its own; torch emulates it with an all-reduce, so on CPU
 DTensor moves twice the bytes our ring reduce-scatter does (Lesson 7 measures ours).
 """
@@ -163,7 +163,7 @@ def count_collectives(mesh, seed=0):
     return {"config": {"layers": config.n_layers, "hidden": config.hidden, "heads": config.n_heads,
                        "kv_heads": config.n_kv_heads, "vocab": config.vocab_size, "seq_len": config.seq_len,
                        "batch": 8, "tp": mesh.size(), "dtype": "float64"},
-            "command": "torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.dtensor_plan "
+            "command": ".venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.sequence_parallel.dtensor_plan "
                        "--write lessons/measurements/sp_collectives.json",
             **counts}
 

@@ -1,6 +1,6 @@
 """Activation memory, measured: the bytes each transformer block saves for backward.
 
-    python -m tp_from_scratch.sequence_parallel.memory    # the table, measured vs formula, t = 1..8
+    .venv/bin/python -m tp_from_scratch.sequence_parallel.memory    # the table, measured vs formula, t = 1..8
 
 ``saved_bytes_per_block(model, idx, targets)`` runs one forward under
 ``torch.autograd.graph.saved_tensors_hooks``: every tensor autograd keeps for backward passes

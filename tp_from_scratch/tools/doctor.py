@@ -1,7 +1,7 @@
 """Is this machine ready for the course? One [OK] or [FAIL] line per tool, each FAIL with a fix.
 
-    python -m tp_from_scratch.tools.doctor                 # everything (about 10-30 s)
-    python -m tp_from_scratch.tools.doctor --only mpi gloo # just some checks
+    .venv/bin/python -m tp_from_scratch.tools.doctor                 # everything (about 10-30 s)
+    .venv/bin/python -m tp_from_scratch.tools.doctor --only mpi gloo # just some checks
 
 Checks: Python (>= 3.10), numpy, torch (CUDA is reported, never required), gloo (a 2-rank
 all-reduce under torchrun), MPI (a 2-rank hello under the venv's mpiexec) and jupyter (a

@@ -1,11 +1,11 @@
 """Grade exercises and print a per-exercise summary: passed, not yet, or failing.
 
-    python -m tp_from_scratch.tools.grade                  # your own files in exercises/
-    python -m tp_from_scratch.tools.grade --reference      # the library (should all pass)
-    python -m tp_from_scratch.tools.grade class/*/         # an instructor: one row per submission
-    python -m tp_from_scratch.tools.grade class/*/ --csv grades.csv
-    python -m tp_from_scratch.tools.grade --exercise ex03  # one exercise (make grade EX=ex03)
-    python -m tp_from_scratch.tools.grade --collectives mine   # Exercises 3-6 on YOUR ring (ex02)
+    .venv/bin/python -m tp_from_scratch.tools.grade              # your own files in exercises/
+    .venv/bin/python -m tp_from_scratch.tools.grade --reference  # the library (should all pass)
+    .venv/bin/python -m tp_from_scratch.tools.grade class/*/     # an instructor: one row per submission
+    .venv/bin/python -m tp_from_scratch.tools.grade class/*/ --csv grades.csv
+    .venv/bin/python -m tp_from_scratch.tools.grade --exercise ex03     # one exercise (make grade EX=ex03)
+    .venv/bin/python -m tp_from_scratch.tools.grade --collectives mine  # Exercises 3-6 on YOUR ring (ex02)
 
 A submission is a directory holding files named like the stubs (ex01_split_matmul.py, ...).
 "not yet" means every failure is the stub's NotImplementedError; "failing" shows the

@@ -35,6 +35,7 @@ EXERCISES = {
     "ex09": ("ex09_recursive_halving_doubling", ["tp_from_scratch.overlap.algorithms"]),
     "ex10": ("ex10_training_step", ["tp_from_scratch.gpt.step"]),
     "ex11": ("ex11_one_f_one_b", ["tp_from_scratch.parallelisms.schedules"]),
+    "ex12": ("ex12_moe_dispatch", ["tp_from_scratch.collectives", "tp_from_scratch.deepseek.dispatch"]),
 }
 
 

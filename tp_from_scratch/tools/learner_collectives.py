@@ -1,6 +1,6 @@
 """Run Exercises 3-6 on the learner's own ring collectives (Exercise 2) instead of the library's.
 
-    TP_COLLECTIVES=mine pytest exercises -m ex03      # or: make grade COLLECTIVES=mine
+    TP_COLLECTIVES=mine .venv/bin/python -m pytest exercises -m ex03      # or: make grade COLLECTIVES=mine
 
 The exercise graders call this from exercises/conftest.py before any test module is
 imported. It replaces reduce_scatter, all_gather and all_reduce in

@@ -1,6 +1,6 @@
 """PyTorch's own tensor parallelism (DTensor's ColwiseParallel / RowwiseParallel) as an Adapter.
 
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.verify tp_from_scratch.verify.dtensor:ADAPTER
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.verify tp_from_scratch.verify.dtensor:ADAPTER
 
 Each factory deep-copies the single-device module and shards it in place with
 parallelize_module over a 1-D DeviceMesh made from the group:
@@ -9,6 +9,9 @@ parallelize_module over a 1-D DeviceMesh made from the group:
     row        RowwiseParallel(input_layouts=Shard(-1), or Replicate() when the input is whole)
     embedding  RowwiseParallel(input_layouts=Replicate()) on nn.Embedding (rows of the table)
     cross_entropy  F.cross_entropy on Shard(-1) logits inside loss_parallel()
+    sp_layernorm   SequenceParallel() on nn.LayerNorm (input and output Shard(1))
+    sp_block       SequenceParallel on the LayerNorm, ColwiseParallel(input_layouts=Shard(1))
+                   on fc1, RowwiseParallel(output_layouts=Shard(1)) on fc2: PyTorch's SP plan
 
 DTensor splits like torch.chunk (blocks of ceil(n/t)), so the layout is chunk_range. It needs
 a torch ProcessGroup (no simulated ranks), and has no stand-alone f / g mappings.
@@ -23,8 +26,8 @@ import copy
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, loss_parallel,
-                                               parallelize_module)
+from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
+                                               loss_parallel, parallelize_module)
 from torch.nn import functional as F
 
 from tp_from_scratch.verify.adapter import Adapter, chunk_range
@@ -75,6 +78,19 @@ def cross_entropy(group, local_logits, target, ignore_index, vocab_start):
     return _LossParallel.apply(group, local_logits, target, ignore_index)
 
 
+def sp_layernorm(group, norm):
+    layer = copy.deepcopy(norm)
+    return parallelize_module(layer, _mesh(group, layer), SequenceParallel(use_local_output=True))
+
+
+def sp_block(group, block):
+    layer = copy.deepcopy(block)
+    plan = {"ln": SequenceParallel(), "fc1": ColwiseParallel(input_layouts=Shard(1)),
+            "fc2": RowwiseParallel(output_layouts=Shard(1))}
+    return parallelize_module(layer, _mesh(group, layer), plan)
+
+
 ADAPTER = Adapter(name="pytorch DTensor", column=column, row=row, embedding=embedding,
                   cross_entropy=cross_entropy, layout=chunk_range,
+                  sp_layernorm=sp_layernorm, sp_block=sp_block,
                   supports={"gather_output", "scatter_input", "padding_idx", "ignore_index"})

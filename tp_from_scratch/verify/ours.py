@@ -1,12 +1,20 @@
-"""tp_from_scratch.nn described as an Adapter: the implementation every other one is held against.
+"""tp_from_scratch.nn (and Lesson 7's sequence-parallel layers) described as an Adapter: the
+implementation every other one is held against.
 
-    torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.verify tp_from_scratch.verify.ours:ADAPTER
+    .venv/bin/python -m tp_from_scratch.verify tp_from_scratch.verify.ours:ADAPTER
 """
+from torch import nn
+from torch.nn import functional as F
+
 from tp_from_scratch.nn.cross_entropy import vocab_parallel_cross_entropy
 from tp_from_scratch.nn.embedding import VocabParallelEmbedding
 from tp_from_scratch.nn.linear import ColumnParallelLinear, RowParallelLinear
 from tp_from_scratch.nn.mappings import (copy_to_tp_region, gather_from_tp_region,
                                          reduce_from_tp_region, scatter_to_tp_region)
+from tp_from_scratch.sequence_parallel.nn import (column_linears_from_sequence,
+                                                  gather_from_sequence_parallel_region,
+                                                  reduce_scatter_to_sequence_parallel_region,
+                                                  row_linear_to_sequence, sequence_parallel_layer_norm)
 from tp_from_scratch.verify.adapter import FEATURES, Adapter
 
 _CLASSES = {"column": ColumnParallelLinear, "row": RowParallelLinear}
@@ -32,3 +40,41 @@ ADAPTER = Adapter(
     default_init=_default_init,
     supports=FEATURES,
 )
+
+
+# --- Lesson 7: sequence parallelism ---------------------------------------------------------
+
+class _SequenceParallelLayerNorm(nn.Module):
+    """Lesson 7's LayerNorm on a sequence shard; weight and bias replicated (whole gradients)."""
+
+    def __init__(self, group, norm):
+        super().__init__()
+        self.group, self.norm = group, norm
+
+    weight = property(lambda self: self.norm.weight)
+    bias = property(lambda self: self.norm.bias)
+
+    def forward(self, x):                          # (B, T_r, H) -> (B, T_r, H)
+        return sequence_parallel_layer_norm(self.group, x, self.norm)
+
+
+class _SequenceParallelBlock(nn.Module):
+    """verify.sp.Block with Lesson 7's layers: LN on the shard, one all-gather into fc1,
+    fc2 reduce-scattered back to the shard."""
+
+    def __init__(self, group, block):
+        super().__init__()
+        self.group, self.ln = group, block.ln
+        self.fc1 = ColumnParallelLinear.from_linear(block.fc1, group=group)
+        self.fc2 = RowParallelLinear.from_linear(block.fc2, group=group)
+
+    def forward(self, x):                          # (B, T_r, H) -> (B, T_r, H)
+        h = sequence_parallel_layer_norm(self.group, x, self.ln)
+        (a,) = column_linears_from_sequence(self.group, h, [self.fc1])   # (B, T, FFN/t)
+        return x + row_linear_to_sequence(self.group, F.gelu(a), self.fc2)
+
+
+ADAPTER.sp_gather = gather_from_sequence_parallel_region
+ADAPTER.sp_scatter = reduce_scatter_to_sequence_parallel_region
+ADAPTER.sp_layernorm = _SequenceParallelLayerNorm
+ADAPTER.sp_block = _SequenceParallelBlock

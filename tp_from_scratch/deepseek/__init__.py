@@ -1,0 +1,30 @@
+"""Lesson 12: DeepSeek-V3, where tensor parallelism meets mixture-of-experts.
+
+    config.py           MoEConfig: what the course reads from a DeepseekV3 config, and what it refuses
+    router.py           the router (sigmoid, selection bias, group-limited top-k) and its margin
+    moe.py              DeepSeekMoE on one device: shared experts + routed experts
+    expert_parallel.py  the same layer on t ranks, three ways: expert parallel (all-to-all),
+                        the inference layout (own experts on all tokens, one all-reduce),
+                        expert tensor parallel (every expert split), and their traffic
+    dispatch.py         expert parallelism's dispatch and combine in numpy (Exercise 12's reference)
+    mla.py              multi-head latent attention with its heads split, and the latent cache
+    model.py            DeepSeek-V3 on t ranks, equal to transformers' DeepseekV3ForCausalLM;
+                        state dicts and save_pretrained files in and out; greedy generation
+    checks.py           every layout and the model against one device, on any group:
+                        .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.deepseek.checks
+
+Torch autograd, not numpy by hand: the router's top-k, the gathers and index_adds of dispatch
+and combine already have gradients torch knows, so every layout is written as its forward
+alone; the hand-written backwards are the collectives' (f, g, the all-to-all's).
+"""
+from .config import MoEConfig
+from .router import route, routing_margin, check_routing_margin
+from .moe import DeepSeekMoE, expert_rows, pairs
+from .expert_parallel import (ExpertParallelMoE, ExpertsOnAllTokensMoE, ExpertTensorParallelMoE,
+                              LAYOUTS, dispatch_counts, ep_bytes_sent, all_reduce_bytes_sent,
+                              tokens_per_rank)
+
+__all__ = ["MoEConfig", "route", "routing_margin", "check_routing_margin", "DeepSeekMoE",
+           "expert_rows", "pairs", "ExpertParallelMoE", "ExpertsOnAllTokensMoE",
+           "ExpertTensorParallelMoE", "LAYOUTS", "dispatch_counts", "ep_bytes_sent",
+           "all_reduce_bytes_sent", "tokens_per_rank"]

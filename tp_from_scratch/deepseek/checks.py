@@ -1,0 +1,186 @@
+"""Each MoE layout, and the whole DeepSeek-V3 model (MLA + MoE), against one device on any
+group: output, input gradient, every weight's gradient.
+
+Every rank builds the same single-device DeepSeekMoE and the same data from one seed, runs
+them, and compares its own share of every result through assert_matches_reference. The
+expected share of each gradient is cut by the layout's own ``from_module`` applied to the
+reference's gradients, so the slicing is written once. The same function runs on simulated
+ranks (tests, Lesson 12) and on real processes, with native collectives (the process group)
+and from-scratch ones (a TorchComm over it):
+
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.deepseek.checks
+"""
+import argparse
+import copy
+import sys
+import traceback
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+from tp_from_scratch.comm.process_group import exit_now, init_process_group
+from tp_from_scratch.comm.torch_comm import TorchComm
+from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.testing import random_array, rank_rng
+
+from .config import MoEConfig
+from .expert_parallel import LAYOUTS
+from .model import ParallelDeepseekV3, shard
+from .moe import DeepSeekMoE
+from .router import check_routing_margin, routing_margin
+
+# small enough for a test, with groups, shared experts and k > 1; divisible by t = 1, 2, 4
+TINY = MoEConfig(hidden_size=32, moe_intermediate_size=12, n_routed_experts=8, num_experts_per_tok=3,
+                 n_group=4, topk_group=2, routed_scaling_factor=2.5, n_shared_experts=2)
+
+
+def random_moe(config, seed):
+    """A DeepSeekMoE in float64 with every weight and the selection bias drawn at random."""
+    moe = DeepSeekMoE(config).double()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.copy_(0.2 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+        moe.gate.e_score_correction_bias.copy_(0.3 * torch.randn(config.n_routed_experts, generator=g,
+                                                                 dtype=torch.float64))
+    return moe
+
+
+def layout_data(layout, t, hidden, seed, tokens=13):
+    """(xs, dys), one per rank: under expert parallelism every rank brings its own 5 + r
+    tokens; otherwise every rank holds the same ``tokens`` tokens (replicated)."""
+    def draw(salt, rank, n):
+        return torch.tensor(random_array(rank_rng(seed + salt, rank), (n, hidden)))
+    if layout == "expert parallel":
+        return [draw(0, r, 5 + r) for r in range(t)], [draw(1, r, 5 + r) for r in range(t)]
+    return [draw(0, 0, tokens)] * t, [draw(1, 0, tokens)] * t
+
+
+def _share(layout, module, group):
+    """This rank's share of ``module``'s parameters, cut the way the layout cuts them."""
+    return dict(LAYOUTS[layout].from_module(module, group=group).double().named_parameters())
+
+
+def check_layout(group, layout, reference, xs, dys):
+    """Run the layout on this rank's xs/dys and compare with the reference on all of them.
+
+    Returns (bytes this rank sent in the forward, the layer's dispatch counts or None); the
+    bytes are those of ``group.meter`` (a Comm), or None on a ProcessGroup.
+    """
+    rank = dist.get_rank(group) if isinstance(group, dist.ProcessGroup) else group.rank
+    reference = copy.deepcopy(reference)  # simulated ranks share the caller's module
+    full_x = torch.cat(xs) if layout == "expert parallel" else xs[0]
+    full_dy = torch.cat(dys) if layout == "expert parallel" else dys[0]
+    gate = reference.gate
+    check_routing_margin(routing_margin(full_x, gate.weight, gate.e_score_correction_bias, reference.config),
+                         full_x.dtype)
+    x_ref = full_x.clone().requires_grad_(True)
+    y_ref = reference(x_ref)
+    (y_ref * full_dy).sum().backward()
+
+    layer = LAYOUTS[layout].from_module(reference, group=group).double()
+    x = xs[rank].clone().requires_grad_(True)
+    meter = getattr(group, "meter", None)
+    if meter is not None:
+        meter.reset()
+    y = layer(x)
+    sent = meter.bytes_sent if meter is not None else None
+    (y * dys[rank]).sum().backward()
+
+    start = sum(len(xq) for xq in xs[:rank]) if layout == "expert parallel" else 0
+    rows = slice(start, start + len(xs[rank]))
+    assert_matches_reference(y, y_ref[rows], name=f"{layout} output", rank=rank)
+    assert_matches_reference(x.grad, x_ref.grad[rows], name=f"{layout} input gradient", rank=rank)
+    gradients = copy.deepcopy(reference)
+    with torch.no_grad():
+        for p, source in zip(gradients.parameters(), reference.parameters()):
+            p.copy_(source.grad)
+    expected = _share(layout, gradients, group)
+    got = dict(layer.named_parameters())
+    assert got.keys() == expected.keys(), (sorted(got), sorted(expected))
+    for name, g in expected.items():
+        assert_matches_reference(got[name].grad, g, name=f"{layout} grad {name}", rank=rank)
+    return sent, getattr(layer, "last_counts", None)
+
+
+def tiny_model_config():
+    """A DeepseekV3-shaped config (transformers' attribute names) for the checks, without
+    importing transformers into every launched process: 3 layers, the first dense."""
+    return SimpleNamespace(
+        vocab_size=67, hidden_size=32, intermediate_size=48, num_hidden_layers=3, first_k_dense_replace=1,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=6,
+        qk_rope_head_dim=4, v_head_dim=5, rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+        rope_interleave=True, rms_norm_eps=1e-6, attention_bias=False, hidden_act="silu",
+        moe_intermediate_size=12, n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2,
+        norm_topk_prob=True, routed_scaling_factor=2.5, n_shared_experts=2)
+
+
+def check_model(group, config, state, layout, ids, dlogits, reference):
+    """Rank r's ParallelDeepseekV3 (its share of the full ``state``) against ``reference``:
+    (logits, {name: gradient}) of the same model on one rank."""
+    t = dist.get_world_size(group) if isinstance(group, dist.ProcessGroup) else group.world_size
+    rank = dist.get_rank(group) if isinstance(group, dist.ProcessGroup) else group.rank
+    model = ParallelDeepseekV3(config, group=group, layout=layout).double()
+    model.load_state_dict({n: shard(n, v, config, layout, t, rank) for n, v in state.items()})
+    logits = model(ids)
+    (logits * dlogits).sum().backward()
+    ref_logits, ref_grads = reference
+    assert_matches_reference(logits, ref_logits, name=f"model logits ({layout})", rank=rank)
+    for name, p in model.named_parameters():
+        expected = shard(name, ref_grads[name], config, layout, t, rank)
+        assert_matches_reference(p.grad, expected, name=f"model grad {name} ({layout})", rank=rank)
+
+
+def model_reference(config, seed):
+    """(full state dict, ids, dlogits, (logits, gradients)) of a random model on one rank."""
+    from tp_from_scratch.comm import run_spmd
+
+    def one_rank(comm):
+        model = ParallelDeepseekV3(config, group=comm).double()
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(0.2 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+        ids = torch.randint(0, config.vocab_size, (2, 6), generator=g)
+        dlogits = torch.randn(2, 6, config.vocab_size, generator=g, dtype=torch.float64)
+        logits = model(ids)
+        (logits * dlogits).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        return model.state_dict(), ids, dlogits, (logits.detach(), grads)
+
+    return run_spmd(one_rank, 1)[0]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds any collective may wait")
+    args = parser.parse_args(argv)
+    init_process_group("cpu", args.timeout)
+    world, rank, t = dist.group.WORLD, dist.get_rank(), dist.get_world_size()
+    try:
+        reference = random_moe(TINY, seed=t)
+        scratch = TorchComm(world, timeout=args.timeout)
+        done = []
+        for layout in LAYOUTS:
+            xs, dys = layout_data(layout, t, TINY.hidden_size, seed=10 * t)
+            for name, group in (("native", world), ("scratch", scratch)):
+                check_layout(group, layout, reference, xs, dys)
+                done.append(f"{layout} ({name})")
+        config = tiny_model_config()
+        state, ids, dlogits, reference = model_reference(config, seed=t)
+        for layout in ("experts on all tokens", "expert tensor parallel"):
+            for name, group in (("native", world), ("scratch", scratch)):
+                check_model(group, config, state, layout, ids, dlogits, reference)
+                done.append(f"model with {layout} ({name})")
+        sys.stdout.write(f"rank {rank}: deepseek checks passed: {'; '.join(done)}\n")
+        sys.stdout.flush()
+    except BaseException:  # bring the whole job down quickly; torchrun stops the other ranks
+        print(f"rank {rank} failed: {traceback.format_exc()}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    dist.destroy_process_group()
+    exit_now(0)
+
+
+if __name__ == "__main__":
+    main()

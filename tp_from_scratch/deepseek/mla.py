@@ -1,0 +1,141 @@
+"""Multi-head latent attention (MLA, DeepSeek-V2/V3) with its heads split over t ranks.
+
+One device, per token x (H,), nh heads (DeepSeek-V3 report, eqs. 1-11):
+
+    c_q  = RMSNorm(W_qa x)                       (q_lora,)      the query latent
+    q    = W_qb c_q -> per head [q_nope | q_rope]               (nh, nope + rope)
+    [c_kv | k_rope] = W_kva x                    (kv_lora + rope,)
+    c_kv = RMSNorm(c_kv)                                        the KV latent: what the cache stores
+    [k_nope | v] = W_kvb c_kv -> per head                       (nh, nope + v)
+    k    = [k_nope | RoPE(k_rope)]  (one rope key shared by all heads: "decoupled RoPE")
+    q    = [q_nope | RoPE(q_rope)]
+    out  = W_o concat_h softmax(q_h k_h^T / sqrt(nope + rope)) v_h
+
+On t ranks (Lesson 4's split, by heads):
+    W_qb, W_kvb   column-parallel: rank r holds the rows of its nh/t heads
+    W_o           row-parallel: a partial sum, all-reduced (g)
+    W_qa, W_kva and both RMSNorms replicated: every rank computes the same latents. Each
+    rank's heads then read them, so the latents' gradients are partial: f sits on the
+    latents (one all-reduce of q_lora + kv_lora + rope numbers per token in backward, fewer
+    than H), and everything before it (the replicated weights, x) gets full gradients with
+    no further collective: Lesson 8's rule, the sum goes where the ranks start to differ.
+
+The cache of generation holds [c_kv | RoPE(k_rope)] per token: kv_lora + rope numbers on
+EVERY rank, whatever t (the latent is not split; the heads are expanded from it each step).
+"""
+import math
+
+import torch
+from torch import nn
+
+from tp_from_scratch.nn.mappings import copy_to_tp_region, reduce_from_tp_region, tp_world_size
+from tp_from_scratch.sharding import check_divisible
+
+
+class RMSNorm(nn.Module):
+    """weight * x / sqrt(mean(x^2) + eps), in the input's dtype."""
+
+    def __init__(self, size, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def rope_angles(positions, dim, theta, dtype):
+    """(T,) positions -> (cos, sin), each (T, dim/2): angle p / theta^(2i/dim)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=dtype) / dim))
+    angles = positions.to(dtype)[:, None] * inv_freq
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin, interleave):
+    """Rotate pairs of x (..., T, dim) by the angles; DeepSeek pairs neighbours (x0, x1), ...
+    (interleave) and, like transformers, writes the rotated evens then the rotated odds
+    (q and k permuted alike: their dot product is that of the interleaved layout)."""
+    a, b = (x[..., 0::2], x[..., 1::2]) if interleave else x.chunk(2, dim=-1)
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+
+class LatentCache:
+    """The KV cache of MLA: per layer, [c_kv | RoPE(k_rope)] of every token so far, (B, T, kv_lora + rope)."""
+
+    def __init__(self):
+        self.layers = {}
+
+    def extend(self, layer, latent):
+        old = self.layers.get(layer)
+        self.layers[layer] = latent if old is None else torch.cat([old, latent], dim=1)
+        return self.layers[layer]
+
+    def length(self):
+        return next(iter(self.layers.values())).shape[1] if self.layers else 0
+
+    def nbytes(self):
+        return sum(v.numel() * v.element_size() for v in self.layers.values())
+
+
+class ParallelMLA(nn.Module):
+    """MLA with nh/t heads on this rank: (B, T, H) replicated -> (B, T, H) replicated.
+
+    Parameters under transformers' names (q_a_proj, q_a_layernorm, q_b_proj,
+    kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj), q_b/kv_b/o holding this rank's heads.
+    """
+
+    def __init__(self, config, layer_index=0, *, group):
+        super().__init__()
+        t, self.group = tp_world_size(group), group
+        check_divisible(config.num_attention_heads, t, "num_attention_heads")
+        self.layer_index, self.heads = layer_index, config.num_attention_heads // t
+        self.nope, self.rope, self.v = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
+        self.kv_lora, self.q_lora = config.kv_lora_rank, config.q_lora_rank
+        self.theta, self.interleave = config.rope_parameters["rope_theta"], config.rope_interleave
+        H, h = config.hidden_size, self.heads  # no attention biases (model.check_config refuses them)
+        self.q_a_proj = nn.Linear(H, self.q_lora, bias=False)
+        self.q_a_layernorm = RMSNorm(self.q_lora)  # transformers keeps these at eps 1e-6
+        self.q_b_proj = nn.Linear(self.q_lora, h * (self.nope + self.rope), bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(H, self.kv_lora + self.rope, bias=False)
+        self.kv_a_layernorm = RMSNorm(self.kv_lora)
+        self.kv_b_proj = nn.Linear(self.kv_lora, h * (self.nope + self.v), bias=False)
+        self.o_proj = nn.Linear(h * self.v, H, bias=False)
+
+    def forward(self, x, positions, cache=None):
+        B, T, _ = x.shape
+        q_latent = self.q_a_layernorm(self.q_a_proj(x))  # (B, T, q_lora), replicated
+        c_kv, k_rope = self.kv_a_proj_with_mqa(x).split([self.kv_lora, self.rope], dim=-1)
+        cos, sin = rope_angles(positions, self.rope, self.theta, x.dtype)  # (T, rope/2)
+        latent = torch.cat([self.kv_a_layernorm(c_kv), apply_rope(k_rope, cos, sin, self.interleave)], -1)
+        # f on the latents: the ranks diverge here (each its own heads); one all-reduce backward
+        both = copy_to_tp_region(self.group, torch.cat([q_latent, latent], dim=-1))
+        q_latent, latent = both.split([self.q_lora, self.kv_lora + self.rope], dim=-1)
+        if cache is not None:
+            latent = cache.extend(self.layer_index, latent)  # (B, S, kv_lora + rope), S = past + T
+        S, h = latent.shape[1], self.heads
+        q = self.q_b_proj(q_latent).view(B, T, h, self.nope + self.rope).transpose(1, 2)  # (B, h, T, qk)
+        q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
+        q = torch.cat([q_nope, apply_rope(q_rope, cos, sin, self.interleave)], dim=-1)
+        c_kv, k_rope = latent.split([self.kv_lora, self.rope], dim=-1)
+        kv = self.kv_b_proj(c_kv).view(B, S, h, self.nope + self.v).transpose(1, 2)  # (B, h, S, nope + v)
+        k_nope, v = kv.split([self.nope, self.v], dim=-1)
+        k = torch.cat([k_nope, k_rope[:, None].expand(B, h, S, self.rope)], dim=-1)  # (B, h, S, qk)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.nope + self.rope)  # (B, h, T, S)
+        past = S - T  # query i sits at position past + i and sees keys 0 .. past + i
+        causal = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(past)
+        attn = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v  # (B, h, T, v)
+        return reduce_from_tp_region(self.group, self.o_proj(attn.transpose(1, 2).reshape(B, T, h * self.v)))
+
+
+def cache_bytes_per_token(config, t, itemsize, kind):
+    """Bytes one token adds to one layer's cache on each rank.
+
+    "mla": the latent, kv_lora + rope, on every rank whatever t; "mha": K and V of its nh/t
+    heads of (nope + rope) and v numbers; "gqa": the same with n_kv heads instead of nh
+    (a rank holds max(n_kv/t, 1) of them: a KV head cannot be split).
+    """
+    if kind == "mla":
+        return (config.kv_lora_rank + config.qk_rope_head_dim) * itemsize
+    heads = config.num_attention_heads if kind == "mha" else config.num_key_value_heads
+    per_rank = max(heads // t, 1)
+    return per_rank * (config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim) * itemsize

@@ -1,0 +1,261 @@
+"""DeepSeek-V3 on t ranks, two ways:
+
+* tensor parallel (serving): every rank holds every token; MLA heads split (Lesson 4's
+  column/row pattern), the dense FFNs of the first ``first_k_dense_replace`` layers split
+  likewise, DeepSeekMoE in an inference layout ("experts on all tokens" or "expert tensor parallel");
+* "expert parallel" (DeepSeek-V3's training): every rank its own tokens; attention, dense
+  FFNs, embedding and head whole on every rank (data parallel: their gradients summed over
+  the ranks after backward, ``sum_replicated_gradients``), only the routed experts spread.
+
+Equal to transformers' DeepseekV3ForCausalLM with the same weights (tests/test_deepseek_model.py).
+Embedding, final norm and LM head are replicated: the lesson is about attention and experts.
+
+    from_hf_state_dict(config, sd, group=...)   rank r's model from a full transformers state dict
+    to_hf_state_dict(model)                     the full state dict back (t = 1)
+    load_hf(path, group=...) / save_hf(directory, model)   the same from / to a save_pretrained
+                                                directory (files read by gpt.convert.read_hf)
+    generate(model, prompt, n)                  greedy, with the latent cache
+"""
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from tp_from_scratch.comm import Comm
+from tp_from_scratch.nn.mappings import all_reduce, copy_to_tp_region, reduce_from_tp_region, tp_rank, tp_world_size
+from tp_from_scratch.sharding import check_divisible
+
+from .config import MoEConfig
+from .expert_parallel import LAYOUTS, moe_shard
+from .mla import LatentCache, ParallelMLA, RMSNorm
+from .moe import GatedFFN
+
+INFERENCE_LAYOUTS = ("experts on all tokens", "expert tensor parallel")  # tokens replicated
+MODEL_LAYOUTS = INFERENCE_LAYOUTS + ("expert parallel",)
+
+
+def check_config(config, t):
+    """Refuse, by name, what the course cannot map, before any weight is built."""
+    MoEConfig.from_hf(config)  # routing method, scoring, activation
+    rope_type = config.rope_parameters.get("rope_type", "default")
+    if rope_type != "default":
+        raise ValueError(f"rope_type={rope_type!r} is not supported: the course implements plain RoPE "
+                         "(YaRN changes the angles and the attention scale)")
+    if config.q_lora_rank is None:
+        raise ValueError("q_lora_rank=None (a plain q_proj) is not supported: DeepSeek-V3 "
+                         "compresses queries too (q_lora_rank=1536)")
+    if config.attention_bias:
+        raise ValueError("attention_bias=True is not supported: DeepSeek-V3 has no attention biases")
+    check_divisible(config.num_attention_heads, t, "num_attention_heads")
+    check_divisible(config.intermediate_size, t, "intermediate_size (dense layers)")
+
+
+class ParallelGatedFFN(GatedFFN):
+    """The dense FFN, F/t wide on this rank: f, column-parallel gate and up, row-parallel down, g."""
+
+    def __init__(self, hidden, width, *, group):
+        super().__init__(hidden, width // tp_world_size(group))
+        self.group = group
+
+    def forward(self, x):
+        return reduce_from_tp_region(self.group, super().forward(copy_to_tp_region(self.group, x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, index, layout, *, group):
+        super().__init__()
+        # under expert parallelism attention and dense FFNs are whole: a group of one rank
+        whole = Comm(0, 1) if layout == "expert parallel" else group
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = ParallelMLA(config, index, group=whole)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if index < config.first_k_dense_replace:
+            self.mlp = ParallelGatedFFN(config.hidden_size, config.intermediate_size, group=whole)
+        else:
+            self.mlp = LAYOUTS[layout](MoEConfig.from_hf(config), group=group)
+
+    def forward(self, x, positions, cache=None):
+        x = x + self.self_attn(self.input_layernorm(x), positions, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class ParallelDeepseekV3(nn.Module):
+    """(B, T) token ids -> (B, T, V) logits, replicated on every rank of ``group``."""
+
+    def __init__(self, config, *, group, layout="experts on all tokens"):
+        super().__init__()
+        if layout not in MODEL_LAYOUTS:
+            raise ValueError(f"layout {layout!r} is not one of {MODEL_LAYOUTS}")
+        t = tp_world_size(group)
+        check_config(config, 1 if layout == "expert parallel" else t)
+        self.config, self.group, self.layout = config, group, layout
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, layout, group=group)
+                                    for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, ids, cache=None):
+        past = cache.length() if cache is not None else 0
+        positions = torch.arange(past, past + ids.shape[1])
+        x = self.embed_tokens(ids)  # (B, T, H)
+        for layer in self.layers:
+            x = layer(x, positions, cache)
+        return self.lm_head(self.norm(x))
+
+    def replicated_parameters(self):
+        """Under expert parallelism, the parameters every rank holds whole and uses on its own
+        tokens only (all but the MoE layers', whose router and shared experts sum their own)."""
+        if self.layout != "expert parallel":
+            return []
+        return [p for name, p in self.named_parameters() if not _in_moe_layer(name, self.config)]
+
+    def sum_replicated_gradients(self):
+        """Data parallelism's all-reduce after backward: each replicated gradient summed over the ranks."""
+        for p in self.replicated_parameters():
+            p.grad = all_reduce(self.group, p.grad)
+
+
+# ---- transformers' names and layouts ------------------------------------------------------
+
+def hf_name(name):
+    """Our parameter name -> transformers' (everything but the LM head lives under 'model.')."""
+    return name if name.startswith("lm_head.") else f"model.{name}"
+
+
+def _in_moe_layer(name, config):
+    return ".mlp." in name and int(name.split(".")[1]) >= config.first_k_dense_replace
+
+
+def shard(name, full, config, layout, t, r):
+    """Rank r's part of the full tensor ``name`` (our name): heads, FFN columns, experts."""
+    if layout == "expert parallel" and not _in_moe_layer(name, config):
+        return full  # whole on every rank
+    heads_rows = ("self_attn.q_b_proj.weight", "self_attn.kv_b_proj.weight")
+    if name.endswith(heads_rows):  # (nh * per-head, rank): heads are contiguous rows
+        return full.chunk(t, dim=0)[r]
+    if name.endswith("self_attn.o_proj.weight"):  # (H, nh * v): this rank's heads' columns
+        return full.chunk(t, dim=1)[r]
+    if ".mlp." in name:
+        index = int(name.split(".")[1])
+        inner = name.split(".mlp.", 1)[1]
+        if index >= config.first_k_dense_replace:
+            return moe_shard(layout, inner, full, MoEConfig.from_hf(config), t, r)
+        return full.chunk(t, dim=1)[r] if inner == "down_proj.weight" else full.chunk(t, dim=0)[r]
+    return full
+
+
+def from_hf_state_dict(config, sd, *, group, layout="experts on all tokens", dtype=torch.float64):
+    """Rank r's ParallelDeepseekV3 holding its part of transformers' full state dict ``sd``."""
+    model = ParallelDeepseekV3(config, group=group, layout=layout).to(dtype)
+    t, r = tp_world_size(group), tp_rank(group)
+    missing = [hf_name(n) for n in model.state_dict() if hf_name(n) not in sd]
+    if missing:
+        raise ValueError(f"the state dict lacks {len(missing)} tensors the config needs, e.g. {missing[0]}")
+    model.load_state_dict({n: shard(n, sd[hf_name(n)], config, layout, t, r).to(dtype)
+                           for n in model.state_dict()})
+    return model
+
+
+def to_hf_state_dict(model):
+    """transformers' full state dict of a one-rank model (t = 1 holds every tensor whole)."""
+    if tp_world_size(model.group) != 1:
+        raise ValueError("to_hf_state_dict needs the whole model: build it at t=1 (from_hf_state_dict "
+                         "with a one-rank group) before exporting")
+    return {hf_name(n): v.detach().clone() for n, v in model.state_dict().items()}
+
+
+@torch.no_grad()
+def generate(model, prompt, new_tokens):
+    """Greedy decoding with the latent cache: (B, T0) -> (B, T0 + new_tokens). Returns
+    (ids, cache): the prompt runs once, then one token per step reads the cached latents."""
+    cache = LatentCache()
+    ids, logits = prompt, model(prompt, cache)
+    for _ in range(new_tokens):
+        nxt = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        ids = torch.cat([ids, nxt], dim=1)
+        logits = model(nxt, cache)
+    return ids, cache
+
+
+# ---- files: a save_pretrained directory (config.json + safetensors) ----------------------
+
+FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "first_k_dense_replace",
+          "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+          "v_head_dim", "rms_norm_eps", "hidden_act", "moe_intermediate_size", "n_routed_experts",
+          "num_experts_per_tok", "n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor",
+          "n_shared_experts")
+
+
+def config_from_hf(hf):
+    """The model's config (transformers' attribute names) from a config.json dict, or a
+    ValueError naming the model type or the first missing field."""
+    if hf.get("model_type") != "deepseek_v3":
+        raise ValueError(f"model_type {hf.get('model_type')!r}: only 'deepseek_v3' checkpoints are supported here")
+    missing = [k for k in FIELDS if k not in hf]
+    if missing:
+        raise ValueError(f"config.json lacks {missing[0]} (and {len(missing) - 1} more DeepseekV3 fields)")
+    hf = dict(hf)
+    if "rope_parameters" not in hf:  # config.json files written before transformers 5
+        scaling = hf.get("rope_scaling") or {}
+        hf["rope_parameters"] = {"rope_theta": hf.get("rope_theta", 10000.0),
+                                 "rope_type": scaling.get("rope_type", scaling.get("type", "default"))}
+    hf.setdefault("rope_interleave", True)
+    hf.setdefault("attention_bias", False)
+    return SimpleNamespace(**hf)
+
+
+def _experts_prefixes(config):
+    return [f"model.layers.{i}.mlp.experts" for i in range(config.first_k_dense_replace, config.num_hidden_layers)]
+
+
+def stack_experts(sd, config):
+    """Files hold each expert apart (experts.e.{gate,up,down}_proj.weight, as DeepSeek-V3's own
+    checkpoint); transformers' modules (and ours) stack them: gate_up_proj (E, 2F, H) with gate
+    rows over up rows, down_proj (E, H, F). A new dict; ``sd`` is not modified."""
+    sd = dict(sd)
+    for prefix in _experts_prefixes(config):
+        if f"{prefix}.gate_up_proj" in sd:
+            continue
+        E = range(config.n_routed_experts)
+        gate_up = [torch.cat([sd.pop(f"{prefix}.{e}.gate_proj.weight"), sd.pop(f"{prefix}.{e}.up_proj.weight")])
+                   for e in E]
+        sd[f"{prefix}.gate_up_proj"] = torch.stack(gate_up)
+        sd[f"{prefix}.down_proj"] = torch.stack([sd.pop(f"{prefix}.{e}.down_proj.weight") for e in E])
+    return sd
+
+
+def unstack_experts(sd, config):
+    """The inverse of stack_experts: one gate, up and down weight per expert, for the files."""
+    sd = dict(sd)
+    for prefix in _experts_prefixes(config):
+        gate_up, down = sd.pop(f"{prefix}.gate_up_proj"), sd.pop(f"{prefix}.down_proj")
+        for e in range(config.n_routed_experts):
+            sd[f"{prefix}.{e}.gate_proj.weight"], sd[f"{prefix}.{e}.up_proj.weight"] = gate_up[e].chunk(2)
+            sd[f"{prefix}.{e}.down_proj.weight"] = down[e]
+    return sd
+
+
+def load_hf(path, *, group, layout="experts on all tokens", dtype=torch.float64):
+    """Rank r's model from a save_pretrained directory or .safetensors file (gpt.convert.read_hf)."""
+    from tp_from_scratch.gpt.convert import read_hf
+    hf, sd = read_hf(path)
+    config = config_from_hf(hf)
+    check_config(config, tp_world_size(group))  # before any tensor is touched
+    return from_hf_state_dict(config, stack_experts(sd, config), group=group, layout=layout, dtype=dtype)
+
+
+def save_hf(directory, model):
+    """A directory transformers' DeepseekV3ForCausalLM.from_pretrained reads: config.json and
+    model.safetensors, from a one-rank model."""
+    from safetensors.torch import save_file
+    sd = unstack_experts(to_hf_state_dict(model), model.config)
+    config = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(vars(model.config))
+    config["model_type"] = "deepseek_v3"
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(directory / "model.safetensors"),
+              metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config, indent=1))

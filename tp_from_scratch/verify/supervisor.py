@@ -1,0 +1,216 @@
+"""Launching the workers of one world, watching them, and starting fresh ones past a bad check.
+
+    run_world(config, world, group_size)   every adapter's rows for one launch shape: t ranks
+                                           (group_size == world) or a world cut into TP groups
+
+The supervisor serves a TCPStore of its own (workers/worker.py's Fence writes each item's
+records there), starts ``world`` worker processes with a fresh port, and polls:
+    - every worker FINISHED: done;
+    - a worker left with RESTART (the ranks came out of a check out of step) or GAVE_UP (a
+      peer's record never came), or died: the rest are ended at once (a rank stuck in a
+      collective cannot end itself), the check they were in becomes a row naming every
+      rank's state, and fresh workers resume after it;
+    - no record at all for ``stall`` seconds (every rank stuck outside a collective): the
+      same, with the item each rank was in.
+A deadlocking adapter thus costs about one check timeout plus one start of the workers.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+from tp_from_scratch.comm.launchers import free_port, subprocess_env
+from tp_from_scratch.verify.report import merge, rank_states
+from tp_from_scratch.verify.suite import row
+from tp_from_scratch.verify.worker import FINISHED, GAVE_UP, RESTART, out_of_step, parse_key
+
+MAX_RESTARTS = 50
+
+
+@dataclass
+class Config:
+    adapters: list
+    dtypes: list
+    seed: int = 0
+    device: str = "cpu"
+    check_timeout: float = 10.0
+    stall: float = 120.0
+
+
+class CouldNotRun(RuntimeError):
+    """The workers never got going (not a problem of an adapter): exit status 2."""
+
+
+def _spawn(config, world, group_size, store_port, launch, after, broken, logs):
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = {k: v for k, v in subprocess_env().items() if not k.startswith("TORCHELASTIC_")}
+        env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        cmd = [sys.executable, "-m", "tp_from_scratch.verify.worker", *config.adapters,
+               "--store", f"127.0.0.1:{store_port}", "--launch", launch, "--after", after,
+               "--broken", ",".join(map(str, sorted(broken))), "--group-size", str(group_size),
+               "--dtypes", ",".join(config.dtypes), "--seed", str(config.seed),
+               "--device", config.device, "--check-timeout", str(config.check_timeout)]
+        log = open(logs / f"{launch.replace('/', '_')}_rank{rank}.log", "w")
+        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                      start_new_session=True))
+        log.close()
+    return procs
+
+
+def _end(procs):
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    for p in procs:
+        p.wait()
+
+
+def _progress(store, launch):
+    return store.add(f"{launch}/progress", 0)   # records published so far
+
+
+def _watch(procs, store, launch, stall):
+    """Wait until every worker has exited, ending them all once one leaves abnormally or
+    nothing moves for ``stall`` seconds. Returns {rank: exit code or 'killed'}."""
+    last, moved = -1, time.monotonic()
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+            return dict(enumerate(codes))
+        if any(c not in (None, FINISHED) for c in codes):
+            time.sleep(0.5)          # a RESTART: the others leave by themselves at once
+            codes = [p.poll() for p in procs]
+            _end(procs)
+            return {r: ("ended" if c is None else c) for r, c in enumerate(codes)}
+        now = _progress(store, launch)
+        if now != last:
+            last, moved = now, time.monotonic()
+        elif time.monotonic() - moved > stall:
+            _end(procs)
+            return {r: "ended" for r in range(len(procs))}
+        time.sleep(0.1)
+
+
+def _get(store, key):
+    return store.get(key).decode() if store.check([key]) else None
+
+
+def _records(store, launch, world):
+    """{item: {rank: record}} of every item some rank finished in this launch."""
+    out = {}
+    for key in store.list_keys():
+        if key.startswith(f"{launch}/done/"):
+            item, rank = key[len(launch) + 6:].rsplit("/", 1)
+            out.setdefault(item, {})[int(rank)] = json.loads(store.get(key))
+    return out
+
+
+def _tail(logs, launch, rank, lines=6):
+    path = logs / f"{launch.replace('/', '_')}_rank{rank}.log"
+    text = path.read_text(errors="replace").strip().splitlines() if path.exists() else []
+    return " | ".join(text[-lines:])
+
+
+def _state(code, at, log_tail):
+    if code == "ended":
+        return f"did not finish: stuck in {at or 'start-up'} (ended by the supervisor)"
+    if code == GAVE_UP:
+        return f"finished {at}; gave up waiting for the other ranks"
+    return f"process exited with code {code} in {at or 'start-up'}: {log_tail}"
+
+
+def run_world(config, world, group_size):
+    """Every adapter's merged rows for one launch of ``world`` workers in TP groups of ``group_size``."""
+    with tempfile.TemporaryDirectory(prefix="verify_") as logs:
+        rows = _run_world(config, world, group_size, Path(logs), config.adapters)
+    return [dict(r, world=world) for r in rows]   # t = group_size; world > t: a strict subgroup
+
+
+def _run_world(config, world, group_size, logs, names):
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=30))
+    t = group_size
+    shape = f"{world}x{group_size}"
+    rows, after, broken = [], "", set()
+    for attempt in range(MAX_RESTARTS):
+        launch = f"{shape}/{attempt}"
+        procs = _spawn(config, world, group_size, store.port, launch, after, broken, logs)
+        codes = _watch(procs, store, launch, config.stall)
+        records = _records(store, launch, world)
+        done = sorted(records, key=parse_key)
+        complete = [i for i in done if len(records[i]) == world]
+        for item in complete:
+            per_rank = [records[item][r]["rows"] for r in range(world)]
+            rows += merge(per_rank)
+            if parse_key(item)[1] == 2 and out_of_step(list(records[item].values())):
+                rows.append(_out_of_step_row(_what(store, launch, item, names), records[item], t))
+        if all(code == FINISHED for code in codes.values()):
+            return rows
+        ats = {r: _get(store, f"{launch}/at/{r}") for r in range(world)}   # "item [phase]"
+        if not done and not any(ats.values()):
+            tails = "; ".join(f"rank {r}: {_tail(logs, launch, r)}" for r in range(world))
+            if attempt == 0:
+                raise CouldNotRun(f"the {shape} workers never started a check: {tails}")
+            rows.append(row("(verify)", "(all)", "(all)", "-", t, "ERROR",   # keep what ran
+                            f"fresh {shape} workers never started after {after}: {tails}"))
+            return rows
+        stuck = [i for i in done if len(records[i]) < world]
+        if stuck:
+            item = stuck[0]
+        elif any(code == RESTART for code in codes.values()) and complete:
+            after = complete[-1]   # out of step after it (slow leavers were ended, not stuck)
+            continue
+        else:
+            item = min((a.split()[0] for a in ats.values() if a), key=parse_key)
+        states = {}
+        for r in range(world):
+            if r in records.get(item, {}):
+                record = records[item][r]
+                states[r] = "finished: " + (record["message"] or "no exception")
+            else:
+                states[r] = _state(codes[r], ats[r], _tail(logs, launch, r))
+        rows.append(_stuck_row(_what(store, launch, item, names), states, t))
+        if parse_key(item)[1] < 2:
+            broken.add(parse_key(item)[0])
+        after = item
+    rows.append(row("(verify)", "(all)", "(all)", "-", t, "ERROR",
+                    f"gave up after {MAX_RESTARTS} fresh starts of the {shape} workers"))
+    return rows
+
+
+def _what(store, launch, item, names):
+    """(adapter, component, check, dtype) of an item, as its workers announced it."""
+    what = _get(store, f"{launch}/what/{item}")
+    if what is None:
+        a, stage = parse_key(item)[:2]
+        return names[a], "(all)", ("load", "setup")[stage] if stage < 2 else "(all)", "-"
+    what = json.loads(what)
+    return what["adapter"], what["component"], what["check"], what["dtype"]
+
+
+def _stuck_row(what, states, t):
+    adapter, component, check, dtype = what
+    return row(adapter, component, check, dtype, t, "ERROR",
+               "the ranks did not finish this check together: " + rank_states(states),
+               ranks={str(r): s for r, s in states.items()}, failed_ranks=sorted(states))
+
+
+def _out_of_step_row(what, records, t):
+    adapter, component, check, dtype = what
+    states = {r: f"{rec['calls'][0]} forward / {rec['calls'][1]} backward collective(s)"
+                 + (f", raised {rec['message']}" if rec["raised"] else "")
+              for r, rec in sorted(records.items())}
+    return row(adapter, component, "ranks in step", dtype, t, "ERROR",
+               f"after {check}: " + rank_states(states) + "; fresh workers went on from the next check",
+               ranks={str(r): s for r, s in states.items()}, failed_ranks=sorted(states))
