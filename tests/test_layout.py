@@ -255,6 +255,8 @@ def test_each_plan_preset_formula_and_bridge_is_defined_once():
         assert definitions(name) == [home], f"{name} defined in {definitions(name)}, expected only in {home}"
     for name in GONE:
         assert not definitions(name), f"{name} is back in {definitions(name)}: use {sorted(ONCE)}"
+        used = [m for m, p in MODULES.items() if re.search(rf"(?<![\w.]){name}\b", source(p))]
+        assert not used, f"{used} still use {name}, which is gone: use {sorted(ONCE)}"
 
 
 def test_formulas_are_not_retyped():

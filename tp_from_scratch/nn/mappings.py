@@ -38,7 +38,8 @@ import torch.distributed as dist
 
 from tp_from_scratch.comm import Comm
 # tier 1, the collectives on a group (nn/collectives.py); importable from here too
-from tp_from_scratch.nn.collectives import all_gather, all_reduce, check_group, split, tp_rank, tp_world_size
+from tp_from_scratch.nn.collectives import (all_gather, all_reduce, all_to_all_v, check_group, exchange_counts,  # noqa: F401
+                                            split, tp_rank, tp_world_size)
 from tp_from_scratch.sharding import shard_sizes
 
 # ---------------------------------------------------------------------------------------
@@ -188,35 +189,9 @@ __all__ = ["check_group", "tp_rank", "tp_world_size", "all_reduce", "all_gather"
 
 
 # =======================================================================================
-# Lesson 12: the all-to-all of expert parallelism (token dispatch and combine), on both
-# kinds of group. (Written by the Lesson 12 work; to live in nn/collectives.py at merge.)
+# Lesson 12: the all-to-all of expert parallelism (token dispatch and combine) as a Function;
+# its tier-1 collectives (exchange_counts, all_to_all_v) are in nn/collectives.py
 # =======================================================================================
-
-def exchange_counts(group, send_counts):
-    """send_counts (t,) or (t, m) ints, row d for rank d -> an int64 tensor of the same shape
-    whose row q is what rank q sends this rank: what every receiver must know before a
-    dispatch with uneven counts (an all-to-all of t equal blocks)."""
-    if isinstance(check_group(group), Comm):
-        return torch.from_numpy(collectives.exchange_counts(group, np.asarray(send_counts)))
-    sent = torch.as_tensor(np.asarray(send_counts), dtype=torch.int64).contiguous()
-    received = torch.empty_like(sent)
-    dist.all_to_all_single(received, sent, group=group)
-    return received
-
-
-def all_to_all_v(group, x, send_counts, recv_counts):
-    """(sum send_counts, ...) -> (sum recv_counts, ...): rows [c_<d, c_<=d) of ``x`` go to rank
-    d; what arrives is concatenated in source-rank order. A Comm runs the from-scratch
-    pairwise exchange (collectives.all_to_all_v); a ProcessGroup runs torch's native
-    all_to_all_single with the same split sizes. ``x`` is never modified."""
-    if isinstance(check_group(group), Comm):
-        return _from_numpy(collectives.all_to_all_v(group, _to_numpy(x), np.asarray(send_counts),
-                                                    np.asarray(recv_counts)), x)
-    out = x.new_empty((sum(recv_counts), *x.shape[1:]))
-    dist.all_to_all_single(out, x.detach().contiguous(), [int(c) for c in recv_counts],
-                           [int(c) for c in send_counts], group=group)
-    return out
-
 
 class AllToAll(torch.autograd.Function):
     """forward: all-to-all with counts (send_counts -> recv_counts);
