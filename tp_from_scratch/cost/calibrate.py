@@ -3,8 +3,10 @@ element-wise op, the per-step overhead, and alpha and beta of gloo's all-reduce 
 
     .venv/bin/python -m tp_from_scratch.cost.plan --calibrate     # writes runs/profile.json
 
-``calibrate`` runs the single-process measurements here and launches the all-reduce fits
-(torchrun, and mpiexec where installed) as ``python -m tp_from_scratch.cost.calibrate --worker``.
+``calibrate`` runs the single-process measurements here and launches the all-reduce fits on 2
+and 4 processes (torchrun, and mpiexec where installed), each worker being
+
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.cost.calibrate --worker runs/fit.json
 """
 import argparse
 import json
