@@ -10,7 +10,11 @@ sharding plan: tensor parallelism (gpt.dtensor_plan) and tensor + sequence paral
 the same batches; every loss and every parameter's gradient is compared under the tolerance
 policy (assert_matches_reference). Prints "check <plan> <arch> <vocab>: ok" per run on rank 0;
 exits 1 if any differs.
+
+Then, in the same launch, Lesson 7's report (sequence_parallel.dtensor_plan.report): gpt's SP plan
+against one device and its collectives counted next to ours, ``--write JSON`` the counts.
 """
+import argparse
 import copy
 import sys
 import traceback
@@ -24,7 +28,7 @@ from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.dtensor_plan import loss_context, parallelize_gpt, parallelize_gpt_vocab
 from tp_from_scratch.gpt.mesh import setup_mesh
 from tp_from_scratch.gpt.model import GPTConfig, init_gpt
-from tp_from_scratch.sequence_parallel.dtensor_plan import parallelize_gpt_sp
+from tp_from_scratch.sequence_parallel.dtensor_plan import parallelize_gpt_sp, report
 
 STEPS = 2
 ARCHS = ("gpt2", "llama")
@@ -68,6 +72,9 @@ def check(arch, plan, mesh, rank):
 
 
 def main():
+    parser = argparse.ArgumentParser(prog="python -m tests.spmd_scripts.dtensor_plans")
+    parser.add_argument("--write", metavar="JSON", help="Lesson 7's collective counts, written here")
+    args = parser.parse_args()
     mesh = setup_mesh(2, dtensor=True)
     failures = 0
     try:
@@ -81,6 +88,7 @@ def main():
                     failures += 1
                 if mesh.rank == 0:
                     print(f"check {plan} {arch}: {verdict}", flush=True)
+        report(mesh, args.write)
     finally:
         dist.destroy_process_group()
     exit_now(1 if failures else 0)

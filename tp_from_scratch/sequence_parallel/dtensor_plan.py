@@ -168,9 +168,32 @@ def count_collectives(mesh, seed=0):
             **counts}
 
 
+def report(mesh, write=None):
+    """Rank 0 prints the plan against one device (with and without the vocabulary sharded) and
+    the collectives of both versions; ``write``: the counts as JSON too. Every rank calls it."""
+    import json
+
+    tp_mesh = mesh.device_mesh["tp"]
+    worst = compare_with_single_device(tp_mesh)
+    worst_vocab = compare_with_single_device(tp_mesh, vocab_parallel=True)
+    counts = count_collectives(tp_mesh)
+    if mesh.rank == 0:
+        print(f"DTensor sequence parallel, tp={mesh.tp}: largest |loss - single-device loss| over 5 "
+              f"float64 steps {worst:.1e}")
+        print(f"DTensor sequence parallel + vocabulary-sharded head and loss_parallel, tp={mesh.tp}: "
+              f"largest |loss - single-device loss| over 5 float64 steps {worst_vocab:.1e}")
+        for direction in ("forward", "backward"):
+            for who in ("ours", "dtensor"):
+                print(f"collectives in one {direction}, {who:<7}: {counts[who][direction]}")
+        if write:
+            with open(write, "w") as f:
+                json.dump(counts, f, indent=1, sort_keys=True)
+                f.write("\n")
+            print(f"counts written to {write}")
+
+
 def main(argv=None):
     import argparse
-    import json
     import os
 
     import torch.distributed as dist
@@ -182,23 +205,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     mesh = setup_mesh(int(os.environ["WORLD_SIZE"]), dtensor=True)  # every rank in one TP group
     try:
-        tp_mesh = mesh.device_mesh["tp"]
-        worst = compare_with_single_device(tp_mesh)
-        worst_vocab = compare_with_single_device(tp_mesh, vocab_parallel=True)
-        counts = count_collectives(tp_mesh)
-        if mesh.rank == 0:
-            print(f"DTensor sequence parallel, tp={mesh.tp}: largest |loss - single-device loss| over 5 "
-                  f"float64 steps {worst:.1e}")
-            print(f"DTensor sequence parallel + vocabulary-sharded head and loss_parallel, tp={mesh.tp}: "
-                  f"largest |loss - single-device loss| over 5 float64 steps {worst_vocab:.1e}")
-            for direction in ("forward", "backward"):
-                for who in ("ours", "dtensor"):
-                    print(f"collectives in one {direction}, {who:<7}: {counts[who][direction]}")
-            if args.write:
-                with open(args.write, "w") as f:
-                    json.dump(counts, f, indent=1, sort_keys=True)
-                    f.write("\n")
-                print(f"counts written to {args.write}")
+        report(mesh, args.write)
     finally:
         dist.destroy_process_group()
 
