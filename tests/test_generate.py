@@ -1,6 +1,8 @@
 """Generation under TP: the KV cache, token ids at t = 2, 4 identical to one device (greedy in
 float64 and float32, seeded sampling), and identical to transformers' generate on imported
 weights. The torchrun launch of gpt/checks.py generates too (test_model.py)."""
+import json
+
 import pytest
 import torch
 
@@ -122,3 +124,59 @@ def test_text_prompts_from_the_command_line(tmp_path, capsys):
     assert exit_.value.code == 0, lines
     assert [line.startswith(want) for line, want in zip(lines[::2], ["tp=1: 'def ", "tp=1: 'import"])] == [True] * 2, lines
     assert lines[1::2] == ["single device: identical token ids"] * 2
+
+
+def test_generation_stops_at_eos_like_transformers_generate(tmp_path):
+    # transformers' greedy generate with an eos id: a sequence that produced it is finished and
+    # continues with the pad id (the eos id when none is set); when all are finished it stops.
+    # The eos id is row 0's third greedy token, so row 0 alone stops at its first occurrence,
+    # and in the batch of 2 it is padded while row 1 goes on.
+    pytest.importorskip("transformers")
+    import hf_models
+    from tp_from_scratch.gpt.convert import gpt_from_weights, load_hf
+    for name, hf in (("gpt2", hf_models.gpt2(seed=4)), ("llama", hf_models.llama(seed=4))):
+        hf.save_pretrained(tmp_path / name)
+        config, full = load_hf(tmp_path / name, dtype=torch.float64)
+        x = prompt(config, T=5, seed=1)
+        new = generate(gpt_from_weights(config, full, name), x[:1], 3)[0, 5:].tolist()
+        eos, stop = new[2], 5 + new.index(new[2]) + 1          # row 0 ends at its first eos
+        for batch in (x[:1], x):
+            want = hf.generate(batch, max_new_tokens=10, do_sample=False, eos_token_id=eos, pad_token_id=eos,
+                               attention_mask=torch.ones_like(batch))
+            assert (want[0, stop - 1:] == eos).all() and (want.shape[1] == stop or len(batch) == 2), want.tolist()
+            for rank, ids in enumerate(run_spmd(lambda comm: generate(gpt_to_tp(comm, full, config).eval(),
+                                                                      batch, 10, eos_ids=(eos,)), 2)):
+                assert torch.equal(ids, want), f"{name} tp=2 rank {rank}: {ids.tolist()} != {want.tolist()}"
+
+
+def test_the_command_says_where_it_stopped_and_ignore_eos_goes_on(tmp_path, capsys):
+    # generate --hf reads the eos id of config.json (generation_config.json first, as transformers
+    # does); import --out records it, so generate --load of the import stops there too
+    from tp_from_scratch.gpt import convert
+    from tp_from_scratch.gpt.generate import main
+    from tp_from_scratch.gpt.model import GPTConfig
+    model = init_gpt(GPTConfig(arch="gpt2", vocab_size=67, seq_len=16, hidden=32, n_heads=4, n_kv_heads=4), 0)
+    convert.write_hf(tmp_path / "hf", model.state_dict(), model.config)
+    ids = generate(model.eval(), torch.tensor([[1, 2, 3]]), 8)[0].tolist()
+    eos = ids[3]                                             # the first new token
+    hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**hf_config, "eos_token_id": eos}))
+    assert convert.main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ours")]) is None
+    capsys.readouterr()
+
+    def run(*flags):
+        with pytest.raises(SystemExit) as exit_:
+            main([*flags, "--prompt", "1,2,3", "--new-tokens", "8"])
+        assert exit_.value.code == 0
+        return capsys.readouterr().out.strip()
+
+    stopped = (f"gpt2, tp=1, float32, greedy: 1,2,3,{eos} (stopped at the end-of-sequence id {eos} after 1 "
+               f"new token; --ignore-eos keeps going)")
+    assert run("--hf", str(tmp_path / "hf")) == stopped
+    assert run("--load", str(tmp_path / "ours")) == stopped
+    every = run("--hf", str(tmp_path / "hf"), "--ignore-eos")
+    assert every == f"gpt2, tp=1, float32, greedy: {','.join(map(str, ids))}", every
+    # generation_config.json, when there is one, names the ids instead (here one never generated)
+    unused = min(set(range(67)) - set(ids))
+    (tmp_path / "hf" / "generation_config.json").write_text(json.dumps({"eos_token_id": [unused]}))
+    assert run("--hf", str(tmp_path / "hf")) == every

@@ -24,14 +24,33 @@ The name map, per block i (HF GPT-2's Conv1D stores W as (in, out): transposed h
 
 Exporting a config with fewer KV heads than heads to GPT-2 (which has none) repeats each KV
 head for its group of query heads: the same function, as multi-head attention.
+
+A tied head (``tie_word_embeddings``) is read as transformers' ``from_pretrained`` reads it:
+when the file also holds an ``lm_head.weight`` different from the embedding, the head is kept
+untied, with a warning, so the import computes what transformers computes. A file the converter
+cannot map exactly (a required config key or tensor missing, a tensor of another shape, a
+truncated file, a .bin holding more than tensors) is refused with one line naming the key,
+tensor or file, before anything is written.
+
+Precision: transformers computes Llama's RMSNorm and its RoPE cos/sin tables in float32 even in
+a float64 model (and the eager attention's softmax); ours computes them in the model's dtype.
+So the float64 tests compare against a Llama whose RMSNorm and rotary forwards are replaced by
+the same formulas in float64, with "sdpa" attention (tests/hf_models.py), at float64's
+tolerance, and against the unpatched Llama at float32's. docs/hugging_face.md says more.
 """
 import argparse
+import contextlib
+import dataclasses
 import json
+import pickle
+import sys
+import warnings
 from pathlib import Path
 
 import torch
 
 from tp_from_scratch.gpt import checkpoint as ckpt
+from tp_from_scratch.gpt import options
 from tp_from_scratch.gpt.model import GPT, GPTConfig, shard_state_dict
 
 GELU_OF_HF = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "erf"}
@@ -41,26 +60,62 @@ class ConversionError(ValueError):
     """A checkpoint or config this converter cannot map exactly."""
 
 
+class ConversionWarning(UserWarning):
+    """A checkpoint that contradicts its config, read as transformers reads it."""
+
+
+@contextlib.contextmanager
+def warnings_as_lines(prefix=""):
+    """Inside: every warning printed at once as one line ``warning: ...`` on stderr."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, *_: print(f"{prefix}warning: {message}", file=sys.stderr,
+                                                          flush=True)
+        yield
+
+
+# The sizes a config.json must state (transformers would fill in a default model's instead,
+# and then fail on every tensor's shape).
+REQUIRED = {"gpt2": ("vocab_size", "n_positions", "n_layer", "n_embd", "n_head"),
+            "llama": ("vocab_size", "max_position_embeddings", "num_hidden_layers", "hidden_size",
+                      "num_attention_heads", "intermediate_size")}
+EMBEDDING = {"gpt2": "wte.weight", "llama": "embed_tokens.weight"}
+PREFIXES = {"gpt2": ("transformer.", ""), "llama": ("model.", "")}   # GPT2Model files have no prefix
+
+
 # ---------------------------------------------------------------------------------------
 # Configs
 # ---------------------------------------------------------------------------------------
 
-def hf_model_type(hf):
+def hf_model_type(hf, where="config.json"):
     kind = hf.get("model_type")
-    if kind not in ("gpt2", "llama"):
-        raise ConversionError(f"model_type {kind!r}: only 'gpt2' and 'llama' checkpoints are supported")
+    if kind not in REQUIRED:
+        raise ConversionError(f"{where}: model_type {kind!r}: only 'gpt2' and 'llama' checkpoints are supported")
     return kind
 
 
-def config_from_hf(hf):
-    """Our GPTConfig for a Hugging Face config.json dict (GPT-2 or Llama)."""
-    kind = hf_model_type(hf)
+def required_sizes(hf, kind, where="config.json"):
+    """Refuse a config that lacks one of its architecture's sizes, or states one that is not >= 1."""
+    missing = [k for k in REQUIRED[kind] if k not in hf]
+    if missing:
+        raise ConversionError(f"{where} has no {', '.join(missing)} (a {kind} config states "
+                              f"{', '.join(REQUIRED[kind])})")
+    for k in REQUIRED[kind]:
+        if type(hf[k]) is not int or hf[k] < 1:
+            raise ConversionError(f"{where}: {k} must be a whole number >= 1, got {hf[k]!r}")
+
+
+def config_from_hf(hf, where="config.json"):
+    """Our GPTConfig for a Hugging Face config.json dict (GPT-2 or Llama); ``where`` names the
+    file in errors."""
+    kind = hf_model_type(hf, where)
     if kind == "gpt2":
         act = hf.get("activation_function", "gelu_new")
         if act not in GELU_OF_HF:
             raise ConversionError(f"GPT-2 activation_function {act!r} is not one of {sorted(GELU_OF_HF)}")
         if hf.get("scale_attn_by_inverse_layer_idx") or not hf.get("scale_attn_weights", True):
             raise ConversionError("GPT-2 attention must be scaled by 1/sqrt(head size) only")
+        required_sizes(hf, kind, where)
         H, nh = hf["n_embd"], hf["n_head"]
         return GPTConfig(arch="gpt2", vocab_size=hf["vocab_size"], seq_len=hf["n_positions"],
                          n_layers=hf["n_layer"], hidden=H, n_heads=nh, n_kv_heads=nh,
@@ -68,13 +123,15 @@ def config_from_hf(hf):
                          norm_eps=hf.get("layer_norm_epsilon", 1e-5),
                          tie_embeddings=hf.get("tie_word_embeddings", True))
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise ConversionError(f"Llama rope_type {rope.get('rope_type', rope.get('type'))!r}: only the "
-                              f"default (unscaled) RoPE is implemented, not Llama 3's scaled one")
+    scaling = rope.get("rope_type", rope.get("type", "default"))
+    if scaling != "default":
+        raise ConversionError(f"Llama rope_type {scaling!r}: only the default (unscaled) RoPE is implemented, "
+                              f"not the {scaling!r} scaling this config asks for")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         raise ConversionError("Llama with attention_bias or mlp_bias is not supported")
     if hf.get("hidden_act", "silu") != "silu":
         raise ConversionError(f"Llama hidden_act {hf['hidden_act']!r}: only silu (SwiGLU) is supported")
+    required_sizes(hf, kind, where)
     H, nh = hf["hidden_size"], hf["num_attention_heads"]
     if hf.get("head_dim") not in (None, H // nh):
         raise ConversionError(f"head_dim {hf['head_dim']} is not hidden_size / num_attention_heads = {H // nh}")
@@ -124,25 +181,47 @@ def hf_config(config):
 _GPT2_BUFFERS = ("attn.bias", "attn.masked_bias")  # causal-mask buffers in old GPT-2 files
 
 
-def _prefix(sd, name, candidates):
-    for p in candidates:
-        if p + name in sd:
+def _prefix(sd, kind, where):
+    """The prefix of the Hugging Face names in ``sd`` ("transformer." / "model." or none)."""
+    for p in PREFIXES[kind]:
+        if p + EMBEDDING[kind] in sd:
             return p
-    raise ConversionError(f"no {name!r} in the checkpoint (looked for {[p + name for p in candidates]})")
+    raise ConversionError(f"{where} has no tensor {EMBEDDING[kind]!r} "
+                          f"(looked for {[p + EMBEDDING[kind] for p in PREFIXES[kind]]})")
 
 
-def from_hf(sd, config):
-    """Our single-device state dict from a Hugging Face state dict of ``config``'s architecture."""
+def tie_as_transformers(sd, config, where="the checkpoint"):
+    """``config``, untied when it says tied but ``sd`` holds an lm_head.weight that is not the
+    embedding: transformers' from_pretrained then keeps both and warns (the file, not the
+    config, says what the model computes); an equal copy (old .bin files hold one) stays tied."""
+    head = sd.get("lm_head.weight")
+    if not config.tie_embeddings or head is None:
+        return config
+    kind = export_kind(config)
+    embedding = sd[_prefix(sd, kind, where) + EMBEDDING[kind]]
+    if torch.equal(head, embedding):
+        return config
+    warnings.warn(f"{where}: config.json says tie_word_embeddings=true but lm_head.weight differs from "
+                  f"{EMBEDDING[kind]}; kept untied, as transformers does", ConversionWarning)
+    return dataclasses.replace(config, tie_embeddings=False)
+
+
+def from_hf(sd, config, where="the checkpoint"):
+    """Our single-device state dict from a Hugging Face state dict of ``config``'s architecture
+    (a tied ``config`` reads no lm_head.weight: see tie_as_transformers). ``where`` names the
+    file in errors."""
     kind = export_kind(config)
     out, used = {}, set()
 
     def take(name):
+        if name not in sd:
+            raise ConversionError(f"{where} has no tensor {name!r} (a {kind} of {config.n_layers} layers)")
         used.add(name)
         return sd[name]
 
     H = config.hidden
+    p = _prefix(sd, kind, where)
     if kind == "gpt2":
-        p = _prefix(sd, "wte.weight", ("transformer.", ""))   # GPT2Model files have no prefix
         out["wte.weight"], out["wpe.weight"] = take(p + "wte.weight"), take(p + "wpe.weight")
         for i in range(config.n_layers):
             h, b = f"{p}h.{i}.", f"blocks.{i}."
@@ -158,7 +237,6 @@ def from_hf(sd, config):
             used.update(h + buf for buf in _GPT2_BUFFERS)
         out["ln_f.weight"], out["ln_f.bias"] = take(p + "ln_f.weight"), take(p + "ln_f.bias")
     else:
-        p = _prefix(sd, "embed_tokens.weight", ("model.", ""))
         out["wte.weight"] = take(p + "embed_tokens.weight")
         for i in range(config.n_layers):
             h, b = f"{p}layers.{i}.", f"blocks.{i}."
@@ -170,14 +248,36 @@ def from_hf(sd, config):
                 out[f"{b}mlp.{part}.weight"] = take(f"{h}mlp.{part}_proj.weight")
         out["ln_f.weight"] = take(p + "norm.weight")
     if not config.tie_embeddings:
+        if "lm_head.weight" not in sd:
+            raise ConversionError(f"{where} has no lm_head.weight, but config.json says "
+                                  f"tie_word_embeddings=false (a head of its own)")
         out["lm_head.weight"] = take("lm_head.weight")
     else:
         used.add("lm_head.weight")                           # a tied head is the embedding
     unused = sorted(set(sd) - used)
     if unused:
-        raise ConversionError(f"{len(unused)} tensors of the checkpoint have no place in the model, "
+        raise ConversionError(f"{len(unused)} tensors of {where} have no place in the model, "
                               f"e.g. {unused[:3]}")
     return {k: v.contiguous() for k, v in out.items()}
+
+
+def gpt_from_weights(config, full, where):
+    """A single-device GPT (eval mode) holding the state dict ``full``; a tensor of ``config``'s
+    model missing from it, one more, or one of another shape is refused naming the tensor."""
+    config.validate()
+    model = GPT(config).to(next(iter(full.values())).dtype)
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    for name, shape in want.items():
+        if name not in full:
+            raise ConversionError(f"{where} has no tensor {name!r}")
+        if tuple(full[name].shape) != shape:
+            raise ConversionError(f"{where}: tensor {name!r} is {tuple(full[name].shape)}, the config "
+                                  f"makes it {shape}")
+    extra = sorted(set(full) - set(want))
+    if extra:
+        raise ConversionError(f"{where} holds {len(extra)} tensors the model has no place for, e.g. {extra[:3]}")
+    model.load_state_dict(full)
+    return model.eval()
 
 
 def to_hf(sd, config):
@@ -231,28 +331,79 @@ def _repeat_heads(x, g, head_size):
 # Files
 # ---------------------------------------------------------------------------------------
 
-def read_hf(path, config_path=None):
-    """(config.json dict, state dict) of a save_pretrained directory or a .safetensors file."""
+def config_path_of(path, config_path=None):
+    """The config.json of a checkpoint: ``config_path``, or the one beside ``path``."""
+    if config_path:
+        return Path(config_path)
     path = Path(path)
-    directory = path if path.is_dir() else path.parent
-    config_path = Path(config_path) if config_path else directory / "config.json"
-    if not config_path.exists():
-        raise ConversionError(f"no config.json at {config_path} (pass --config)")
-    hf = json.loads(config_path.read_text())
-    if path.is_dir():
-        files = sorted(path.glob("*.safetensors")) or sorted(path.glob("pytorch_model*.bin"))
-        if not files:
-            raise ConversionError(f"no *.safetensors or pytorch_model*.bin in {path}")
-    else:
-        files = [path]
+    return (path if path.is_dir() else path.parent) / "config.json"
+
+
+def read_json(path, what="config"):
+    """A JSON object (dict) from ``path``, or a ConversionError naming the file."""
+    if not Path(path).exists():
+        raise ConversionError(f"no {Path(path).name} at {path} (pass --config)")
+    hf, problem = options.json_file(what, path)
+    if problem:
+        raise ConversionError(problem)
+    if not isinstance(hf, dict):
+        raise ConversionError(f"{what} {path} holds a {type(hf).__name__}, not a JSON object")
+    return hf
+
+
+def weight_files(path):
+    """The tensor files of a save_pretrained directory (or the one file ``path``)."""
+    path = Path(path)
+    if not path.is_dir():
+        return [path]
+    files = sorted(path.glob("*.safetensors")) or sorted(path.glob("pytorch_model*.bin"))
+    if not files:
+        raise ConversionError(f"no *.safetensors or pytorch_model*.bin in {path}")
+    return files
+
+
+def read_tensors(files):
+    """One state dict from every file, each read without running any code (safetensors, or
+    torch.load with weights_only); a file that fails is named."""
     sd = {}
     for f in files:
-        if f.suffix == ".safetensors":
-            from safetensors.torch import load_file  # only for this format
-            sd.update(load_file(str(f)))
-        else:
-            sd.update(torch.load(f, map_location="cpu", weights_only=True))
-    return hf, sd
+        try:
+            if f.suffix == ".safetensors":
+                from safetensors.torch import load_file  # only for this format
+                part = load_file(str(f))
+            else:
+                part = torch.load(f, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            raise ConversionError(f"{f} holds more than tensors (pickled objects or code) or is damaged: "
+                                  f"torch.load(weights_only=True) refused it and nothing in it ran") from None
+        except Exception as e:  # safetensors' SafetensorError, a damaged zip's RuntimeError, OSError
+            raise ConversionError(f"{f} is truncated or corrupt: {str(e).splitlines()[0]}") from None
+        if not isinstance(part, dict) or not all(torch.is_tensor(v) for v in part.values()):
+            raise ConversionError(f"{f} does not hold a dict of tensors")
+        sd.update(part)
+    return sd
+
+
+def read_hf(path, config_path=None):
+    """(config.json dict, state dict, where) of a save_pretrained directory or a .safetensors
+    file; ``where`` names the tensor file(s) in errors."""
+    hf = read_json(config_path_of(path, config_path))
+    files = weight_files(path)
+    where = str(files[0]) if len(files) == 1 else f"{path} ({len(files)} files)"
+    return hf, read_tensors(files), where
+
+
+def read_eos_ids(path, config_path=None):
+    """The end-of-sequence ids a Hugging Face checkpoint names (a tuple, maybe empty), as its
+    generate reads them: generation_config.json's eos_token_id if present, else config.json's."""
+    config_file = config_path_of(path, config_path)
+    generation = config_file.parent / "generation_config.json"
+    hf = read_json(generation, "generation config") if generation.exists() else {}
+    eos = hf["eos_token_id"] if "eos_token_id" in hf else read_json(config_file).get("eos_token_id")
+    ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    if not all(type(i) is int and i >= 0 for i in ids):
+        raise ConversionError(f"eos_token_id {eos!r} of {config_file.parent} is not a token id or a list of them")
+    return tuple(ids)
 
 
 def write_hf(directory, sd, config):
@@ -270,19 +421,33 @@ def write_hf(directory, sd, config):
 
 def load_hf(path, config_path=None, dtype=None):
     """(our GPTConfig, our full state dict) from a Hugging Face checkpoint on disk."""
-    hf, sd = read_hf(path, config_path)
-    config = config_from_hf(hf)
-    full = from_hf(sd, config)
+    hf, sd, where = read_hf(path, config_path)
+    config = config_from_hf(hf, str(config_path_of(path, config_path)))
+    config = tie_as_transformers(sd, config, where)
+    full = from_hf(sd, config, where)
     if dtype is not None:
         full = {k: v.to(dtype) for k, v in full.items()}
     return config, full
 
 
-def write_checkpoint(root, config, full, tp, step=0):
-    """Our sharded checkpoint (one shard per TP rank, no optimizer state) of a full state dict."""
+def write_checkpoint(root, config, full, tp, step=0, eos_ids=()):
+    """Our sharded checkpoint (one shard per TP rank, no optimizer state) of a full state dict;
+    its meta.json keeps the end-of-sequence ids for generate."""
     name = ckpt.new_checkpoint_name(step)
     records = [ckpt.write_shard(root, name, r, tp, shard_state_dict(full, tp, r, config)) for r in range(tp)]
-    return ckpt.commit(root, name, config, tp, step, records, {"imported": True})
+    return ckpt.commit(root, name, config, tp, step, records, {"imported": True, "eos_token_ids": list(eos_ids)})
+
+
+def check_arguments(args, world=1):
+    """The first problem with the command line (a sentence), or None: before any file is read."""
+    if args.cmd == "export":
+        return options.first_problem(options.existing_path("source", args.source),
+                                     options.directory_to_write("--out", args.out))
+    return options.first_problem(options.existing_path("source", args.source),
+                                 options.existing_path("--config", args.config),
+                                 options.positive("--tp", args.tp),
+                                 options.file_to_write("--single", args.single),
+                                 options.directory_to_write("--out", args.out))
 
 
 def main(argv=None):
@@ -300,27 +465,38 @@ def main(argv=None):
     ex = sub.add_parser("export", help="ours (checkpoint root or single-device .pt) -> save_pretrained directory")
     ex.add_argument("source")
     ex.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
+    args = options.parse_valid_args(parser, check_arguments, argv)
     try:
-        if args.cmd == "import":
-            config, full = load_hf(args.source, args.config, getattr(torch, args.dtype))
-            n = sum(v.numel() for v in full.values())
-            if args.single:
-                model = GPT(config).to(getattr(torch, args.dtype))
-                model.load_state_dict(full)
-                ckpt.save_single_device(model, args.single)
-                print(f"wrote {args.single}: {config.arch}, {n:,} parameters")
-            else:
-                config.validate(args.tp)
-                ckpt_meta = write_checkpoint(args.out, config, full, args.tp)
-                print(f"wrote {args.out}: {config.arch}, {n:,} parameters in {args.tp} shards "
-                      f"({', '.join('%.1f MiB' % (r['bytes'] / 2**20) for r in ckpt_meta['shards'])})")
-        else:
-            loaded = ckpt.load_full(args.source)
-            write_hf(args.out, loaded["model"], loaded["config"])
-            print(f"wrote {args.out}: config.json and model.safetensors ({export_kind(loaded['config'])})")
+        with warnings_as_lines():
+            run(args)
     except (ConversionError, ckpt.CheckpointError, ValueError) as e:
         parser.exit(1, f"error: {e}\n")
+
+
+def run(args):
+    """The import or export the command line asks for (its arguments already checked)."""
+    if args.cmd == "import":
+        config, full = load_hf(args.source, args.config, getattr(torch, args.dtype))
+        n = sum(v.numel() for v in full.values())
+        model = gpt_from_weights(config, full, args.source)   # every tensor in place, of its shape
+        if args.single:
+            Path(args.single).parent.mkdir(parents=True, exist_ok=True)
+            ckpt.save_single_device(model, args.single)
+            print(f"wrote {args.single}: {config.arch}, {n:,} parameters")
+        else:
+            try:
+                config.validate(args.tp)
+            except ValueError as e:
+                raise ConversionError(f"--tp {args.tp} does not fit {args.source}: {e}") from None
+            ckpt_meta = write_checkpoint(args.out, config, full, args.tp,
+                                         eos_ids=read_eos_ids(args.source, args.config))
+            print(f"wrote {args.out}: {config.arch}, {n:,} parameters in {args.tp} shards "
+                  f"({', '.join('%.1f MiB' % (r['bytes'] / 2**20) for r in ckpt_meta['shards'])})")
+    else:
+        loaded = ckpt.load_full(args.source)
+        model = gpt_from_weights(loaded["config"], loaded["model"], args.source)  # every tensor in place
+        write_hf(args.out, model.state_dict(), model.config)
+        print(f"wrote {args.out}: config.json and model.safetensors ({export_kind(model.config)})")
 
 
 if __name__ == "__main__":

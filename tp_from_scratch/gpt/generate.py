@@ -10,6 +10,11 @@
     # latency: prefill time and per-token decode time of a random model at t = world size
     .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.generate bench --arch llama
 
+Generation stops at the end-of-sequence id a Hugging Face checkpoint names (--hf, or --load of
+a ``convert import --out``), as transformers' generate does, and says so; --ignore-eos keeps
+going. The flags follow transformers': --new-tokens (its max_new_tokens) is at least 1;
+with --sample, --temperature is above 0 and --top-k at least 1; an empty prompt is refused.
+
 Each rank holds its heads' weights and caches only its heads' keys and values (KVCache in
 model.py: Sharded by heads, a replicated KV head when nkv < t). One step of decoding is one
 forward of the new token: per block, f (identity), attention on the local heads against the
@@ -29,6 +34,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from tp_from_scratch.gpt import checkpoint as ckpt
+from tp_from_scratch.gpt import convert, options
 from tp_from_scratch.gpt.model import GPT, GPTConfig, KVCache, TensorParallelGPT, gpt_to_tp, init_gpt
 from tp_from_scratch.nn import gather_from_tp_region
 
@@ -75,45 +82,57 @@ def choose(logits, generator=None, temperature=1.0, top_k=0):
 
 
 @torch.no_grad()
-def generate(model, prompt, new_tokens, *, sample=False, seed=0, temperature=1.0, top_k=0, timings=None):
-    """prompt (B, T0) token ids -> (B, T0 + new_tokens), for a GPT or a TensorParallelGPT.
+def generate(model, prompt, new_tokens, *, sample=False, seed=0, temperature=1.0, top_k=0, eos_ids=(),
+             pad_id=None, timings=None):
+    """prompt (B, T0) token ids -> (B, T0 + n), n <= new_tokens, for a GPT or a TensorParallelGPT.
 
     Prefill runs the whole prompt once and fills the KV cache; each decode step runs one token.
-    ``timings``: a dict that receives "prefill_s" and "decode_s" (a list, one per new token
-    after the first).
+    ``eos_ids``: end-of-sequence ids, as transformers' generate treats them: a sequence that has
+    produced one is finished and continues with ``pad_id`` (default: the first eos id), and
+    generation stops when every sequence is finished (n < new_tokens then). ``timings``: a dict
+    that receives "prefill_s" and "decode_s" (a list, one per new token after the first).
     """
-    if prompt.shape[1] + new_tokens - 1 > model.config.seq_len and model.config.position == "learned":
+    if new_tokens < 0:
+        raise ValueError(f"new_tokens must be at least 0, got {new_tokens}")
+    if prompt.shape[1] + max(new_tokens - 1, 0) > model.config.seq_len and model.config.position == "learned":
         raise ValueError(f"prompt {prompt.shape[1]} + {new_tokens} new tokens exceed seq_len "
                          f"{model.config.seq_len}, the last learned position")
     generator = torch.Generator().manual_seed(seed) if sample else None
+    eos = torch.tensor(list(eos_ids), dtype=torch.long)
+    pad = eos_ids[0] if pad_id is None and len(eos_ids) else pad_id
+    finished = torch.zeros(prompt.shape[0], dtype=torch.bool)
     cache = KVCache(model.config.n_layers)
-    out = [prompt]
-    t0 = time.perf_counter()
-    logits, _ = model(prompt, cache=cache)                    # prefill: (B, T0, V or V/t)
-    token = choose(last_logits(model, logits), generator, temperature, top_k)
-    if timings is not None:
-        timings["prefill_s"] = time.perf_counter() - t0
-        timings["decode_s"] = []
-    out.append(token[:, None])
-    for _ in range(new_tokens - 1):
+    out, x = [prompt], prompt
+    for i in range(new_tokens):
         t0 = time.perf_counter()
-        logits, _ = model(token[:, None], cache=cache)        # decode: one token, (B, 1, V or V/t)
+        logits, _ = model(x, cache=cache)           # prefill (i = 0): (B, T0, V or V/t); then (B, 1, ...)
         token = choose(last_logits(model, logits), generator, temperature, top_k)
-        if timings is not None:
+        if timings is not None and i == 0:
+            timings["prefill_s"], timings["decode_s"] = time.perf_counter() - t0, []
+        elif timings is not None:
             timings["decode_s"].append(time.perf_counter() - t0)
-        out.append(token[:, None])
+        if len(eos_ids):
+            token = token.masked_fill(finished, pad)
+            finished |= torch.isin(token, eos)
+        x = token[:, None]
+        out.append(x)
+        if finished.all():                         # the same on every rank: the same tokens
+            break
     return torch.cat(out, dim=1)
 
 
 def load_model(args):
-    """(config, full state dict) from --load (ours) or --hf (a Hugging Face directory)."""
+    """(single-device GPT, end-of-sequence ids) from --load (ours) or --hf (a Hugging Face
+    directory); a checkpoint that lacks a tensor, or holds one of another shape, is refused
+    naming it. The eos ids are the Hugging Face config's (an import --out records them)."""
     dtype = getattr(torch, args.dtype)
     if args.hf:
-        from tp_from_scratch.gpt.convert import load_hf
-        return load_hf(args.hf, dtype=dtype)
-    from tp_from_scratch.gpt import checkpoint as ckpt
+        config, full = convert.load_hf(args.hf, dtype=dtype)
+        return convert.gpt_from_weights(config, full, args.hf), convert.read_eos_ids(args.hf)
     loaded = ckpt.load_full(args.load)
-    return loaded["config"], {k: v.to(dtype) for k, v in loaded["model"].items()}
+    full = {k: v.to(dtype) for k, v in loaded["model"].items()}
+    eos_ids = tuple(loaded["meta"].get("eos_token_ids", ()))
+    return convert.gpt_from_weights(loaded["config"], full, args.load), eos_ids
 
 
 def single_device(config, full):
@@ -122,12 +141,23 @@ def single_device(config, full):
     return model.eval()
 
 
+def token_ids(text):
+    """``"1,2,3"`` -> [1, 2, 3]; a ValueError naming --prompt for anything else (or nothing)."""
+    try:
+        ids = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--prompt must be comma-separated token ids, got {text!r}") from None
+    if any(i < 0 for i in ids):
+        raise ValueError(f"--prompt token ids must be >= 0, got {text!r}")
+    return ids
+
+
 def parse_prompt(text, config, seed, as_text=None):
     if as_text is not None:  # a byte-level model (--data text): the prompt's UTF-8 bytes
         from tp_from_scratch.gpt.text import encode
         ids = encode(as_text)
-    elif text:
-        ids = [int(t) for t in text.split(",")]
+    elif text is not None:
+        ids = token_ids(text)
     else:
         ids = torch.randint(config.vocab_size, (8,), generator=torch.Generator().manual_seed(seed)).tolist()
     bad = [i for i in ids if not 0 <= i < config.vocab_size]
@@ -136,24 +166,36 @@ def parse_prompt(text, config, seed, as_text=None):
     return torch.tensor([ids])
 
 
+def stopped_at_eos(ids, prompt, eos_ids):
+    """The note printed after a generation that ended at an end-of-sequence id, else ''."""
+    last, n = ids[0, -1].item(), ids.shape[1] - prompt.shape[1]
+    if n == 0 or last not in eos_ids:
+        return ""
+    return (f" (stopped at the end-of-sequence id {last} after {n} new token{'s' * (n > 1)}; "
+            f"--ignore-eos keeps going)")
+
+
 def run_generate(args, group, rank, tp):
-    config, full = load_model(args)
+    single, eos_ids = load_model(args)
+    config = single.config
     config.validate(tp)
-    model = (gpt_to_tp(group, full, config) if tp > 1 else single_device(config, full)).eval()
-    reference = single_device(config, full) if args.compare_single and rank == 0 else None
+    model = gpt_to_tp(group, single).eval() if tp > 1 else single
+    reference = single if args.compare_single and rank == 0 else None
+    eos_ids = () if args.ignore_eos else eos_ids
     status = 0
     for i, text in enumerate(args.text or [None]):     # one generation per --text prompt, seed + i
-        kw = dict(sample=args.sample, seed=args.seed + i, temperature=args.temperature, top_k=args.top_k)
+        kw = dict(sample=args.sample, seed=args.seed + i, temperature=args.temperature, top_k=args.top_k,
+                  eos_ids=eos_ids)
         prompt = parse_prompt(args.prompt, config, args.seed, text)
         ids = generate(model, prompt, args.new_tokens, **kw)
         if rank != 0:
             continue
         if text is None:
             print(f"{config.arch}, tp={tp}, {args.dtype}, {'sampled' if args.sample else 'greedy'}: "
-                  f"{','.join(map(str, ids[0].tolist()))}", flush=True)
+                  f"{','.join(map(str, ids[0].tolist()))}{stopped_at_eos(ids, prompt, eos_ids)}", flush=True)
         else:  # a byte-level model: show the text
             from tp_from_scratch.gpt.text import decode
-            print(f"tp={tp}: {decode(ids[0].tolist())!r}", flush=True)
+            print(f"tp={tp}: {decode(ids[0].tolist())!r}{stopped_at_eos(ids, prompt, eos_ids)}", flush=True)
         if reference is not None:
             ref = generate(reference, prompt, args.new_tokens, **kw)
             same = torch.equal(ids, ref)
@@ -203,10 +245,14 @@ def build_parser():
     p.add_argument("--prompt", help="comma-separated token ids (default: 8 random ids from --seed)")
     p.add_argument("--text", action="append",
                    help="a text prompt, as UTF-8 bytes (a model trained with --data text); repeat for more")
-    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--new-tokens", type=int, default=16,
+                   help="at most this many (>= 1, as transformers' max_new_tokens); fewer when an "
+                        "end-of-sequence id is generated")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="generate all --new-tokens past the end-of-sequence id the Hugging Face config names")
     p.add_argument("--sample", action="store_true", help="seeded sampling instead of greedy")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=1.0, help="with --sample: > 0")
+    p.add_argument("--top-k", type=int, help="with --sample: draw from the k most likely tokens only (k >= 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--compare-single", action="store_true", help="rank 0 also generates on one device")
@@ -224,10 +270,40 @@ def build_parser():
     return p
 
 
+def check_arguments(args, world):
+    """The first problem with the command line (a sentence), or None: checked on every rank
+    before the process group starts or a file is read."""
+    if args.mode == "bench":
+        sizes = ("layers", "hidden", "heads", "kv_heads", "vocab_size", "batch_size", "prompt_len", "repeats")
+        return options.first_problem(
+            *(options.positive("--" + name.replace("_", "-"), getattr(args, name)) for name in sizes),
+            # the prefill is one step: the decode time needs a second
+            options.at_least("--new-tokens", args.new_tokens, 2))
+    if not (args.load or args.hf):
+        return "generate needs --load or --hf"
+    return options.first_problem(
+        options.existing_path("--load", args.load), options.existing_path("--hf", args.hf),
+        prompt_problem(args.prompt),
+        next(("--text is empty: give at least one character" for t in args.text or [] if t == ""), None),
+        options.positive("--new-tokens", args.new_tokens),
+        options.greater_than_zero("--temperature", args.temperature) if args.sample else None,
+        options.positive("--top-k", args.top_k))
+
+
+def prompt_problem(text):
+    if text is None:
+        return None
+    if text == "":
+        return "--prompt is empty: give at least one token id"
+    try:
+        token_ids(text)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    if args.mode == "generate" and not (args.load or args.hf):
-        build_parser().error("generate needs --load or --hf")
+    args = options.parse_valid_args(build_parser(), check_arguments, argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     group, rank = None, 0
     if world > 1:
@@ -236,8 +312,9 @@ def main(argv=None):
         group, rank = dist.group.WORLD, dist.get_rank()
     try:
         run = run_bench if args.mode == "bench" else run_generate
-        status = run(args, group, rank, world)
-    except ValueError as e:
+        with convert.warnings_as_lines(prefix=f"rank {rank}: "):
+            status = run(args, group, rank, world)
+    except (ValueError, ckpt.CheckpointError) as e:
         print(f"rank {rank}: error: {e}", file=sys.stderr, flush=True)
         status = 1
     finally:

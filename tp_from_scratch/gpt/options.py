@@ -43,6 +43,35 @@ def existing_path(flag, path):
     return f"{flag} {path}: no such file or directory"
 
 
+def _file_above(path):
+    """The first directory above ``path`` that exists as a file (so nothing can be created there)."""
+    return next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
+
+
+def file_to_write(flag, path):
+    """A file a flag will write (its missing directories created): not an existing directory,
+    and no file where one of its directories must be."""
+    if path is None:
+        return None
+    if Path(path).is_dir():
+        return f"{flag} {path} is a directory, not a file to write"
+    if _file_above(path):
+        return f"{flag} {path}: {_file_above(path)} is a file, not a directory"
+    return None
+
+
+def directory_to_write(flag, path):
+    """A directory a flag will write into (created if missing): neither it nor one of the
+    directories above it an existing file."""
+    if path is None:
+        return None
+    if Path(path).exists() and not Path(path).is_dir():
+        return f"{flag} {path} is a file, not a directory to write into"
+    if _file_above(path):
+        return f"{flag} {path}: {_file_above(path)} is a file, not a directory"
+    return None
+
+
 def json_file(flag, path):
     """(the parsed JSON, None) or (None, a sentence naming the file and what is wrong)."""
     problem = existing_path(flag, path)
