@@ -28,7 +28,7 @@ def test_comm_from_env_without_a_launcher_says_how_to_launch(monkeypatch):
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_RUN_ID", "PMI_RANK",
                 "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
         monkeypatch.delenv(key, raising=False)
-    with pytest.raises(RuntimeError, match=r"mpiexec -n 4 python -m .*torchrun --nproc-per-node 4"):
+    with pytest.raises(RuntimeError, match=r"mpiexec -n 4 .venv/bin/python -m .*torchrun --standalone --nproc-per-node 4"):
         comm_from_env()
 
 

@@ -241,7 +241,7 @@ def unstack_experts(sd, config):
 def load_hf(path, *, group, layout="experts on all tokens", dtype=torch.float64):
     """Rank r's model from a save_pretrained directory or .safetensors file (gpt.convert.read_hf)."""
     from tp_from_scratch.gpt.convert import read_hf
-    hf, sd = read_hf(path)
+    hf, sd, _ = read_hf(path)
     config = config_from_hf(hf)
     check_config(config, tp_world_size(group))  # before any tensor is touched
     return from_hf_state_dict(config, stack_experts(sd, config), group=group, layout=layout, dtype=dtype)

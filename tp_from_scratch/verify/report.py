@@ -1,6 +1,6 @@
 """The rows of every rank merged into one table (and JSON), the summary and the exit status.
 
-Exit status of ``python -m tp_from_scratch.verify``:
+Exit status of ``.venv/bin/python -m tp_from_scratch.verify``:
     0  every check ran passed (or failed as the adapter declared: XFAIL)
     1  some check FAILed or raised (ERROR)
     2  the suite itself could not run (bad arguments, processes that never started)
