@@ -39,6 +39,29 @@ def test_llama_parameters_and_their_splits():
     assert shard_axis("blocks.0.ln1.weight") is None and shard_axis("blocks.0.attn.k.bias") == 0
 
 
+def test_each_architectures_plan_names_every_module_with_parameters_and_builds_its_layers():
+    # the sharding plan (gpt.arch.PLANS) is the one place that says how a module is split: every
+    # parameter of every architecture's GPT (tied or untied, biases or not) must be named by it,
+    # and the TP model's layers are the classes its styles ask for
+    from tp_from_scratch.gpt.arch import ARCHS, COLWISE, KV_COLWISE, PLANS, ROWWISE, module_style
+    from tp_from_scratch.gpt.model import gpt_to_tp
+    from tp_from_scratch.nn import ColumnParallelLinear, RowParallelLinear
+    for arch in ARCHS:
+        for tied in (True, False):
+            config = GPTConfig(arch=arch, tie_embeddings=tied)
+            model = init_gpt(config, 0)
+            unnamed = [n for n, _ in model.named_parameters() if module_style(n.rpartition(".")[0], arch) is None]
+            assert not unnamed, f"{arch}: no entry in PLANS[{arch!r}] for {unnamed}"
+            if tied:
+                continue  # the untied model has every module of the tied one, and its LM head
+            layers = dict(run_spmd(lambda comm: gpt_to_tp(comm, model), 2)[0].named_modules())
+            for pattern, style in PLANS[arch].items():
+                name = pattern.replace("*", "0")
+                if style in (COLWISE, KV_COLWISE, ROWWISE) and name in layers:
+                    expected = RowParallelLinear if style == ROWWISE else ColumnParallelLinear
+                    assert type(layers[name]) is expected, f"{arch}: {name} is {type(layers[name]).__name__}"
+
+
 def test_gpt2_key_bias_changes_neither_the_loss_nor_any_other_gradient():
     # q.b_k is added to a whole row of scores; softmax is shift-invariant, so the key bias is
     # exact to drop: same loss, same gradient for every other parameter, and its own is ~0

@@ -1,13 +1,20 @@
-"""The folders tell the course: each lesson's package imports only earlier lessons.
+"""The folders tell the course: each module imports only its own lesson and earlier ones.
 
-A learner reads the package floor by floor. This test reads every module's imports (also
-those inside functions) and fails when a lesson imports a later lesson, tooling, a
-benchmark, a demo or the test suite, or when the top level grows past eight modules.
+A learner reads the package floor by floor. This test reads the imports of every module of
+the library (also those inside functions), of every exercise and of every lesson source, and
+fails when one imports a later lesson, tooling (from lesson code), or the test suite; when the
+top level grows past eight modules; or when the library's imports form a cycle.
+It also proves that the things the course writes once are defined once: the sharding plans and
+the architecture presets, the ring all-reduce's byte formula, Korthikanti's activation formula
+and the torch <-> numpy bridge.
 """
 import ast
+import functools
+import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "tp_from_scratch"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "tp_from_scratch"
 
 # Every top-level module or package of tp_from_scratch, with the lesson it belongs to.
 # Shared support (floor 0) may import only shared support and Lesson 1's sharding.
@@ -17,9 +24,10 @@ LESSON = {
     "comm": 2, "collectives": 2,                # Lesson 2: collectives from send/recv
     "layers": 3,                                # Lessons 3-4: MLP, attention, block in numpy
     "nn": 5,                                    # Lesson 5: the same with torch autograd
-    "gpt": 6,                                   # Lesson 6: train a GPT (and Lesson 9's planner)
+    "gpt": 6,                                   # Lesson 6: train a GPT
     "sequence_parallel": 7,                     # Lesson 7: sequence parallelism
     "partial_sync": 8,                          # Lesson 8: partially synchronized activations
+    "cost": 9,                                  # Lesson 9: when TP pays (the planner)
     "overlap": 10,                              # Lesson 10: hiding and shrinking communication
     "parallelisms": 11,                         # Lesson 11: TP beside DDP, ZeRO and pipelines
     "deepseek": 12,                             # Lesson 12: DeepSeek-V3, TP meets mixture-of-experts
@@ -28,47 +36,93 @@ TOOLING = {"tools", "bench", "demos", "verify"}  # may import any lesson; no les
 MAX_TOP_LEVEL_MODULES = 8
 
 
-def top_level_of(path):
-    """'gpt' for tp_from_scratch/gpt/model.py, 'compare' for tp_from_scratch/compare.py."""
-    parts = path.relative_to(PACKAGE).parts
-    return parts[0] if len(parts) > 1 else Path(parts[0]).stem
+# ---------------------------------------------------------------------------------------
+# Reading the imports
+# ---------------------------------------------------------------------------------------
 
-
-def imported_components(path):
-    """The tp_from_scratch components (and 'tests') that ``path`` imports, with line numbers."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    package_parts = path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1]
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: resolve against this module's package
-                base = list(package_parts[:len(package_parts) - node.level + 1])
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
-            names = [module] if node.module or node.level else []
-            if module == "tp_from_scratch":  # from tp_from_scratch import collectives, ...
-                names = [f"tp_from_scratch.{alias.name}" for alias in node.names]
-        else:
-            continue
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "tests":
-                found.append(("tests", node.lineno))
-            elif parts[0] == "tp_from_scratch" and len(parts) > 1:
-                found.append((parts[1], node.lineno))
-    return found
-
-
-def modules():
+def library_modules():
     return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
 
 
+def dotted(path):
+    """'tp_from_scratch.gpt.model' for tp_from_scratch/gpt/model.py; a package's __init__ is the package."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {dotted(p): p for p in library_modules()}
+
+
+def resolve(name):
+    """The library module that importing ``name`` runs: itself, or its longest existing prefix."""
+    parts = name.split(".")
+    while parts and ".".join(parts) not in MODULES:
+        parts.pop()
+    return ".".join(parts) if parts else None
+
+
+@functools.lru_cache(maxsize=None)
+def source(path):
+    return path.read_text()
+
+
+@functools.lru_cache(maxsize=None)
+def tree_of(path):
+    return ast.parse(source(path), filename=str(path))
+
+
+def _top_level_statements(tree):
+    """Statements run when the module is imported: the body, and inside top-level if / try."""
+    todo, out = list(tree.body), []
+    while todo:
+        node = todo.pop(0)
+        out.append(node)
+        if isinstance(node, (ast.If, ast.Try)):
+            todo += node.body + node.orelse + getattr(node, "finalbody", [])
+            todo += [s for h in getattr(node, "handlers", []) for s in h.body]
+    return out
+
+
+def imports(path, module_level_only=False):
+    """[(imported name, line)]: 'tp_from_scratch.x.y' for library modules (a name imported from a
+    package is its submodule when there is one), 'tests...' for the test suite."""
+    tree = tree_of(path)
+    nodes = _top_level_statements(tree) if module_level_only else ast.walk(tree)
+    here = dotted(path) if path.is_relative_to(PACKAGE) else ""
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    found = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.append((sub if sub in MODULES else base, node.lineno))
+    return [(n, line) for n, line in found if n.split(".")[0] in ("tp_from_scratch", "tests")]
+
+
+def component(name):
+    """'gpt' for tp_from_scratch.gpt.model, 'compare' for tp_from_scratch.compare, 'tests' for tests.x."""
+    parts = name.split(".")
+    if parts[0] == "tests":
+        return "tests"
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def lesson_of(name):
+    return LESSON.get(component(name), 99)
+
+
+# ---------------------------------------------------------------------------------------
+# The library's layout
+# ---------------------------------------------------------------------------------------
+
 def test_every_top_level_component_has_its_place_in_the_course():
-    components = {top_level_of(p) for p in modules()}
-    unknown = components - set(LESSON) - TOOLING
+    unknown = {component(m) for m in MODULES} - set(LESSON) - TOOLING
     assert not unknown, (f"{sorted(unknown)}: add each new module or package to LESSON (its lesson "
                          f"number) or TOOLING in tests/test_layout.py")
 
@@ -78,24 +132,143 @@ def test_the_top_level_holds_at_most_eight_modules():
     assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} modules at the top level: {top}"
 
 
-def test_no_lesson_imports_a_later_lesson_tooling_or_tests():
+def problems_of(path, lesson, tooling_allowed):
+    """Each import of ``path`` that reaches past ``lesson``, into tooling (unless allowed) or tests."""
     problems = []
-    for path in modules():
-        here = top_level_of(path)
-        if here in TOOLING:
-            continue
-        for target, line in imported_components(path):
-            where = f"{path.relative_to(PACKAGE.parent)}:{line}"
-            if target == "tests" or target in TOOLING:
-                problems.append(f"{where} imports {target} (tooling/tests) from lesson code")
-            elif LESSON.get(target, 99) > LESSON[here] and not (LESSON[here] == 0 and target == "sharding"):
-                problems.append(f"{where}: {here} (lesson {LESSON[here]}) imports {target} "
-                                f"(lesson {LESSON.get(target, '?')})")
+    for name, line in imports(path):
+        target = resolve(name) or name
+        where = f"{path.relative_to(ROOT)}:{line}"
+        if component(target) == "tests":
+            problems.append(f"{where} imports the test suite ({name})")
+        elif component(target) in TOOLING:
+            if not tooling_allowed:
+                problems.append(f"{where} imports {target} (tooling) from lesson code")
+        elif lesson_of(target) > lesson and not (lesson == 0 and component(target) == "sharding"):
+            problems.append(f"{where} (lesson {lesson}) imports {target} (lesson {lesson_of(target)})")
+    return problems
+
+
+def test_no_module_imports_a_later_lesson_tooling_or_tests():
+    problems = []
+    for name, path in MODULES.items():
+        if component(name) not in TOOLING:
+            problems += problems_of(path, lesson_of(name), tooling_allowed=False)
     assert not problems, "\n".join(problems)
 
 
-def test_the_scan_sees_imports_inside_functions(tmp_path):
-    # the check must not be blind to the late imports the code uses to stay light
-    sample = PACKAGE / "gpt" / "train.py"
-    assert ("comm", ) in {(t,) for t, _ in imported_components(sample)}
-    assert any(t == "plots" for t, _ in imported_components(sample))  # imported inside report()
+def test_exercises_and_lesson_sources_import_only_their_lesson_and_earlier():
+    # exNN_... and test_exNN_... belong to lesson NN (ex05a, ex05b: Lesson 5); NN_name.py is lesson NN
+    problems = []
+    for path in sorted((ROOT / "exercises").glob("*.py")) + sorted((ROOT / "lessons" / "src").glob("*.py")):
+        number = re.match(r"(?:test_)?ex(\d\d)|(\d\d)_", path.name)
+        if number:
+            problems += problems_of(path, int(number.group(1) or number.group(2)), tooling_allowed=True)
+    assert not problems, "\n".join(problems)
+
+
+def cycles(edges):
+    """Every strongly connected component of more than one module (or a module importing itself)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in edges.get(v, ()):
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def import_edges(module_level_only):
+    return {name: {resolve(n) for n, _ in imports(path, module_level_only)} - {None, name}
+            for name, path in MODULES.items()}
+
+
+def test_no_import_cycle_among_the_librarys_modules():
+    # at module level (what runs on import), and even counting the imports inside functions:
+    # no two modules lean on each other (bench train and bench sequence_parallel once did)
+    for module_level_only in (True, False):
+        found = cycles(import_edges(module_level_only))
+        assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_scan_sees_late_imports_and_cycles():
+    # the checks must not be blind to the late imports the code uses to stay light, nor to a cycle
+    late = {name for name, _ in imports(PACKAGE / "cost" / "calibrate.py")}
+    assert "tp_from_scratch.comm.launchers" in late  # imported inside calibrate()
+    assert "tp_from_scratch.comm.launchers" not in {
+        name for name, _ in imports(PACKAGE / "cost" / "calibrate.py", module_level_only=True)}
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert problems_of(PACKAGE / "cost" / "plan.py", 6, tooling_allowed=False)  # cost is Lesson 9
+
+
+# ---------------------------------------------------------------------------------------
+# One thing in one place
+# ---------------------------------------------------------------------------------------
+
+def definitions(name):
+    """Where the library defines ``name`` at module level: a function, a class or an assignment."""
+    found = []
+    for module, path in MODULES.items():
+        for node in tree_of(path).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+                found.append(module)
+            elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+                found.append(module)
+    return found
+
+
+ONCE = {  # what is written once, and where
+    "PLANS": "tp_from_scratch.gpt.arch",                       # the sharding plan per architecture
+    "ARCHS": "tp_from_scratch.gpt.arch",                       # the architecture presets
+    "shard_axis": "tp_from_scratch.gpt.arch",
+    "ring_all_reduce_bytes": "tp_from_scratch.collectives",    # beside the ring it describes
+    "korthikanti_bytes": "tp_from_scratch.sequence_parallel.memory",
+    "tensor_to_numpy": "tp_from_scratch.nn.collectives",       # the torch <-> numpy bridge
+    "numpy_to_tensor": "tp_from_scratch.nn.collectives",
+}
+# names the old copies had: none may come back
+GONE = ("ARCH_FIELDS", "_COLUMN", "_ROW", "_VOCAB", "_KV", "_REPLICATED_SUFFIXES", "_to_numpy", "_from_numpy",
+        "_as_numpy")
+
+
+def test_each_plan_preset_formula_and_bridge_is_defined_once():
+    for name, home in ONCE.items():
+        assert definitions(name) == [home], f"{name} defined in {definitions(name)}, expected only in {home}"
+    for name in GONE:
+        assert not definitions(name), f"{name} is back in {definitions(name)}: use {sorted(ONCE)}"
+        used = [m for m, p in MODULES.items() if re.search(rf"(?<![\w.]){name}\b", source(p))]
+        assert not used, f"{used} still use {name}, which is gone: use {sorted(ONCE)}"
+
+
+def test_formulas_are_not_retyped():
+    # Korthikanti's terms and the ring's 2N - chunk - chunk appear in their one definition only
+    patterns = {"24 / t": "tp_from_scratch.sequence_parallel.memory",
+                "34 +": "tp_from_scratch.sequence_parallel.memory",
+                "(rank + 1) % world_size]": "tp_from_scratch.collectives"}
+    for text, home in patterns.items():
+        where = [m for m, p in MODULES.items() if text in source(p)]
+        assert where == [home], f"{text!r} written in {where}; it belongs in {home} only"
+    # bfloat16 crosses to numpy in one place (its rule: as float32); compare.to_numpy only reads
+    # a result for the tolerance policy (floor 0, below torch's layers), it sends nothing
+    crossing = [m for m, p in MODULES.items() if m != "tp_from_scratch.compare"
+                and re.search(r"bfloat16.*\.numpy\(\)|view\(torch\.int16\)", source(p))]
+    assert crossing == ["tp_from_scratch.nn.collectives"], crossing

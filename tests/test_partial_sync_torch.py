@@ -14,6 +14,7 @@ import json
 import pytest
 import torch
 
+from tp_from_scratch.collectives import ring_all_reduce_bytes
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.comm.launchers import run_command, torchrun_command
 from tp_from_scratch.compare import assert_matches_reference, tolerance
@@ -22,7 +23,7 @@ from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.model import GPTConfig, init_gpt, shard_state_dict
 from tp_from_scratch.partial_sync import train
 from tp_from_scratch.partial_sync.autograd import all_reduce_replicated_grads
-from tp_from_scratch.partial_sync.mappings import ring_all_reduce_bytes, synced_channels
+from tp_from_scratch.partial_sync.mappings import synced_channels
 from tp_from_scratch.partial_sync.model import caat_from_gpt, t_stream_forward
 
 SMALL = ["--hidden", "32", "--heads", "4", "--kv-heads", "2", "--layers", "2", "--seq-len", "16",

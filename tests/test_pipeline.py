@@ -160,8 +160,9 @@ def test_a_broken_schedule_is_refused_before_the_pipeline_runs():
                                                schedule), 2)
 
 
-def test_bfloat16_activations_travel_as_their_bits():
-    # numpy has no bfloat16: the messages carry the bits as int16 and turn back on arrival
+def test_bfloat16_activations_travel_as_float32_and_arrive_whole():
+    # numpy has no bfloat16: the messages cross nn.collectives' bridge as float32 (exact for a
+    # bfloat16 value) and turn back on arrival
     config = GPTConfig(**check.CONFIG)
     (idx, targets), = check.global_batches(1, config)
     _, loss = check.new_model(config).to(torch.bfloat16)(idx, targets)

@@ -15,7 +15,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.comm.launchers import run_command, torchrun_command
-from tp_from_scratch.gpt import plan, train
+from tp_from_scratch.cost import calibrate, plan
+from tp_from_scratch.cost import model as cost
+from tp_from_scratch.gpt import inventory, train
+from tp_from_scratch.gpt.arch import ARCHS
 from tp_from_scratch.gpt.model import GPT, GPTConfig, count_parameters, gpt_to_tp, init_gpt
 
 
@@ -34,19 +37,19 @@ def gpt2(hidden, heads, layers, vocab=51200, seq=1024):
 ])
 def test_megatron_table1_gpt2_sizes(hidden, heads, layers, exact, paper):
     # Shoeybi et al. 2019, Table 1: vocabulary 51,200, sequence 1024, GPT-2 blocks (12H^2 + 13H each)
-    n = plan.parameter_count(gpt2(hidden, heads, layers), "gpt2")
+    n = inventory.parameter_count(gpt2(hidden, heads, layers), "gpt2")
     assert n == exact
-    assert plan.rounded(n) == paper
+    assert inventory.rounded(n) == paper
 
 
 def test_well_known_sizes_gpt2_small_and_llama3():
-    assert plan.parameter_count(gpt2(768, 12, 12, vocab=50257), "gpt2") == 124_439_808
+    assert inventory.parameter_count(gpt2(768, 12, 12, vocab=50257), "gpt2") == 124_439_808
     llama3_8b = GPTConfig(vocab_size=128256, seq_len=8192, n_layers=32, hidden=4096, n_heads=32,
                           n_kv_heads=8, ffn=14336, tie_embeddings=False)
-    assert plan.parameter_count(llama3_8b, "llama") == 8_030_261_248
+    assert inventory.parameter_count(llama3_8b, "llama") == 8_030_261_248
     llama3_70b = GPTConfig(vocab_size=128256, seq_len=8192, n_layers=80, hidden=8192, n_heads=64,
                            n_kv_heads=8, ffn=28672, tie_embeddings=False)
-    assert plan.rounded(plan.parameter_count(llama3_70b, "llama")) == "70.6B"
+    assert inventory.rounded(inventory.parameter_count(llama3_70b, "llama")) == "70.6B"
 
 
 CONFIGS = {
@@ -61,10 +64,10 @@ CONFIGS = {
 @pytest.mark.parametrize("name", CONFIGS)
 def test_exact_count_equals_the_models_numel(name):
     config = CONFIGS[name]
-    assert plan.parameter_count(config) == sum(p.numel() for p in GPT(config).parameters())
+    assert inventory.parameter_count(config) == sum(p.numel() for p in GPT(config).parameters())
     # and every tensor the planner lists is a parameter of that shape (once per layer)
     shapes = {n: p.numel() for n, p in GPT(config).named_parameters()}
-    for tensor in plan.parameters(config):
+    for tensor in inventory.parameters(config):
         found = [v for n, v in shapes.items() if n == tensor.name or n.endswith("." + tensor.name)]
         assert len(found) == tensor.copies and sum(found) == tensor.count(), tensor.name
 
@@ -84,8 +87,8 @@ def test_exact_count_of_the_other_architectures(name):
     config = GPTConfig(**ARCH_CONFIGS[name])
     model = GPT(config)
     shapes = {n: p.numel() for n, p in model.named_parameters()}
-    assert plan.parameter_count(config) == sum(shapes.values())
-    for tensor in plan.parameters(config):
+    assert inventory.parameter_count(config) == sum(shapes.values())
+    for tensor in inventory.parameters(config):
         found = [v for n, v in shapes.items() if n == tensor.name or n.endswith("." + tensor.name)]
         assert len(found) == tensor.copies and sum(found) == tensor.count(), tensor.name
     # and the FLOPs of a forward and a whole step (SwiGLU: three matmuls of H x F)
@@ -93,7 +96,7 @@ def test_exact_count_of_the_other_architectures(name):
     with FlopCounterMode(display=False) as step:
         _, loss = model(idx, idx)
         loss.backward()
-    assert step.get_total_flops() == plan.step_flops(config, None, 2)
+    assert step.get_total_flops() == cost.step_flops(config, None, 2)
 
 
 @pytest.mark.parametrize("name, t", [("default (tied, GQA 8/4)", 2), ("untied", 4),
@@ -105,7 +108,7 @@ def test_local_count_equals_each_tp_ranks_shard(name, t):
     config = CONFIGS[name]
     full = init_gpt(config, 0)
     counts = run_spmd(lambda comm: count_parameters(gpt_to_tp(comm, full))[0], t)
-    assert counts == [plan.parameter_count(config, "gpt", t, r) for r in range(t)]
+    assert counts == [inventory.parameter_count(config, "gpt", t, r) for r in range(t)]
 
 
 # ---- FLOPs ------------------------------------------------------------------------------
@@ -120,8 +123,8 @@ def test_flops_equal_torchs_flop_counter(name):
     with FlopCounterMode(display=False) as step:
         _, loss = model(idx, idx)
         loss.backward()
-    assert forward.get_total_flops() == plan.forward_flops(config, "gpt", 3)
-    assert step.get_total_flops() == plan.step_flops(config, "gpt", 3)
+    assert forward.get_total_flops() == cost.forward_flops(config, "gpt", 3)
+    assert step.get_total_flops() == cost.step_flops(config, "gpt", 3)
 
 
 # ---- bytes on the wire ------------------------------------------------------------------
@@ -152,7 +155,7 @@ def test_ring_bytes_equal_the_meter_of_every_simulated_rank(name):
     args = train.build_parser().parse_args(argv)
     config = train.config_from_args(args)
     for r, meter in enumerate(run_spmd(rank, t, timeout=60)):
-        rows = plan.traffic(config, t, args.batch_size, itemsize=4, tp_rank=r)
+        rows = cost.traffic(config, t, args.batch_size, itemsize=4, tp_rank=r)
         assert meter["by_collective"]["all_reduce"]["calls"] == STEPS * sum(x["calls"] for x in rows)
         assert meter["messages_sent"] == STEPS * sum(x["ring_messages"] for x in rows)
         assert meter["bytes_sent"] == STEPS * sum(x["ring_bytes"] for x in rows), f"rank {r}"
@@ -180,7 +183,7 @@ def test_dp2_tp2_trainer_reports_the_predicted_bytes():
     out = run_command(torchrun_command(4, "tp_from_scratch.gpt.train", *argv), timeout=120)
     assert out.returncode == 0, out.stdout[-4000:]
     args = train.build_parser().parse_args(argv)
-    rows = plan.traffic(train.config_from_args(args), 2, args.batch_size, dp=2, itemsize=4)
+    rows = cost.traffic(train.config_from_args(args), 2, args.batch_size, dp=2, itemsize=4)
     dp = [r for r in rows if r["group"] == "dp"]
     tp = [r for r in rows if r["group"] == "tp"]
     counted = {(r[0], r[1]): r for r in table_rows(out.stdout, "collective               group")}
@@ -230,7 +233,7 @@ def test_elementwise_counts_equal_what_the_models_ops_go_over(arch, t, kv):
     # (clone), the residual and bias adds (gpt: RoPE's adds are on q and k), and the loss's logits
     config = GPTConfig(vocab_size=51, seq_len=8, n_layers=2, hidden=32, n_heads=4, n_kv_heads=kv, arch=arch)
     for rank, seen in enumerate(_forward_elements(config, t, batch=3)):
-        predicted = plan.elementwise_elements(config, None, 3, t, rank)
+        predicted = cost.elementwise_elements(config, None, 3, t, rank)
         norm, activation = ("rmsnorm", "swiglu") if arch == "llama" else ("layernorm", "gelu")
         assert predicted[norm] == seen["pow" if arch == "llama" else "native_layer_norm"]
         assert predicted[activation] == seen["silu" if arch == "llama" else "gelu"]
@@ -246,25 +249,25 @@ def test_elementwise_counts_equal_what_the_models_ops_go_over(arch, t, kv):
 
 def test_predicted_step_is_the_sum_of_its_parts_and_the_gpu_presets_price_bytes():
     config = gpt2(768, 12, 12, vocab=50257)
-    profile = plan.load_profile("h100-nvlink")
-    p = plan.predict_step(config, profile, 2, 8, itemsize=2, arch="gpt2")
+    profile = cost.load_profile("h100-nvlink")
+    p = cost.predict_step(config, profile, 2, 8, itemsize=2, arch="gpt2")
     assert p["step_s"] == pytest.approx(p["compute_s"] + p["elementwise_s"] + p["communication_s"] + p["overhead_s"])
-    elements = plan.elementwise_elements(config, "gpt2", 8, 2)
-    moved = sum(n * plan.ELEMENTWISE_PASSES[op] * (4 if op == "adamw" else 2) for op, n in elements.items())
+    elements = cost.elementwise_elements(config, "gpt2", 8, 2)
+    moved = sum(n * cost.ELEMENTWISE_PASSES[op] * (4 if op == "adamw" else 2) for op, n in elements.items())
     assert p["elementwise_s"] == pytest.approx(moved / 3.35e12)
     # the replicated share does not shrink with t: the norms and residual adds are whole on every rank
-    assert plan.elementwise_elements(config, "gpt2", 8, 4)["layernorm"] == elements["layernorm"]
-    assert plan.elementwise_elements(config, "gpt2", 8, 4)["gelu"] * 2 == elements["gelu"]
+    assert cost.elementwise_elements(config, "gpt2", 8, 4)["layernorm"] == elements["layernorm"]
+    assert cost.elementwise_elements(config, "gpt2", 8, 4)["gelu"] * 2 == elements["gelu"]
 
 
 def test_every_counted_op_has_a_calibration_and_a_gpu_price():
     # the calibration times exactly the ops the planner counts, so no profile lacks one
-    makers, elements = plan.elementwise_workloads(n=2 ** 16, parameters=2 ** 12)
-    assert set(makers) == set(plan.ELEMENTWISE_PASSES) == set(elements)
+    makers, elements = calibrate.elementwise_workloads(n=2 ** 16, parameters=2 ** 12)
+    assert set(makers) == set(cost.ELEMENTWISE_PASSES) == set(elements)
     counted = set()
-    for arch in plan.ARCHS:
+    for arch in ARCHS:
         for t in (1, 2):
-            counted |= set(plan.elementwise_elements(GPTConfig(arch=arch), arch, 2, t))
+            counted |= set(cost.elementwise_elements(GPTConfig(arch=arch), arch, 2, t))
     assert counted == set(makers)
     for run in (make() for make in makers.values()):
         run()  # each workload runs as the calibration runs it
@@ -274,3 +277,58 @@ def test_plan_refuses_an_all_reduce_the_profile_has_not_fitted(capsys):
     with pytest.raises(SystemExit):
         plan.main(["--profile", "h100-nvlink", "--collectives", "mpi"])
     assert "--collectives mpi: profile h100-nvlink has no fit of that all-reduce" in capsys.readouterr().err
+
+
+# ---- the command line: no profile needed for sizes, bad input refused in one line --------
+
+MEGATRON_8B = ["--arch", "gpt2", "--hidden", "3072", "--heads", "32", "--layers", "72", "--vocab-size", "51200",
+               "--seq-len", "1024", "--tp", "8"]
+
+
+def test_planner_without_a_profile_prints_sizes_and_says_how_to_get_step_times(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # no runs/profile.json here: nothing was calibrated
+    assert plan.main(MEGATRON_8B) == 0
+    out = capsys.readouterr().out
+    assert "parameters: 8,317,040,640 exactly" in out
+    assert "memory per rank (GiB" in out and "communication per step on rank 0, tp=8" in out
+    # the bytes of every call site, as the cost model counts them
+    config = plan.config_from_args(plan.build_parser().parse_args(MEGATRON_8B))
+    total = sum(r["payload_bytes"] for r in cost.traffic(config, 8, 8))
+    assert f"{total:,}" in out
+    assert "step times need a profile" in out and "--calibrate" in out and "h100-nvlink" in out
+    assert "compute ms" not in out  # no times without a profile
+
+
+def test_planner_says_which_precision_its_memory_assumes(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    plan.main(MEGATRON_8B + ["--dtype", "bfloat16"])
+    out = capsys.readouterr().out
+    assert "--dtype bfloat16 is what the all-reduces carry; this table assumes --precision fp32" in out
+    plan.main(MEGATRON_8B + ["--dtype", "bfloat16", "--precision", "mixed"])
+    assert "this table assumes" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--batch-size", "-8"], "--batch-size must be at least 1, got -8"),           # F20
+    (["--dp", "0"], "--dp must be at least 1, got 0"),                              # F21
+    (["--dp", "-1"], "--dp must be at least 1, got -1"),
+    (["--dp", "3"], "--dp 3 does not divide the batch size (8)"),                   # as the trainer demands
+    (["--tp", "0"], "--tp must be at least 1, got 0"),
+    (["--kv-heads", "0"], "--kv-heads must be at least 1, got 0"),
+])
+def test_planner_refuses_bad_sizes_in_one_line(capsys, flags, message):
+    with pytest.raises(SystemExit) as exit_info:
+        plan.main(["--profile", "h100-nvlink", *flags])
+    err = capsys.readouterr()
+    assert exit_info.value.code == 2 and err.out == ""
+    assert err.err.strip().splitlines()[-1].endswith(message)
+
+
+def test_planner_refuses_a_profile_that_is_not_json_naming_the_file(capsys, tmp_path):  # F22
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"name": ')
+    for profile, problem in ((bad, "not a readable JSON file"), (tmp_path / "none.json", "no such file")):
+        with pytest.raises(SystemExit) as exit_info:
+            plan.main(["--profile", str(profile)])
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert exit_info.value.code == 2 and f"--profile {profile}: {problem}" in err

@@ -4,7 +4,8 @@ step's loss equal to the single-device loss (the trainer exits 1 when a step dif
 The trainer's command line as a user types it (tp=2, float32, 20 steps, every shared option) is
 launched by tests/test_trainer_options.py, the 50-step runs by tests/test_sp_training_torchrun.py;
 here PyTorch's own DTensor sequence-parallel plan on 2 ranks, against one device, its collectives counted next to
-ours, the counts equal to the committed measurement the lesson shows. (tp=4 and dp=2 x tp=2,
+ours, the counts equal to the committed measurement the lesson shows; in the same launch, both
+DTensor plans of gpt2 and llama against one device. (tp=4 and dp=2 x tp=2,
 DTensor in the trainer and the checkpoint round trip: tests/test_sp_training_torchrun.py.)
 """
 import json
@@ -20,7 +21,7 @@ from tp_from_scratch.sequence_parallel import train
 
 @pytest.mark.parametrize("argv, message", [
     (["--impl", "dtensor", "--recompute-attention"], "--recompute-attention is ours"),
-    (["--impl", "dtensor", "--arch", "llama"], "covers --arch gpt, not llama"),
+    (["--impl", "dtensor", "--tp", "2", "--kv-heads", "1"], "--impl dtensor needs --kv-heads divisible by --tp"),
     (["--impl", "dtensor", "--save", "x"], "--save and --load work with --impl scratch only"),
     (["--tp", "2", "--ffn", "33"], "ffn size 33 is not divisible by tp=2"),  # Lesson 6's checks still apply
 ])
@@ -35,11 +36,16 @@ def test_what_the_script_does_not_offer_is_refused_clearly(monkeypatch, capsys, 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_pytorch_sequence_parallel_plan_equals_single_device_and_counts_its_collectives(tmp_path):
-    # the DTensor plan (SequenceParallel, PrepareModuleInput/Output, RowwiseParallel to Shard(1))
+    # the DTensor plan (SequenceParallel, PrepareModuleInput/Output, RowwiseParallel to Shard(1)).
+    # The same launch first checks both DTensor plans (TP and SP, vocabulary replicated or sharded)
+    # of gpt2 and llama, derived from each architecture's sharding plan (gpt.arch.PLANS): every
+    # loss and every gradient against one device (tests/spmd_scripts/dtensor_plans.py)
     out = tmp_path / "counts.json"
-    result = run_command(torchrun_command(2, "tp_from_scratch.sequence_parallel.dtensor_plan", "--write", out),
-                         timeout=180)
+    result = run_command(torchrun_command(2, "tests.spmd_scripts.dtensor_plans", "--write", out), timeout=180)
     assert result.returncode == 0, result.stdout[-3000:]
+    checks = [line for line in result.stdout.splitlines() if line.startswith("check ")]
+    assert checks == [f"check {plan} {arch}: ok" for arch in ("gpt2", "llama")
+                      for plan in ("tp", "tp+vocab", "sp", "sp+vocab")], result.stdout[-4000:]
     counts = json.loads(out.read_text())
     layers = counts["config"]["layers"]
     # the largest loss difference over the run's float64 steps, under the policy's bound for its

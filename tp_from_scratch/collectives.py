@@ -144,6 +144,22 @@ def all_reduce(comm, x, op="sum"):
         return out.reshape(x.shape)
 
 
+def ring_all_reduce_bytes(elements, itemsize, world_size, rank):
+    """Bytes rank ``rank`` sends in all_reduce of ``elements`` numbers of ``itemsize`` bytes.
+
+    The N elements are cut like numpy.array_split into p chunks; rank r sends every chunk
+    but its own in the reduce-scatter and every chunk but chunk r+1 in the all-gather:
+    2N - chunk_r - chunk_{r+1}, which is 2 (p-1)/p N when p divides N (0 when p = 1).
+    """
+    chunks = [len(c) for c in np.array_split(np.empty(elements, dtype=np.int8), world_size)]
+    return itemsize * (2 * elements - chunks[rank] - chunks[(rank + 1) % world_size])
+
+
+def ring_messages(world_size):
+    """Messages each rank sends in all_reduce (the ring): p-1 in each half."""
+    return 2 * (world_size - 1)
+
+
 def broadcast(comm, x, root=0):
     """Return a copy of root's ``x`` on every rank (other ranks' ``x`` is ignored; pass None).
 

@@ -197,7 +197,7 @@ def plot_loss_comparison(path, steps, losses, ref_losses, label, tolerance, dtyp
 def step_time_bars(ax, labels, compute_s, communication_s, *, measured_s=None, title=None, unit="ms"):
     """Stacked bars of one training step: compute below, communication on top, one bar per setup.
 
-    compute_s, communication_s: seconds per bar (e.g. tp_from_scratch.gpt.plan.predict_step's);
+    compute_s, communication_s: seconds per bar (e.g. tp_from_scratch.cost.model.predict_step's);
     measured_s: seconds actually measured, drawn as a black dash over each bar (None: skipped).
     unit: "ms" or "s". Returns the two bar containers.
     """

@@ -23,12 +23,12 @@ committed measurement), tp=2 on two processes was 1.56x (H=512) to 1.80x (H=1024
 one process with one thread, and 0.87x to 1.02x of one process using both cores through two
 BLAS threads: at H=1024 it wins, by a hair. Megatron-LM (Shoeybi et al. 2019) reported 77 % of
 linear *weak* scaling at 8-way TP on NVLink-connected GPUs (the model grows with the GPUs).
-This lesson builds one small cost model of a training step, `tp_from_scratch/gpt/plan.py`, and
+This lesson builds one small cost model of a training step, `tp_from_scratch/cost/plan.py`, and
 uses it for *strong* scaling (one model, more GPUs): for Megatron's 8.3B model at t = 8 on
 NVLink it predicts 3.6x, 45 % of linear; it does not re-derive the weak-scaling figure. You can
 run it on the command line with the trainer's own flags:
 
-    .venv/bin/python -m tp_from_scratch.gpt.plan --arch gpt2 --hidden 3072 --heads 32 --layers 72 \
+    .venv/bin/python -m tp_from_scratch.cost.plan --arch gpt2 --hidden 3072 --heads 32 --layers 72 \
         --vocab-size 51200 --seq-len 1024 --tp 8 --profile h100-nvlink --dtype bfloat16 --precision mixed
 
 (`--precision mixed`: bf16 weights and gradients, fp32 master weights and AdamW state, as in
@@ -53,7 +53,8 @@ REPO = Path.cwd() if (Path.cwd() / "tp_from_scratch").is_dir() else Path.cwd().p
 
 import matplotlib.pyplot as plt
 
-from tp_from_scratch.gpt import plan, train
+from tp_from_scratch.cost import plan
+from tp_from_scratch.gpt import train
 from tp_from_scratch.gpt.model import GPTConfig
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.plots import step_time_bars

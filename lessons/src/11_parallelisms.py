@@ -53,8 +53,9 @@ import matplotlib.pyplot as plt
 import torch
 
 from tp_from_scratch.comm import run_spmd
+from tp_from_scratch.cost.model import load_profile
 from tp_from_scratch.gpt.model import GPTConfig
-from tp_from_scratch.gpt.plan import load_profile, parameter_count
+from tp_from_scratch.gpt.inventory import parameter_count
 from tp_from_scratch.gpt.vit import embed_patches
 from tp_from_scratch.parallelisms import check_pipeline, check_zero, cost
 from tp_from_scratch.parallelisms.compare import table

@@ -1,4 +1,6 @@
-"""What the benchmarks share: message sizes, timing calls in turn, the size options, the JSON report."""
+"""What the benchmarks share: message sizes, timing calls in turn, timing training steps, the size
+options, the JSON report."""
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -72,3 +74,24 @@ def write_report(comm, args, backend, rows, say):
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1))
     say(f"# wrote {args.json}")
+
+
+def timed_steps(model, optimizer, batches, context=contextlib.nullcontext, losses=None):
+    """Seconds per step over ``batches`` (a barrier before and after, so all ranks agree).
+
+    Each step is Lesson 6's (gpt.train.train_step). context: what forward and backward run
+    inside (loss_parallel for the vocab-sharded DTensor plan); losses: a list the step losses
+    are appended to (read after the timing stops).
+    """
+    # here: the message benchmarks that share this file need neither torch nor the trainer
+    import torch.distributed as dist
+
+    from tp_from_scratch.gpt.train import train_step
+    dist.barrier()
+    t0 = time.perf_counter()
+    kept = [train_step(model, optimizer, x, y, context=context) for x, y in batches]
+    dist.barrier()
+    seconds = (time.perf_counter() - t0) / len(batches)
+    if losses is not None:
+        losses += [float(getattr(k, "full_tensor", lambda k=k: k)()) for k in kept]
+    return seconds

@@ -1,6 +1,6 @@
 """Strong scaling on this machine: one process against two TP ranks, and the planner's prediction.
 
-    .venv/bin/python -m tp_from_scratch.gpt.plan --calibrate        # once: runs/profile.json
+    .venv/bin/python -m tp_from_scratch.cost.plan --calibrate        # once: runs/profile.json
     .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench scaling \\
         --json lessons/measurements/scaling.json
     .venv/bin/mpiexec -n 2 .venv/bin/python -m tp_from_scratch.bench scaling  # tp=2 on our ring over MPI instead
@@ -19,7 +19,7 @@ With 4 processes the last run is tp=4 (four ranks sharing two cores: oversubscri
 It prints the best step time of each (the step least disturbed by other programs; the
 medians go to --json), the speedup of tp=2 over both tp=1 runs, the
 strong-scaling efficiency (speedup / the cores the ranks can use), and predicted / measured from
-tp_from_scratch.gpt.plan.predict_step on the --profile (when it exists).
+tp_from_scratch.cost.model.predict_step on the --profile (when it exists).
 """
 import argparse
 import json
@@ -32,8 +32,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tp_from_scratch.gpt import plan
+from tp_from_scratch.cost.model import load_profile, predict_step
 from tp_from_scratch.gpt.data import global_batch
+from tp_from_scratch.gpt.inventory import parameter_count
 from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def parse(argv):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps-per-round", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--profile", default="runs/profile.json", help="from plan --calibrate; skipped if absent")
+    p.add_argument("--profile", default="runs/profile.json", help="from cost.plan --calibrate; skipped if absent")
     p.add_argument("--json", help="write every row here (rank 0)")
     p.add_argument("--trace", metavar="DIR",
                    help="instead of the table: profile tp=1 (1 thread) and tp=world steps with torch.profiler, "
@@ -136,10 +137,10 @@ def predictions(config, args, profile, world, collectives="native"):
     if profile is None:
         return {name: None for name in run_names(world)}
     B = args.batch_size
-    tp = (plan.predict_step(config, profile, world, B, threads=1, collectives=collectives)["step_s"]
+    tp = (predict_step(config, profile, world, B, threads=1, collectives=collectives)["step_s"]
           if collectives in profile["all_reduce"] else None)
-    return {"tp1-1thread": plan.predict_step(config, profile, 1, B, threads=1)["step_s"],
-            "tp1-2threads": plan.predict_step(config, profile, 1, B, threads=2)["step_s"],
+    return {"tp1-1thread": predict_step(config, profile, 1, B, threads=1)["step_s"],
+            "tp1-2threads": predict_step(config, profile, 1, B, threads=2)["step_s"],
             f"tp{world}": tp}
 
 
@@ -176,14 +177,14 @@ def run(args, launch):
     runs, tp = run_names(world), f"tp{world}"
     usable = min(world, os.cpu_count())  # cores the TP ranks can use: the ideal speedup
     torch.set_num_threads(1)
-    profile = plan.load_profile(args.profile) if Path(args.profile).exists() else None
+    profile = load_profile(args.profile) if Path(args.profile).exists() else None
     rows = []
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the start (other "
         f"programs' work slows every run; the runs alternate so that it falls on all alike)")
     say(f"GPT layers={args.layers} T={args.seq_len} V={args.vocab_size} B={args.batch_size}, "
         f"{args.rounds} rounds x {args.steps_per_round} steps, best ms per step (medians in --json); "
-        f"profile: {profile['name'] if profile else 'none (run plan --calibrate)'}; tp{world}'s all-reduce: "
+        f"profile: {profile['name'] if profile else 'none (run cost.plan --calibrate)'}; tp{world}'s all-reduce: "
         f"{'our ring over MPI (mpiexec)' if launch.collectives == 'mpi' else 'native gloo (torchrun)'}")
     say(f"{'H':>5} {'params':>10} {'tp1 1thr':>9} {'tp1 2thr':>9} {tp:>9} {'vs 1thr':>8} {'eff.':>6} "
         f"{'vs 2thr':>8}   predicted/measured: {'tp1 1thr':>8} {'tp1 2thr':>8} {tp:>6}")
@@ -198,7 +199,7 @@ def run(args, launch):
         ratio = {name: pred[name] / best[name] if pred[name] else None for name in runs}
         speedup = best["tp1-1thread"] / best[tp]
         row = {"hidden": hidden, "config": config.to_dict(), "batch_size": args.batch_size,
-               "parameters": plan.parameter_count(config), "median_s": med, "min_s": best,
+               "parameters": parameter_count(config), "median_s": med, "min_s": best,
                "times_s": times, "predicted_s": pred, "predicted_over_measured": ratio,
                "predicted_over_median": {k: pred[k] / med[k] if pred[k] else None for k in runs},
                "load_average": os.getloadavg(),
@@ -338,7 +339,7 @@ def trace(args):
     out_dir = Path(args.trace)
     out_dir.mkdir(parents=True, exist_ok=True)
     say = print if rank == 0 else (lambda *a, **k: None)
-    profile = plan.load_profile(args.profile) if Path(args.profile).exists() else None
+    profile = load_profile(args.profile) if Path(args.profile).exists() else None
     say(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; GPT layers={args.layers} "
         f"T={args.seq_len} V={args.vocab_size} B={args.batch_size}; fastest of {args.rounds} rounds x "
         f"{args.steps_per_round} profiled steps; ms per step on rank 0")
@@ -377,8 +378,8 @@ def trace(args):
             row = {"hidden": hidden, "config": config.to_dict(), "batch_size": args.batch_size,
                    "ranks": everyone, "load_average": os.getloadavg()}
             if profile:
-                row["predicted"] = {"tp1": plan.predict_step(config, profile, 1, args.batch_size, threads=1),
-                                    tp: plan.predict_step(config, profile, world, args.batch_size, threads=1)}
+                row["predicted"] = {"tp1": predict_step(config, profile, 1, args.batch_size, threads=1),
+                                    tp: predict_step(config, profile, world, args.batch_size, threads=1)}
             report.append(row)
             print_breakdown(row, tp)
     if rank == 0:

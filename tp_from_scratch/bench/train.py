@@ -23,17 +23,16 @@ import argparse
 import contextlib
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from tp_from_scratch.bench.common import timed_steps
 from tp_from_scratch.comm.process_group import init_process_group
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt
 from tp_from_scratch.gpt.options import at_least, first_problem, greater_than_zero, parse_valid_args, positive
-from tp_from_scratch.gpt.train import train_step
 
 
 def parse(argv):
@@ -75,23 +74,6 @@ def validate(args, world):
         return problem or model_config(args).validate(world)
     except ValueError as e:
         return str(e)
-
-
-def timed_steps(model, optimizer, batches, context=contextlib.nullcontext, losses=None):
-    """Seconds per step over ``batches`` (a barrier before and after, so all ranks agree).
-
-    Each step is Lesson 6's (gpt.train.train_step). context: what forward and backward run
-    inside (loss_parallel for the vocab-sharded DTensor plan); losses: a list the step losses
-    are appended to (read after the timing stops).
-    """
-    dist.barrier()
-    t0 = time.perf_counter()
-    kept = [train_step(model, optimizer, x, y, context=context) for x, y in batches]
-    dist.barrier()
-    seconds = (time.perf_counter() - t0) / len(batches)
-    if losses is not None:
-        losses += [float(getattr(k, "full_tensor", lambda k=k: k)()) for k in kept]
-    return seconds
 
 
 def main(argv=None):

@@ -1,30 +1,41 @@
 """The same GPT with PyTorch's own tensor parallelism (DTensor), for a side-by-side comparison.
 
-    parallelize_module(gpt, tp_mesh, {
-        "blocks.i.attn.q/k/v": ColwiseParallel(),   # W[out_t, in], like ColumnParallelLinear
-        "blocks.i.attn.o":     RowwiseParallel(),   # W[out, in_t], like RowParallelLinear
-        "blocks.i.mlp.fc":     ColwiseParallel(),
-        "blocks.i.mlp.proj":   RowwiseParallel(),
-    })
+The DTensor plan is derived from the architecture's sharding plan (gpt.arch.PLANS), style by style:
+
+    ours (gpt.arch)     DTensor                                   gpt / gpt2           llama
+    COLWISE             ColwiseParallel()   W[out_t, in]          attn.q, mlp.fc       attn.q, mlp.gate, mlp.up
+    KV_COLWISE          ColwiseParallel()   (whole KV heads only)  attn.k, attn.v       attn.k, attn.v
+    ROWWISE             RowwiseParallel()   W[out, in_t]          attn.o, mlp.proj     attn.o, mlp.down
+    REPLICATED          (left alone)                              norms, wpe           norms
 
 The attention code reads its head count off the tensor shapes, so after the q, k, v
-weights become column shards it works on the local heads unchanged. The embeddings,
-LayerNorms and the LM head stay replicated here (PyTorch can shard them too, with
-loss_parallel; tp_from_scratch's own model shards the vocabulary, which is the one
-difference in what the two versions compute).
+weights become column shards it works on the local heads unchanged (RoPE turns each local head
+by itself; SwiGLU multiplies gate and up shards element-wise). The embeddings, the norms and
+the LM head stay replicated here (PyTorch can shard them too, with loss_parallel: vocab_plan;
+tp_from_scratch's own model shards the vocabulary, which is the one difference in what the
+two versions compute). A KV head held by several ranks (nkv < t, ours replicates it) has no
+DTensor style: check_plannable refuses it rather than cut a head in two.
 """
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from tp_from_scratch.gpt.arch import COLWISE, KV_COLWISE, ROWWISE, VOCAB_PARALLEL, plan_modules
 
-def tp_plan(n_layers):
-    """{module path: ColwiseParallel() or RowwiseParallel()} for every linear of every block."""
-    plan = {}
-    for i in range(n_layers):
-        for name in ("attn.q", "attn.k", "attn.v", "mlp.fc"):
-            plan[f"blocks.{i}.{name}"] = ColwiseParallel()
-        for name in ("attn.o", "mlp.proj"):
-            plan[f"blocks.{i}.{name}"] = RowwiseParallel()
-    return plan
+
+def check_plannable(config, tp):
+    """Raise a ValueError unless DTensor's styles shard ``config`` over ``tp`` ranks as ours do."""
+    config.validate(tp)
+    if config.n_kv_heads % tp:
+        raise ValueError(f"the DTensor plan needs n_kv_heads divisible by tp (got {config.n_kv_heads} and {tp}): "
+                         f"ColwiseParallel would cut a key/value head across ranks, where ours "
+                         f"replicates each KV head on the ranks that share it")
+
+
+def tp_plan(config):
+    """{module path: ColwiseParallel() or RowwiseParallel()} for every linear of every block,
+    from the architecture's sharding plan (gpt.arch.PLANS)."""
+    styles = {COLWISE: ColwiseParallel, KV_COLWISE: ColwiseParallel, ROWWISE: RowwiseParallel}
+    return {name: make() for ours, make in styles.items()
+            for name in plan_modules(config.arch, ours, config.n_layers)}
 
 
 def parallelize_gpt(gpt, tp_mesh):
@@ -33,7 +44,8 @@ def parallelize_gpt(gpt, tp_mesh):
     Forward per block: ColwiseParallel leaves each rank its heads / ffn columns; RowwiseParallel
     all-reduces the partial sums. Backward: the replicated input's gradient is all-reduced.
     """
-    return parallelize_module(gpt, tp_mesh, tp_plan(gpt.config.n_layers))
+    check_plannable(gpt.config, tp_mesh.size())
+    return parallelize_module(gpt, tp_mesh, tp_plan(gpt.config))
 
 
 # ---------------------------------------------------------------------------------------
@@ -55,13 +67,16 @@ def vocab_plan(config):
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import PrepareModuleOutput
 
-    plan = tp_plan(config.n_layers)
-    plan["wte"] = RowwiseParallel(input_layouts=Replicate())
+    plan = tp_plan(config)
+    # forward never calls lm_head: its style only shards its weight
+    vocab = {"wte": RowwiseParallel(input_layouts=Replicate()),
+             "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}
+    for name in plan_modules(config.arch, VOCAB_PARALLEL, config.n_layers):  # wte, lm_head
+        if name != "lm_head" or not config.tie_embeddings:  # a tied head is wte's weight
+            plan[name] = vocab[name]
     # backward: the Replicate DTensor's gradient arrives Partial and is all-reduced (our f)
     plan["ln_f"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Replicate(),
                                        use_local_output=False)
-    if not config.tie_embeddings:  # forward never calls lm_head: the style only shards its weight
-        plan["lm_head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
     return plan
 
 
@@ -72,6 +87,7 @@ def parallelize_gpt_vocab(gpt, tp_mesh):
     loss_parallel's cross-entropy all-reduces per-token max and sums. Backward: the head's input
     gradient is all-reduced. Train it inside ``loss_context(True)``.
     """
+    check_plannable(gpt.config, tp_mesh.size())
     return parallelize_module(gpt, tp_mesh, vocab_plan(gpt.config))
 
 

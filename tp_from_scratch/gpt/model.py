@@ -30,10 +30,11 @@ fields norm, position, mlp, gelu, bias, key_bias, norm_eps, tie_embeddings):
     llama   RMSNorm eps 1e-6     RoPE, per head    SwiGLU: down(silu(gate) *  none           untied
                                                    up), gate/up column, down row
 
-"gpt" is the course's own model and the default. RoPE rotates q and k of each head by its
-position, so a rank that holds a head rotates it by itself: no communication. SwiGLU's gate
-and up are column-parallel (one f for both), down is row-parallel: one all-reduce (g), as
-for the GeLU MLP.
+"gpt" is the course's own model and the default. The presets, and which module each architecture
+splits how (its sharding plan, from which the layers below are built), are in gpt/arch.py.
+RoPE rotates q and k of each head by its position, so a rank that holds a head rotates it by
+itself: no communication. SwiGLU's gate and up are column-parallel (one f for both), down is
+row-parallel: one all-reduce (g), as for the GeLU MLP.
 """
 from dataclasses import asdict, dataclass
 
@@ -41,6 +42,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tp_from_scratch.gpt.arch import (ARCHS, KV_COLWISE, ROWWISE, kv_replicas, module_style,  # noqa: F401
+                                      replicas_of, shard_axis)  # (kv_replicas, replicas_of: imported from here too)
 from tp_from_scratch.nn import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
                                 copy_to_tp_region, vocab_parallel_cross_entropy)
 from tp_from_scratch.nn.mappings import all_gather, tp_rank, tp_world_size
@@ -50,17 +53,6 @@ GELUS = {"erf": "none", "tanh": "tanh"}  # config name -> F.gelu's ``approximate
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
 MLPS = ("gelu", "swiglu")
-# arch -> the values its fields take when the config leaves them at None
-ARCHS = {
-    "gpt": dict(norm="layernorm", norm_eps=1e-5, position="learned", mlp="gelu", gelu="erf",
-                bias=True, key_bias=False, tie_embeddings=True),
-    "gpt2": dict(norm="layernorm", norm_eps=1e-5, position="learned", mlp="gelu", gelu="tanh",
-                 bias=True, key_bias=True, tie_embeddings=True),
-    "llama": dict(norm="rmsnorm", norm_eps=1e-6, position="rope", mlp="swiglu", gelu="erf",
-                  bias=False, key_bias=False, tie_embeddings=False),
-}
-
-
 @dataclass
 class GPTConfig:
     """Model sizes. Defaults are tiny: the model trains in about a minute on 2 CPU cores."""
@@ -74,7 +66,7 @@ class GPTConfig:
     tie_embeddings: bool = None  # the LM head reuses the token embedding's weight (None: arch's)
     gelu: str = None            # "erf": exact GeLU (torch's default); "tanh": GPT-2's approximation
                                 # ("gelu_new"), the form the numpy layers of Lessons 3-4 use
-    # the architecture: a preset for every field below left at None (see ARCHS)
+    # the architecture: a preset for every field below left at None (gpt.arch.ARCHS)
     arch: str = "gpt"           # "gpt" (this course's model), "gpt2" or "llama"
     norm: str = None            # "layernorm" or "rmsnorm"
     norm_eps: float = None      # the norms' epsilon
@@ -227,10 +219,23 @@ def _linear(n_in, n_out, bias=True, input_is_copied=False, kv=False):
     return nn.Linear(n_in, n_out, bias=bias)
 
 
-def _row(row, config, n_in, n_out):
-    """A row layer with the config's bias; called as row(n_in, n_out) when it has one, so
-    layer factories written before biases became optional keep working."""
-    return row(n_in, n_out) if config.bias else row(n_in, n_out, bias=False)
+def planned_linear(config, name, column, row, n_in, n_out, **options):
+    """Block module ``name`` ("attn.q", "mlp.down", ...) built as the sharding plan says
+    (gpt.arch.PLANS): ``row(n_in, n_out)`` for a row-parallel style, else ``column(n_in, n_out,
+    **options)``, with kv=True for k and v (whole KV heads, replicated when nkv < t).
+
+    A row layer gets the config's bias; it is called as row(n_in, n_out) when it has one, so
+    layer factories written before biases became optional keep working.
+    """
+    style = module_style(f"blocks.*.{name}", config.arch)
+    if style is None:
+        raise ValueError(f"the sharding plan of arch {config.arch!r} (gpt.arch.PLANS) has no entry "
+                         f"for blocks.*.{name}")
+    if style == ROWWISE:
+        return row(n_in, n_out) if config.bias else row(n_in, n_out, bias=False)
+    if style == KV_COLWISE:
+        options["kv"] = True
+    return column(n_in, n_out, **options)
 
 
 class Attention(nn.Module):
@@ -246,15 +251,17 @@ class Attention(nn.Module):
         # q, k and v read one input: in TP a single f (copy_in) serves all three, so backward
         # all-reduces their summed input gradient once per block instead of three times
         self.copy_in = copy_in or (lambda x: x)
-        self.q = column(config.hidden, config.n_heads * hs, bias=config.bias, input_is_copied=True)
+        self.q = planned_linear(config, "attn.q", column, row, config.hidden, config.n_heads * hs,
+                                bias=config.bias, input_is_copied=True)
         # by default no key bias: it adds q.b_k to a whole row of scores, which softmax ignores,
         # so its gradient is exactly zero and Adam would turn the roundoff left in it into real
         # steps. GPT-2 has one (key_bias=True): imported checkpoints keep it, and it changes
         # neither the loss nor any other gradient (tests/test_arch.py proves it)
-        self.k = column(config.hidden, config.n_kv_heads * hs, bias=config.bias and config.key_bias,
-                        input_is_copied=True, kv=True)
-        self.v = column(config.hidden, config.n_kv_heads * hs, bias=config.bias, input_is_copied=True, kv=True)
-        self.o = _row(row, config, config.n_heads * hs, config.hidden)
+        self.k = planned_linear(config, "attn.k", column, row, config.hidden, config.n_kv_heads * hs,
+                                bias=config.bias and config.key_bias, input_is_copied=True)
+        self.v = planned_linear(config, "attn.v", column, row, config.hidden, config.n_kv_heads * hs,
+                                bias=config.bias, input_is_copied=True)
+        self.o = planned_linear(config, "attn.o", column, row, config.n_heads * hs, config.hidden)
 
     def forward(self, x, cache=None):                   # x (B, T, H)
         x = self.copy_in(x)                             # f: identity forward, all-reduce backward
@@ -277,13 +284,15 @@ class MLP(nn.Module):
         self.swiglu = config.mlp == "swiglu"
         if self.swiglu:
             self.copy_in = copy_in or (lambda x: x)   # f once for gate and up, as for q, k, v
-            self.gate = column(config.hidden, config.ffn, bias=config.bias, input_is_copied=True)
-            self.up = column(config.hidden, config.ffn, bias=config.bias, input_is_copied=True)
-            self.down = _row(row, config, config.ffn, config.hidden)
+            self.gate = planned_linear(config, "mlp.gate", column, row, config.hidden, config.ffn,
+                                       bias=config.bias, input_is_copied=True)
+            self.up = planned_linear(config, "mlp.up", column, row, config.hidden, config.ffn,
+                                     bias=config.bias, input_is_copied=True)
+            self.down = planned_linear(config, "mlp.down", column, row, config.ffn, config.hidden)
         else:
-            self.fc = column(config.hidden, config.ffn) if config.bias else \
-                column(config.hidden, config.ffn, bias=False)
-            self.proj = _row(row, config, config.ffn, config.hidden)
+            self.fc = planned_linear(config, "mlp.fc", column, row, config.hidden, config.ffn,
+                                     **({} if config.bias else {"bias": False}))
+            self.proj = planned_linear(config, "mlp.proj", column, row, config.ffn, config.hidden)
 
     def forward(self, x):                               # x (B, T, H)
         if self.swiglu:
@@ -385,11 +394,6 @@ def init_weights(model, seed, std_of):
 # The tensor-parallel GPT: the same blocks on the parallel layers of tp_from_scratch.nn
 # ---------------------------------------------------------------------------------------
 
-def kv_replicas(config, tp):
-    """How many ranks hold each KV head: 1 when t divides nkv, else t / nkv (nkv < t)."""
-    return max(1, tp // config.n_kv_heads)
-
-
 def tp_layer_factories(config, group, dtype=torch.float32, device=None):
     """(column, row, copy_in): the tensor-parallel layers a Block is built from, on ``group``.
 
@@ -463,32 +467,8 @@ class TensorParallelGPT(nn.Module):
 # Conversion through state dicts: one rule per parameter name says how it is split
 # ---------------------------------------------------------------------------------------
 
-_COLUMN = ("attn.q.weight", "attn.q.bias", "attn.k.weight", "attn.k.bias",
-           "attn.v.weight", "attn.v.bias", "mlp.fc.weight", "mlp.fc.bias",
-           "mlp.gate.weight", "mlp.gate.bias", "mlp.up.weight", "mlp.up.bias")
-_KV = ("attn.k.weight", "attn.k.bias", "attn.v.weight", "attn.v.bias")
-_ROW = ("attn.o.weight", "mlp.proj.weight", "mlp.down.weight")
-_VOCAB = ("wte.weight", "lm_head.weight")
-
-
-def shard_axis(name):
-    """The axis of parameter ``name`` split across TP ranks, or None when it is replicated.
-
-    Column-parallel weights (out, in) and their biases split the out axis (0); row-parallel
-    weights split the in axis (1) and keep their bias whole (added once, after g); the token
-    embedding and LM head split the vocabulary rows (0). Norms, the position embedding
-    and row biases are replicated. SwiGLU's gate and up are column-parallel, down row-parallel.
-    """
-    if name in _VOCAB or name.endswith(_COLUMN):
-        return 0
-    if name.endswith(_ROW):
-        return 1
-    return None
-
-
-def replicas_of(name, config, tp):
-    """How many neighbouring ranks hold the same piece of ``name``: t/nkv for k, v when nkv < t."""
-    return kv_replicas(config, tp) if name.endswith(_KV) else 1
+# shard_axis(name) and replicas_of(name, config, tp) come from the architecture's sharding plan
+# (gpt.arch.PLANS): e.g. blocks.0.attn.q.weight -> 0 (column), blocks.0.mlp.down.weight -> 1 (row)
 
 
 def vocab_shard_sizes(vocab_size, tp):
@@ -501,7 +481,7 @@ def shard_tensor(name, full, tp, rank, config):
 
     A tensor held by r replicas is cut into t/r pieces; rank i takes piece i // r.
     """
-    axis = shard_axis(name)
+    axis = shard_axis(name, config.arch)
     if axis is None:
         return full.clone()
     r = replicas_of(name, config, tp)
@@ -510,7 +490,7 @@ def shard_tensor(name, full, tp, rank, config):
 
 def unshard_tensor(name, pieces, config):
     """The full tensor from every rank's piece, in rank order: the inverse of shard_tensor."""
-    axis = shard_axis(name)
+    axis = shard_axis(name, config.arch)
     if axis is None:
         return pieces[0].clone()
     r = replicas_of(name, config, len(pieces))
@@ -554,7 +534,7 @@ def gather_state_dict(group, local_state_dict, config):
     """
     full = {}
     for name, local in local_state_dict.items():
-        axis = shard_axis(name)
+        axis = shard_axis(name, config.arch)
         if axis is None:
             full[name] = local.detach().clone()
             continue

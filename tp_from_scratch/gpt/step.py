@@ -16,8 +16,9 @@ their summed input gradient once, not three times. Around the blocks, the Tensor
 of gpt.model adds the embedding's g (forward), the LM head's f (backward) and the
 vocabulary-parallel cross-entropy's three all-reduces of B*T numbers (forward).
 """
+from tp_from_scratch.collectives import ring_all_reduce_bytes
+from tp_from_scratch.gpt.inventory import collective_calls
 from tp_from_scratch.gpt.model import Block, shard_state_dict, tp_layer_factories
-from tp_from_scratch.gpt.plan import collective_calls, ring_all_reduce_bytes
 from tp_from_scratch.nn.mappings import tp_rank, tp_world_size
 from tp_from_scratch.sharding import check_divisible
 

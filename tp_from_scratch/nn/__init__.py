@@ -1,6 +1,8 @@
 """Tensor-parallel layers for PyTorch, built on Megatron's autograd region mappings.
 
-    mappings.py       f, g, scatter, gather as autograd Functions, on either kind of group
+    collectives.py    all_reduce, all_gather, reduce_scatter, split on either kind of group, and
+                      the one torch <-> numpy bridge (Megatron's tier 1)
+    mappings.py       f, g, scatter, gather as autograd Functions and their wrappers (tiers 2, 3)
     linear.py         ColumnParallelLinear, RowParallelLinear
     embedding.py      VocabParallelEmbedding
     cross_entropy.py  vocab_parallel_cross_entropy (never gathers the logits)

@@ -16,6 +16,10 @@ a tensor-parallel model. The numpy twins of Lesson 3 are
 ``tp_from_scratch.layers.mappings.f_forward(comm, x)`` / ``f_backward(comm, grad)`` and
 ``g_forward`` / ``g_backward``: the same names, the communicator first, as here.
 
+The collectives they call (all_reduce, all_gather, split on a group) and the torch <-> numpy
+bridge are tier 1, in nn/collectives.py; this file holds Megatron's tiers 2 and 3: the autograd
+Functions and the wrappers a layer calls.
+
 The group decides where the collectives come from
 -------------------------------------------------
 Every function and layer takes ``group`` first, and it is required:
@@ -29,102 +33,14 @@ Every function and layer takes ``group`` first, and it is required:
 
 Nothing else chooses: there is no default group and no switch.
 """
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from tp_from_scratch import collectives
 from tp_from_scratch.comm import Comm
+# tier 1, the collectives on a group (nn/collectives.py); importable from here too
+from tp_from_scratch.nn.collectives import (all_gather, all_reduce, all_to_all_v, check_group, exchange_counts,  # noqa: F401
+                                            split, tp_rank, tp_world_size)
 from tp_from_scratch.sharding import shard_sizes
-
-# ---------------------------------------------------------------------------------------
-# The group: rank, size, and which backend carries its collectives
-# ---------------------------------------------------------------------------------------
-
-
-def check_group(group):
-    """Raise a TypeError unless ``group`` is a ProcessGroup or a Comm (None is not a group)."""
-    if isinstance(group, (Comm, dist.ProcessGroup)):
-        return group
-    raise TypeError(
-        f"group must be a torch.distributed.ProcessGroup (native collectives, e.g. "
-        f"dist.group.WORLD) or a tp_from_scratch.comm.Comm (from-scratch collectives), "
-        f"got {group!r}")
-
-
-def tp_rank(group):
-    """This rank's index inside the tensor-parallel group."""
-    check_group(group)
-    return group.rank if isinstance(group, Comm) else dist.get_rank(group)
-
-
-def tp_world_size(group):
-    """The tensor-parallel degree t: the number of ranks in the group."""
-    check_group(group)
-    return group.world_size if isinstance(group, Comm) else dist.get_world_size(group)
-
-
-def _to_numpy(x):
-    # bfloat16 has no numpy type: it travels as float32 and comes back rounded
-    t = x.detach()
-    return (t.float() if t.dtype == torch.bfloat16 else t).cpu().numpy()
-
-
-def _from_numpy(a, like):
-    return torch.from_numpy(np.ascontiguousarray(a)).to(device=like.device, dtype=like.dtype)
-
-
-# ---------------------------------------------------------------------------------------
-# The collectives the mappings need, on both kinds of group. Inputs are never modified.
-# ---------------------------------------------------------------------------------------
-
-def all_reduce(group, x, op="sum"):
-    """A new tensor holding the element-wise sum (or max) of ``x`` over the ranks of ``group``."""
-    if isinstance(check_group(group), Comm):
-        return _from_numpy(collectives.all_reduce(group, _to_numpy(x), op=op), x)
-    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
-    if op not in ops:
-        raise ValueError(f"all_reduce op {op!r} is not one of {sorted(ops)}")
-    y = x.detach().clone().contiguous()  # torch reduces in place; the caller keeps x
-    dist.all_reduce(y, op=ops[op], group=group)
-    return y
-
-
-def all_gather(group, x, dim=-1, sizes=None):
-    """Concatenate every rank's ``x`` along ``dim``, in rank order: (..., n_r, ...) -> (..., sum n_r, ...).
-
-    sizes: each rank's size along ``dim`` when they differ (an uneven split); None means equal.
-    """
-    if isinstance(check_group(group), Comm):
-        return _from_numpy(collectives.all_gather(group, _to_numpy(x), axis=dim), x)
-    t = dist.get_world_size(group)
-    sizes = sizes or [x.shape[dim]] * t
-    # native all_gather needs equal shapes: pad every shard to the largest, trim afterwards
-    moved = x.detach().movedim(dim, -1)
-    padded = torch.nn.functional.pad(moved, (0, max(sizes) - moved.shape[-1])).contiguous()
-    pieces = [torch.empty_like(padded) for _ in range(t)]
-    dist.all_gather(pieces, padded, group=group)
-    return torch.cat([p[..., :n] for p, n in zip(pieces, sizes)], dim=-1).movedim(-1, dim)
-
-
-def split(group, x, dim=-1, sizes=None):
-    """This rank's contiguous chunk of ``dim``: (..., n, ...) -> (..., n_r, ...), no communication.
-
-    sizes: the chunk sizes; None splits like numpy.array_split (the first n % t get one more).
-    The chunk is a new tensor, never a view of ``x``.
-    """
-    t, rank = tp_world_size(group), tp_rank(group)
-    n = x.shape[dim]
-    sizes = sizes or shard_sizes(n, t)
-    if len(sizes) != t:
-        raise ValueError(f"rank {rank}: {len(sizes)} shard sizes {sizes} for tp={t} ranks")
-    if sum(sizes) != n:
-        raise ValueError(f"rank {rank}: dimension {dim} of size {n} does not match the shard "
-                         f"sizes {sizes} (they add up to {sum(sizes)})")
-    start = sum(sizes[:rank])
-    # a copy even when the chunk is all of x (t = 1) or already contiguous: never a view of x
-    return x.narrow(dim, start, sizes[rank]).clone(memory_format=torch.contiguous_format)
-
 
 # ---------------------------------------------------------------------------------------
 # The region mappings
@@ -273,35 +189,9 @@ __all__ = ["check_group", "tp_rank", "tp_world_size", "all_reduce", "all_gather"
 
 
 # =======================================================================================
-# Lesson 12: the all-to-all of expert parallelism (token dispatch and combine), on both
-# kinds of group. (Written by the Lesson 12 work; to live in nn/collectives.py at merge.)
+# Lesson 12: the all-to-all of expert parallelism (token dispatch and combine) as a Function;
+# its tier-1 collectives (exchange_counts, all_to_all_v) are in nn/collectives.py
 # =======================================================================================
-
-def exchange_counts(group, send_counts):
-    """send_counts (t,) or (t, m) ints, row d for rank d -> an int64 tensor of the same shape
-    whose row q is what rank q sends this rank: what every receiver must know before a
-    dispatch with uneven counts (an all-to-all of t equal blocks)."""
-    if isinstance(check_group(group), Comm):
-        return torch.from_numpy(collectives.exchange_counts(group, np.asarray(send_counts)))
-    sent = torch.as_tensor(np.asarray(send_counts), dtype=torch.int64).contiguous()
-    received = torch.empty_like(sent)
-    dist.all_to_all_single(received, sent, group=group)
-    return received
-
-
-def all_to_all_v(group, x, send_counts, recv_counts):
-    """(sum send_counts, ...) -> (sum recv_counts, ...): rows [c_<d, c_<=d) of ``x`` go to rank
-    d; what arrives is concatenated in source-rank order. A Comm runs the from-scratch
-    pairwise exchange (collectives.all_to_all_v); a ProcessGroup runs torch's native
-    all_to_all_single with the same split sizes. ``x`` is never modified."""
-    if isinstance(check_group(group), Comm):
-        return _from_numpy(collectives.all_to_all_v(group, _to_numpy(x), np.asarray(send_counts),
-                                                    np.asarray(recv_counts)), x)
-    out = x.new_empty((sum(recv_counts), *x.shape[1:]))
-    dist.all_to_all_single(out, x.detach().contiguous(), [int(c) for c in recv_counts],
-                           [int(c) for c in send_counts], group=group)
-    return out
-
 
 class AllToAll(torch.autograd.Function):
     """forward: all-to-all with counts (send_counts -> recv_counts);

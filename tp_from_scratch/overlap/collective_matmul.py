@@ -61,8 +61,7 @@ SEQUENCE_AXIS = 1  # activations are (B, T, H)
 class CommLink:
     """Chunks over a tp_from_scratch Comm: comm.isend / comm.irecv on numpy arrays.
 
-    Torch CPU tensors travel too: ``.numpy()`` shares their memory, so a receive lands in
-    the tensor itself (how collective_matmul_nn runs on a Comm).
+    (collective_matmul_nn's TensorCommLink hands it torch tensors' own memory as numpy arrays.)
     """
 
     def __init__(self, comm):
@@ -72,22 +71,13 @@ class CommLink:
         self.comm, self.rank, self.world_size = comm, comm.rank, comm.world_size
 
     def send(self, chunk, dst):
-        self.comm.isend(_as_numpy(chunk), dst)
+        self.comm.isend(chunk, dst)
 
     def recv(self, src, out):
-        return self.comm.irecv(src, _as_numpy(out))
+        return self.comm.irecv(src, out)
 
     def finish(self):
         """Nothing to wait for: Comm.isend copies (its sends are waited for with the collective's)."""
-
-
-def _as_numpy(a):
-    if isinstance(a, np.ndarray):
-        return a
-    if str(a.dtype) == "torch.bfloat16":
-        raise TypeError("the collective matmul on a Comm moves numpy arrays: bfloat16 has no numpy "
-                        "dtype (use float32, or a torch ProcessGroup)")
-    return a.detach().numpy()  # a CPU tensor: the array shares its memory
 
 
 class Steps:

@@ -29,7 +29,8 @@ import torch.distributed as dist
 from torch.nn import functional as F
 
 from tp_from_scratch.comm import Comm
-from tp_from_scratch.nn.mappings import check_group, copy_to_tp_region, tp_rank, tp_world_size
+from tp_from_scratch.nn.collectives import check_group, tensor_to_numpy, tp_rank, tp_world_size
+from tp_from_scratch.nn.mappings import copy_to_tp_region
 from tp_from_scratch.overlap.collective_matmul import (SEQUENCE_AXIS, CommLink, all_gather_matmul_loop,
                                                        check_sizes, matmul_reduce_scatter_loop)
 from tp_from_scratch.sharding import shard_sizes
@@ -69,8 +70,19 @@ class GroupLink:
         self._sends = []
 
 
+class TensorCommLink(CommLink):
+    """CommLink on torch CPU tensors: each chunk travels as numpy's view of the tensor's own memory
+    (nn.collectives' bridge, shared=True), so a receive lands in the tensor itself."""
+
+    def send(self, chunk, dst):
+        super().send(tensor_to_numpy(chunk, shared=True), dst)
+
+    def recv(self, src, out):
+        return super().recv(src, tensor_to_numpy(out, shared=True))
+
+
 def _link(group):
-    return CommLink(group) if isinstance(group, Comm) else GroupLink(group)
+    return TensorCommLink(group) if isinstance(group, Comm) else GroupLink(group)
 
 
 def _chunks(x, t):

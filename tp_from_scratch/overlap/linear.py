@@ -25,8 +25,9 @@ import torch.distributed as dist
 from torch.nn import functional as F
 
 from tp_from_scratch.comm import Comm
+from tp_from_scratch.nn.collectives import all_reduce, numpy_to_tensor, tensor_to_numpy, tp_rank
 from tp_from_scratch.nn.linear import ColumnParallelLinear
-from tp_from_scratch.nn.mappings import _from_numpy, _to_numpy, all_reduce, gather_from_tp_region, tp_rank
+from tp_from_scratch.nn.mappings import gather_from_tp_region
 from tp_from_scratch.overlap.nonblocking import all_reduce_async
 
 
@@ -46,8 +47,8 @@ def start_all_reduce(group, x, overlap=True):
         result = all_reduce(group, x)
         return Pending(lambda: result)
     if isinstance(group, Comm):
-        handle = all_reduce_async(group, _to_numpy(x))
-        return Pending(lambda: _from_numpy(handle.wait(), x))
+        handle = all_reduce_async(group, tensor_to_numpy(x))
+        return Pending(lambda: numpy_to_tensor(handle.wait(), x))
     y = x.detach().contiguous().clone()  # torch reduces in place; the caller keeps x
     work = dist.all_reduce(y, group=group, async_op=True)
     return Pending(lambda: (work.wait(), y)[1])

@@ -31,7 +31,7 @@ def ring_factor(collective, p):
 def summarise(label, record):
     """One row of the table from a trainer --measure record."""
     from tp_from_scratch.gpt.model import GPTConfig
-    from tp_from_scratch.gpt.plan import activation_bytes
+    from tp_from_scratch.cost.model import activation_bytes
     from tp_from_scratch.parallelisms import cost
     from tp_from_scratch.parallelisms.schedules import bubble, bubble_formula
     config = GPTConfig(**record["config"])

@@ -1,6 +1,6 @@
 """The cost model of one training step on a dp x pp x tp mesh: memory and bytes per rank.
 
-Lesson 9's planner (tp_from_scratch.gpt.plan) counts the parameters of every tensor, what
+Lesson 9's planner (tp_from_scratch.cost, on Lesson 6's gpt.inventory) counts the parameters of every tensor, what
 TP splits, and the collectives of a tp x dp step. This module extends it, by formula, to
 what Lesson 11 adds, for a rank at mesh coordinates (dp_rank, pp_rank, tp_rank):
 
@@ -13,11 +13,11 @@ what Lesson 11 adds, for a rank at mesh coordinates (dp_rank, pp_rank, tp_rank):
   CollectiveCounter counts: for an all-gather this rank's piece, for reduce_scatter the
   piece it receives), and what it sends point to point in the pipeline (the Comm's meter).
 
-Activations are not predicted here: plan.activation_bytes is Korthikanti et al.'s formula
+Activations are not predicted here: cost.model.activation_bytes is Korthikanti et al.'s formula
 for 16-bit activations with dropout; the comparison prints it beside our measured count of
 the bytes autograd keeps, which is neither (float32, no dropout).
 """
-from tp_from_scratch.gpt.plan import parameters
+from tp_from_scratch.gpt.inventory import parameters
 from tp_from_scratch.sharding import shard_range
 
 DDP_BUCKET_BYTES = 25 * 2 ** 20   # DistributedDataParallel's default bucket_cap_mb
@@ -30,7 +30,7 @@ def stage_blocks(n_layers, stage, pp):
 
 
 def _where(name):
-    """"first", "last" or "block": which stage holds parameter ``name`` of plan.parameters."""
+    """"first", "last" or "block": which stage holds parameter ``name`` of gpt.inventory.parameters."""
     if name.startswith(("wte", "wpe")):
         return "first"
     if name.startswith(("ln_f", "lm_head")):
@@ -78,7 +78,7 @@ def memory(config, dp=1, pp=1, t=1, zero=0, itemsize=4, stage=0, tp_rank=0, dp_r
 
 def tp_calls(config, t, tokens, blocks, first, last):
     """(calls, elements) of the TP all-reduces one micro-batch of ``tokens`` tokens makes on a
-    stage of ``blocks`` blocks (gpt.plan.collective_calls, restricted to the stage)."""
+    stage of ``blocks`` blocks (gpt.inventory.collective_calls, restricted to the stage)."""
     H = config.hidden
     if t == 1:
         return []
@@ -209,10 +209,10 @@ def zero_model_state_bytes(n_params, dp, stage, precision="mixed"):
     """Bytes of weights + gradients + optimizer state per rank for ZeRO stage 0 (plain DP) to 3.
 
     Rajbhandari et al. 2020, section 3 and Figure 1, with Lesson 9's bytes per parameter
-    (gpt.plan.PRECISIONS; "mixed": 2 + 2 + 12, the paper's K = 12): stage 1 shards the
+    (cost.model.PRECISIONS; "mixed": 2 + 2 + 12, the paper's K = 12): stage 1 shards the
     optimizer state, 2 also the gradients, 3 (FSDP) also the weights, each 1/dp per rank.
     """
-    from tp_from_scratch.gpt.plan import PRECISIONS
+    from tp_from_scratch.cost.model import PRECISIONS
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage}")
     w, g, o = PRECISIONS[precision]

@@ -15,7 +15,7 @@ state for ZeRO-1, and the gradients too for ZeRO-2.
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
-from tp_from_scratch.gpt.plan import parameters
+from tp_from_scratch.gpt.inventory import parameters
 from tp_from_scratch.parallelisms.cost import stage_blocks
 from tp_from_scratch.parallelisms.mesh import rank_of
 from tp_from_scratch.parallelisms.zero import chunk_bounds

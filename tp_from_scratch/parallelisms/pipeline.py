@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from tp_from_scratch.gpt.model import GPT, TensorParallelGPT, embed
 from tp_from_scratch.gpt.vit import ViT, classify, embed_patches
 from tp_from_scratch.nn import copy_to_tp_region, vocab_parallel_cross_entropy
+from tp_from_scratch.nn.collectives import numpy_to_tensor, tensor_to_numpy  # bfloat16 travels as float32
 from tp_from_scratch.sharding import shard_range
 
 from .schedules import OPS, bubble, check_sizes, schedule_for
@@ -162,18 +163,6 @@ class StepResult:
     activation_bytes: list = field(default_factory=list)  # saved bytes per micro-batch
 
 
-def _to_numpy(t):
-    """A tensor as a numpy message; bfloat16 (no numpy dtype) travels as its bits, int16."""
-    t = t.detach().cpu()
-    return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
-
-
-def _from_numpy(a, like):
-    """A received message as a tensor of ``like``'s dtype and device (bfloat16 from int16 bits)."""
-    t = torch.from_numpy(a)
-    return (t.view(torch.bfloat16) if like.dtype == torch.bfloat16 else t).to(like.device)
-
-
 def _parameter_storages(module):
     return {p.untyped_storage().data_ptr() for p in module.parameters()}
 
@@ -195,7 +184,7 @@ class _Runner:
         self.params = _parameter_storages(stage)
 
     def recv_act(self, mb):     # (B_i, T, H) (a ViT's: (B_i, P+1, H)); the leaf its grad lands on
-        self.inputs[mb] = _from_numpy(self.comm.recv(self.stage.stage - 1), self.like).requires_grad_()
+        self.inputs[mb] = numpy_to_tensor(self.comm.recv(self.stage.stage - 1), self.like).requires_grad_()
 
     def forward(self, mb):
         counted = [0]
@@ -214,10 +203,10 @@ class _Runner:
         self.live.add(mb)
 
     def send_act(self, mb):
-        self.comm.send(_to_numpy(self.outputs[mb]), self.stage.stage + 1)
+        self.comm.send(tensor_to_numpy(self.outputs[mb]), self.stage.stage + 1)
 
     def recv_grad(self, mb):    # d loss / d (this stage's output of mb)
-        self.grads[mb] = _from_numpy(self.comm.recv(self.stage.stage + 1), self.like)
+        self.grads[mb] = numpy_to_tensor(self.comm.recv(self.stage.stage + 1), self.like)
 
     def backward(self, mb):
         torch.autograd.backward(self.outputs.pop(mb), self.grads.pop(mb, None))
@@ -226,7 +215,7 @@ class _Runner:
             self.input_grads[mb] = self.inputs.pop(mb).grad
 
     def send_grad(self, mb):
-        self.comm.send(_to_numpy(self.input_grads.pop(mb)), self.stage.stage - 1)
+        self.comm.send(tensor_to_numpy(self.input_grads.pop(mb)), self.stage.stage - 1)
 
 
 def forward_backward(stage, idx, targets, n_micro, schedule="1f1b"):
@@ -263,8 +252,8 @@ def sync_tied_embedding_grad(stage):
     peer = stage.n_stages - 1 if stage.is_first else 0
     for name in stage.pieces.tied:
         grad = getattr(stage, name).weight.grad
-        stage.comm.send(_to_numpy(grad), peer)
-        other = _from_numpy(stage.comm.recv(peer), grad)
+        stage.comm.send(tensor_to_numpy(grad), peer)
+        other = numpy_to_tensor(stage.comm.recv(peer), grad)
         grad += other  # a + b on one stage, b + a on the other: the same bits
 
 

@@ -17,14 +17,14 @@ import math
 
 import torch
 
+from tp_from_scratch.gpt.arch import shard_axis
 from tp_from_scratch.nn.mappings import all_reduce, tp_world_size
 from tp_from_scratch.partial_sync.mappings import synced_channels
 
-# Parameters every rank holds whole but applies to its OWN stream: LayerNorms (ln1, ln2, ln_f)
-# and the row-parallel biases, added after the partial reduce. (The position embedding is
-# added before the stack's entry, where all streams are still one: it needs no sum.)
-_REPLICATED_MODULES = ("ln1", "ln2", "ln_f")
-_REPLICATED_SUFFIXES = ("attn.o.bias", "mlp.proj.bias")
+# Every parameter the sharding plan keeps whole (LayerNorms, row-parallel biases) is applied by
+# each rank to its OWN stream, except those used before the stack's entry, where all streams
+# are still one: the position embedding needs no sum.
+_BEFORE_THE_STREAMS = ("wpe.",)
 
 
 def _split_reduce(group, x, k):
@@ -62,10 +62,10 @@ def is_replicated_parameter(name):
     """True for a parameter applied to every rank's own stream: its gradient must be summed.
 
     LayerNorm weights and biases (ln1, ln2, ln_f) and the row-parallel biases (attn.o.bias,
-    mlp.proj.bias), by their names in tp_from_scratch.gpt.model (e.g. "blocks.0.ln1.weight").
+    mlp.proj.bias), by their names in tp_from_scratch.gpt.model (e.g. "blocks.0.ln1.weight"):
+    what the sharding plan (gpt.arch.PLANS) replicates, the position embedding excepted.
     """
-    parts = name.split(".")
-    return any(m in parts[:-1] for m in _REPLICATED_MODULES) or name.endswith(_REPLICATED_SUFFIXES)
+    return shard_axis(name) is None and not name.startswith(_BEFORE_THE_STREAMS)
 
 
 def all_reduce_replicated_grads(group, model):

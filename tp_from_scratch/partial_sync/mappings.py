@@ -33,7 +33,7 @@ import math
 
 import numpy as np
 
-from tp_from_scratch.collectives import all_reduce
+from tp_from_scratch.collectives import all_reduce, ring_all_reduce_bytes
 
 
 def synced_channels(hidden, p):
@@ -96,17 +96,6 @@ def sum_replicated_grads(comm, grads, keys):
         out[k] = summed[start:start + n].reshape(grads[k].shape)
         start += n
     return out
-
-
-def ring_all_reduce_bytes(n_elements, itemsize, t, rank):
-    """Bytes that rank ``rank`` sends in one ring all-reduce of n_elements (see collectives.all_reduce).
-
-    2N - chunk_r - chunk_(r+1), chunks from numpy.array_split: 2(t-1)/t N when t divides N.
-    """
-    if t == 1 or n_elements == 0:
-        return 0
-    chunks = [len(c) for c in np.array_split(np.empty(n_elements, dtype=np.int8), t)]
-    return (2 * n_elements - chunks[rank] - chunks[(rank + 1) % t]) * itemsize
 
 
 def partial_reduce_bytes(shape, p, t, itemsize, rank=0):

@@ -1,11 +1,15 @@
 """PyTorch's own sequence parallelism (DTensor) on the same GPT, to compare with ours.
 
     blocks.0                 PrepareModuleInput   Replicate -> Shard(1): enter the region (a local split)
-    blocks.i.ln1, ln2        SequenceParallel     LayerNorm on Shard(1); weights Replicate, grads Partial
+    blocks.i.ln1, ln2        SequenceParallel     the norm on Shard(1); weights Replicate, grads Partial
     blocks.i.attn, mlp       PrepareModuleInput   Shard(1) -> Replicate: the paper's g (all-gather)
-    attn.q/k/v, mlp.fc       ColwiseParallel      W[out_t, in]
+    attn.q/k/v, mlp.fc       ColwiseParallel      W[out_t, in]   (llama: mlp.gate, mlp.up)
     attn.o, mlp.proj         RowwiseParallel      output Shard(1): the paper's g-bar (reduce-scatter)
+                                                  (llama: mlp.down)
     blocks.{L-1}             PrepareModuleOutput  Shard(1) -> Replicate: leave the region (all-gather)
+
+The block entries come from the architecture's sharding plan (gpt.arch.PLANS), so gpt, gpt2
+and llama (RMSNorm, RoPE, SwiGLU) are all covered.
 
 The embeddings, the final LayerNorm and the LM head stay replicated (ours shards the
 vocabulary), or with vocab_parallel=True are sharded as ours are, the loss under loss_parallel. Run it against one device, and count its collectives with torch's CommDebugMode
@@ -22,31 +26,38 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                PrepareModuleOutput, RowwiseParallel, SequenceParallel,
                                                parallelize_module)
 
+from tp_from_scratch.gpt.arch import COLWISE, KV_COLWISE, REPLICATED, ROWWISE, plan_modules
+from tp_from_scratch.gpt.dtensor_plan import check_plannable, vocab_plan
 
-def sp_plan(n_layers):
-    """{module path: parallel style} for tensor + sequence parallelism of every block."""
+
+def sp_plan(config):
+    """{module path: parallel style} for tensor + sequence parallelism of every block, derived
+    from the architecture's sharding plan (gpt.arch.PLANS): its REPLICATED block modules (the
+    norms) become SequenceParallel, COLWISE and KV_COLWISE ColwiseParallel, ROWWISE
+    RowwiseParallel to Shard(1); the modules holding column layers (attn, mlp) gather the
+    sequence on entry."""
+    L = config.n_layers
     # blocks and attention are called as (x, cache): the KV cache (None in training) is left alone
     plan = {"blocks.0": PrepareModuleInput(input_layouts=(Replicate(), None),
                                            desired_input_layouts=(Shard(1), None), use_local_output=True)}
-    for i in range(n_layers):
-        b = f"blocks.{i}"
-        plan[f"{b}.ln1"] = SequenceParallel()
-        plan[f"{b}.ln2"] = SequenceParallel()
-        plan[f"{b}.attn"] = PrepareModuleInput(input_layouts=(Shard(1), None),
-                                               desired_input_layouts=(Replicate(), None), use_local_output=True)
-        plan[f"{b}.mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                              use_local_output=True)
-        for name in ("attn.q", "attn.k", "attn.v", "mlp.fc"):
-            plan[f"{b}.{name}"] = ColwiseParallel()
-        for name in ("attn.o", "mlp.proj"):
-            plan[f"{b}.{name}"] = RowwiseParallel(output_layouts=Shard(1))
+    styles = {REPLICATED: SequenceParallel, COLWISE: ColwiseParallel, KV_COLWISE: ColwiseParallel,
+              ROWWISE: lambda: RowwiseParallel(output_layouts=Shard(1))}
+    for ours, make in styles.items():
+        for name in plan_modules(config.arch, ours, L):
+            if name.startswith("blocks."):
+                plan[name] = make()
+    for name in plan_modules(config.arch, COLWISE, L):  # blocks.i.attn, blocks.i.mlp: gather T on entry
+        parent = name.rsplit(".", 1)[0]
+        extra = (None,) if parent.endswith(".attn") else ()  # attention's cache argument
+        plan[parent] = PrepareModuleInput(input_layouts=(Shard(1), *extra), desired_input_layouts=(Replicate(), *extra),
+                                          use_local_output=True)
     leave = dict(output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),), use_local_output=True)
-    if n_layers == 1:  # one block both enters and leaves the region: one style doing both
+    if L == 1:  # one block both enters and leaves the region: one style doing both
         plan["blocks.0"] = PrepareModuleInputOutput(input_layouts=(Replicate(), None),
                                                     desired_input_layouts=(Shard(1), None), use_local_input=True,
                                                     **leave)
     else:
-        plan[f"blocks.{n_layers - 1}"] = PrepareModuleOutput(**leave)
+        plan[f"blocks.{L - 1}"] = PrepareModuleOutput(**leave)
     return plan
 
 
@@ -57,13 +68,11 @@ def parallelize_gpt_sp(gpt, tp_mesh, vocab_parallel=False):
     9's gpt.dtensor_plan.vocab_plan entries for wte, ln_f and lm_head); forward and backward
     must then run inside gpt.dtensor_plan.loss_context(True) (loss_parallel).
     """
-    if gpt.config.arch != "gpt":
-        raise ValueError(f"the DTensor sequence-parallel plan covers arch 'gpt', not {gpt.config.arch!r}")
-    plan = sp_plan(gpt.config.n_layers)
+    check_plannable(gpt.config, tp_mesh.size())
+    plan = sp_plan(gpt.config)
     if vocab_parallel:
-        from tp_from_scratch.gpt.dtensor_plan import vocab_plan
         plan.update({name: style for name, style in vocab_plan(gpt.config).items()
-                     if name in ("wte", "ln_f", "lm_head")})
+                     if not name.startswith("blocks.")})
     return parallelize_module(gpt, tp_mesh, plan)
 
 
@@ -159,9 +168,32 @@ def count_collectives(mesh, seed=0):
             **counts}
 
 
+def report(mesh, write=None):
+    """Rank 0 prints the plan against one device (with and without the vocabulary sharded) and
+    the collectives of both versions; ``write``: the counts as JSON too. Every rank calls it."""
+    import json
+
+    tp_mesh = mesh.device_mesh["tp"]
+    worst = compare_with_single_device(tp_mesh)
+    worst_vocab = compare_with_single_device(tp_mesh, vocab_parallel=True)
+    counts = count_collectives(tp_mesh)
+    if mesh.rank == 0:
+        print(f"DTensor sequence parallel, tp={mesh.tp}: largest |loss - single-device loss| over 5 "
+              f"float64 steps {worst:.1e}")
+        print(f"DTensor sequence parallel + vocabulary-sharded head and loss_parallel, tp={mesh.tp}: "
+              f"largest |loss - single-device loss| over 5 float64 steps {worst_vocab:.1e}")
+        for direction in ("forward", "backward"):
+            for who in ("ours", "dtensor"):
+                print(f"collectives in one {direction}, {who:<7}: {counts[who][direction]}")
+        if write:
+            with open(write, "w") as f:
+                json.dump(counts, f, indent=1, sort_keys=True)
+                f.write("\n")
+            print(f"counts written to {write}")
+
+
 def main(argv=None):
     import argparse
-    import json
     import os
 
     import torch.distributed as dist
@@ -173,23 +205,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     mesh = setup_mesh(int(os.environ["WORLD_SIZE"]), dtensor=True)  # every rank in one TP group
     try:
-        tp_mesh = mesh.device_mesh["tp"]
-        worst = compare_with_single_device(tp_mesh)
-        worst_vocab = compare_with_single_device(tp_mesh, vocab_parallel=True)
-        counts = count_collectives(tp_mesh)
-        if mesh.rank == 0:
-            print(f"DTensor sequence parallel, tp={mesh.tp}: largest |loss - single-device loss| over 5 "
-                  f"float64 steps {worst:.1e}")
-            print(f"DTensor sequence parallel + vocabulary-sharded head and loss_parallel, tp={mesh.tp}: "
-                  f"largest |loss - single-device loss| over 5 float64 steps {worst_vocab:.1e}")
-            for direction in ("forward", "backward"):
-                for who in ("ours", "dtensor"):
-                    print(f"collectives in one {direction}, {who:<7}: {counts[who][direction]}")
-            if args.write:
-                with open(args.write, "w") as f:
-                    json.dump(counts, f, indent=1, sort_keys=True)
-                    f.write("\n")
-                print(f"counts written to {args.write}")
+        report(mesh, args.write)
     finally:
         dist.destroy_process_group()
 

@@ -24,37 +24,13 @@ Sequence shards follow the numpy.array_split rule; ``sizes`` (every rank's lengt
 for an uneven split on a ProcessGroup, whose all-gather wants equal pieces.
 """
 import torch
-import torch.distributed as dist
 from torch.nn import functional as F
 
-from tp_from_scratch import collectives
-from tp_from_scratch.comm import Comm
-from tp_from_scratch.nn.mappings import (all_gather, all_reduce, check_group, copy_to_tp_region,
-                                         split, sum_over_replicas, tp_rank, tp_world_size)
+from tp_from_scratch.nn.collectives import all_gather, check_group, reduce_scatter, split, tp_rank, tp_world_size
+from tp_from_scratch.nn.mappings import copy_to_tp_region, sum_over_replicas
 from tp_from_scratch.sharding import shard_sizes
 
 SEQUENCE_DIM = 1  # activations are (B, T, H)
-
-
-def reduce_scatter(group, x, dim=SEQUENCE_DIM):
-    """The sum of ``x`` over the ranks, then this rank's array_split chunk of ``dim``; a new tensor.
-
-    On a Comm: the ring reduce-scatter of Lesson 2. On a ProcessGroup: reduce_scatter_single
-    when t divides the length (gloo emulates it with an all-reduce, so its bytes are not the
-    ring's; measure ours on a Comm), otherwise an all-reduce and this rank's chunk.
-    """
-    if isinstance(check_group(group), Comm):  # numpy in, numpy out (bfloat16 travels as float32)
-        a = x.detach().to(torch.float32 if x.dtype == torch.bfloat16 else x.dtype).cpu().numpy()
-        y = collectives.reduce_scatter(group, a, axis=dim)
-        return torch.from_numpy(y).to(device=x.device, dtype=x.dtype)
-    t = dist.get_world_size(group)
-    if x.shape[dim] % t:
-        return split(group, all_reduce(group, x), dim)
-    full = x.detach().movedim(dim, 0).contiguous()
-    out = torch.empty((full.shape[0] // t, *full.shape[1:]), dtype=x.dtype, device=x.device)
-    # reduce_scatter_single is the newer name of reduce_scatter_tensor (as in comm/native.py)
-    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, full, group=group)
-    return out.movedim(0, dim).contiguous()
 
 
 def _gather(group, x, sizes):
@@ -80,7 +56,7 @@ class GatherFromSequenceParallelRegion(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         # every rank used every position: each holds a Partial gradient, and needs its positions' sum
-        return None, reduce_scatter(ctx.group, grad), None
+        return None, reduce_scatter(ctx.group, grad, SEQUENCE_DIM), None
 
 
 class ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
@@ -89,7 +65,7 @@ class ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, group, x):
         ctx.group, ctx.sizes = group, shard_sizes(x.shape[SEQUENCE_DIM], tp_world_size(group))
-        return reduce_scatter(group, x)
+        return reduce_scatter(group, x, SEQUENCE_DIM)
 
     @staticmethod
     def backward(ctx, grad):
@@ -174,7 +150,7 @@ class ColumnLinearsFromSequence(torch.autograd.Function):
         for g, has_bias in zip(grads, ctx.has_bias):
             g2 = g.reshape(-1, g.shape[-1])
             out += [g2.t() @ x2, g2.sum(0) if has_bias else None]
-        return (None, None, None, reduce_scatter(ctx.group, dx), *out)
+        return (None, None, None, reduce_scatter(ctx.group, dx, SEQUENCE_DIM), *out)
 
 
 def column_linears_from_sequence(group, x_shard, layers, sizes=None, save_gathered=False):

@@ -19,7 +19,7 @@ optimizer, checkpoints, metrics, report; every option works the same) with one h
 (gpt.train.Hooks.parallelize): the model built sequence-parallel. --impl scratch wraps
 the TP model in SequenceParallelGPT (same modules, same state dict, so checkpoints move
 freely between the two trainers and any tp); --impl dtensor applies PyTorch's plan
-(sequence_parallel/dtensor_plan.py; arch gpt, no --save / --load, as in Lesson 6).
+(sequence_parallel/dtensor_plan.py; every --arch, no --save / --load, as in Lesson 6).
 """
 
 from dataclasses import dataclass
@@ -53,8 +53,6 @@ def validate(opts, world_size):
     """Lesson 6's checks, and what the DTensor plan does not offer; None if fine."""
     if opts.impl == "dtensor" and opts.recompute_attention:
         return "--recompute-attention is ours: run it with --impl scratch"
-    if opts.impl == "dtensor" and opts.arch != "gpt":
-        return f"the DTensor sequence-parallel plan covers --arch gpt, not {opts.arch}"
     return train.validate(opts, world_size)
 
 

@@ -3,7 +3,7 @@
 The block applies one f for q, k and v together, so backward makes 2 all-reduces per block,
 not 4: this list counts per layer instead of per block.
 """
-from tp_from_scratch.gpt.plan import ring_all_reduce_bytes
+from tp_from_scratch.collectives import ring_all_reduce_bytes
 from tp_from_scratch.gpt.step import all_reduces_of_a_step as _ledger
 from tp_from_scratch.gpt.step import tp_block  # noqa: F401
 
