@@ -275,6 +275,8 @@ class Hooks:
     step_metrics(group, counter): called before a step; returns a function called after it that
         gives more fields for that step's metrics record (Lesson 8: the TP bytes of the step).
     summary(group, counter, n_steps): rank 0 prints more after the report.
+    init_model(config, seed, dtype): the single-device model every rank starts from (and the
+        reference trains); default init_gpt (Lesson 12: DeepSeek-V3, from its own config).
     """
     parallelize: Optional[Callable] = None
     after_backward: Optional[Callable] = None
@@ -284,6 +286,7 @@ class Hooks:
     checkpoint_meta: dict = field(default_factory=dict)
     step_metrics: Optional[Callable] = None
     summary: Optional[Callable] = None
+    init_model: Callable = init_gpt
 
 
 # ---------------------------------------------------------------------------------------
@@ -339,7 +342,7 @@ def train_step(model, optimizer, x, y, dp_group=None, dp=1, *, after_backward=No
     return loss
 
 
-def single_device_run(config, opts, start=None, model=None, loss_fn=gpt_loss):
+def single_device_run(config, opts, start=None, model=None, loss_fn=gpt_loss, init_model=init_gpt):
     """The reference: the single-device GPT trained on the whole global batch of every step.
 
     A generator of (step, loss tensor). ``start``: a checkpoint.load_full() result to resume
@@ -347,7 +350,7 @@ def single_device_run(config, opts, start=None, model=None, loss_fn=gpt_loss):
     ``model``: a GPT to train in place (to read its weights afterwards); default a new one.
     ``loss_fn(gpt, x, y)``: the reference's loss (Hooks.reference_loss).
     """
-    model = init_gpt(config, opts.seed, opts.torch_dtype) if model is None else model
+    model = init_model(config, opts.seed, opts.torch_dtype) if model is None else model
     optimizer = make_optimizer(model.parameters(), opts)
     step = 0
     if start is not None:
@@ -396,14 +399,14 @@ def tp_group_for(opts, mesh):
                      timeout=opts.timeout)
 
 
-def build(opts, config, mesh, start, group, parallelize=None):
+def build(opts, config, mesh, start, group, parallelize=None, init_model=init_gpt):
     """(model, optimizer, first step): fresh from the seed, or resumed from ``start``.
 
     parallelize(full, group): a later lesson's way to shard the single-device GPT ``full``
     (Hooks.parallelize), e.g. Lesson 7's sequence parallelism; by default gpt_to_tp, or the
     DTensor plan for --impl dtensor.
     """
-    full = init_gpt(config, opts.seed, opts.torch_dtype)   # the same weights on every rank
+    full = init_model(config, opts.seed, opts.torch_dtype)   # the same weights on every rank
     if start is not None:
         full.load_state_dict(start["model"])
     if parallelize is not None:
@@ -450,16 +453,17 @@ def save(opts, config, mesh, model, optimizer, step, hooks):
 # The run
 # ---------------------------------------------------------------------------------------
 
-def report_memory(opts, model, config, mesh):
+def report_memory(opts, model, config, mesh, init_model=init_gpt):
     n_local, bytes_local = count_parameters(model)
     per_rank = [None] * mesh.world
     dist.all_gather_object(per_rank, bytes_local)
     if mesh.rank == 0:
-        n_full, bytes_full = count_parameters(init_gpt(config, 0, torch.float32))
-        print(f"GPT: {n_full:,} parameters ({config.n_layers} layers, H={config.hidden}, "
-              f"nh={config.n_heads}, nkv={config.n_kv_heads}, F={config.ffn}, V={config.vocab_size}, "
-              f"T={config.seq_len}); global batch B={opts.batch_size}; mesh dp={mesh.dp} x tp={mesh.tp}",
-              flush=True)
+        n_full, bytes_full = count_parameters(init_model(config, 0, torch.float32))
+        sizes = (f"{config.n_layers} layers, H={config.hidden}, nh={config.n_heads}, nkv={config.n_kv_heads}, "
+                 f"F={config.ffn}, V={config.vocab_size}, T={config.seq_len}") if isinstance(config, GPTConfig) \
+            else config.summary()   # a later lesson's model names its own sizes
+        print(f"{config.arch if not isinstance(config, GPTConfig) else 'GPT'}: {n_full:,} parameters ({sizes}); "
+              f"global batch B={opts.batch_size}; mesh dp={mesh.dp} x tp={mesh.tp}", flush=True)
         if opts.data == "text":
             from tp_from_scratch.gpt.text import FILES, corpus
             data, digest = corpus()
@@ -497,11 +501,12 @@ def run(opts, config, mesh, hooks=None):
         start = ckpt.load_full(opts.load, config, hooks.description)
         ckpt.check_resume(start["meta"], opts.load, opts.steps, opts.optimizer)
     group = tp_group_for(opts, mesh)
-    model, optimizer, first = build(opts, config, mesh, start, group, hooks.parallelize)
-    report_memory(opts, model, config, mesh)
+    model, optimizer, first = build(opts, config, mesh, start, group, hooks.parallelize, hooks.init_model)
+    report_memory(opts, model, config, mesh, hooks.init_model)
     reference = None
     if opts.compares and mesh.rank == 0:
-        reference = single_device_run(config, opts, start, loss_fn=hooks.reference_loss or gpt_loss)
+        reference = single_device_run(config, opts, start, loss_fn=hooks.reference_loss or gpt_loss,
+                                      init_model=hooks.init_model)
     counter = CollectiveCounter({mesh.tp_group: "tp", mesh.dp_group: "dp"})
     step_fn = partial(train_step, after_backward=hooks.after_backward)
     t_start = time.perf_counter()

@@ -1,0 +1,177 @@
+"""Train DeepSeek-V3 (MLA + DeepSeekMoE) with Lesson 6's trainer, checked against one device.
+
+    # tensor parallel (the serving layout): MLA heads and every expert's rows split, float64
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.deepseek.train --layout tp --dtype float64 --steps 5 --compare-single
+    # expert parallel (DeepSeek-V3's training): each rank its own rows of the batch, experts spread
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.deepseek.train --layout ep --dtype float64 --steps 5 --compare-single
+    # the text corpus (bytes, V = 256), a validation loss every 10 steps
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.deepseek.train --layout ep --data text --steps 30 --eval-every 10
+
+This is gpt/train.py's run (the step, loop, metrics, report and single-device comparison) with
+Hooks: the model is Lesson 12's ParallelDeepseekV3 built from one seeded single-device model
+(init_model) in the chosen layout (parallelize); under expert parallelism the replicated
+parameters' gradients are summed after backward (after_backward); the reference is the same
+model on one device trained on the whole batch.
+
+--layout tp is "experts on all tokens": every rank holds every token, its heads and its
+experts. --layout ep is "expert parallel": the --tp ranks form the expert-parallel group, rank
+r takes rows r*B/t .. (r+1)*B/t of the batch, attention and dense FFNs are whole on every rank.
+Either way each rank's loss is the global mean (each rank's share of the summed cross-entropy,
+added over the group), so the loss equals one device's at every step.
+
+--save and --load are refused: gpt/checkpoint.py's shards know the GPT's layouts only.
+"""
+from dataclasses import dataclass
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tp_from_scratch.comm import Comm
+from tp_from_scratch.gpt import train as gpt_train
+from tp_from_scratch.gpt.mesh import setup_mesh
+from tp_from_scratch.nn.mappings import reduce_from_tp_region, tp_rank, tp_world_size
+
+from tp_from_scratch.sharding import check_divisible
+
+from .model import ParallelDeepseekV3, check_config, config_from_hf, from_hf_state_dict, hf_name
+
+ARCH = "deepseek_v3"
+LAYOUTS = {"tp": "experts on all tokens", "ep": "expert parallel"}
+
+
+@dataclass(frozen=True)
+class DeepSeekTrainConfig(gpt_train.TrainConfig):
+    """Lesson 6's settings, plus the layout, the experts and a smaller default model."""
+    layout: str = "tp"
+    experts: int = 8
+    arch: str = ARCH
+    hidden: int = 32
+    heads: int = 4
+    layers: int = 2
+    seq_len: int = 16
+    vocab_size: int = 64
+
+
+def model_config(opts):
+    """The DeepseekV3 config (transformers' field names) of the settings, with the three sizes
+    Lesson 6's loop reads (n_layers, seq_len, vocab_size) and the arch its description names."""
+    H, nh = opts.hidden, opts.heads
+    hf = dict(model_type=ARCH, vocab_size=256 if opts.data == "text" else opts.vocab_size, hidden_size=H,
+              intermediate_size=opts.ffn or 2 * H, num_hidden_layers=opts.layers, first_k_dense_replace=1,
+              num_attention_heads=nh, num_key_value_heads=nh, q_lora_rank=H // 2, kv_lora_rank=H // 4,
+              qk_nope_head_dim=H // nh, qk_rope_head_dim=4, v_head_dim=H // nh, rms_norm_eps=1e-6,
+              hidden_act="silu", moe_intermediate_size=H // 2, n_routed_experts=opts.experts,
+              num_experts_per_tok=2, n_group=1, topk_group=1, norm_topk_prob=True,
+              routed_scaling_factor=2.5, n_shared_experts=1, max_position_embeddings=opts.seq_len)
+    config = config_from_hf(hf)
+    config.n_layers, config.seq_len, config.arch = opts.layers, opts.seq_len, ARCH
+    config.summary = lambda: (f"{opts.layers} layers, H={H}, nh={nh}, E={opts.experts}, "
+                              f"V={config.vocab_size}, T={opts.seq_len}")
+    return config
+
+
+def description(opts):
+    """What a checkpoint of this trainer would hold: no GPT loader accepts it."""
+    return {"arch": ARCH, "layout": opts.layout, "partial_sync": None}
+
+
+class CausalLM(nn.Module):
+    """ParallelDeepseekV3 with the GPT's interface: (ids, targets) -> (logits, mean loss).
+
+    Under expert parallelism the rank runs its own rows of the batch and returns its share of
+    the summed cross-entropy added over the group (g: forward all-reduce, backward identity),
+    so every rank holds the global mean and each backward reaches its own tokens only."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, targets):
+        group, n_tokens = self.model.group, targets.numel()
+        if self.model.layout == "expert parallel":
+            ids, targets = ids.chunk(tp_world_size(group))[tp_rank(group)], targets.chunk(tp_world_size(group))[tp_rank(group)]
+        logits = self.model(ids)
+        share = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum") / n_tokens
+        if self.model.layout == "expert parallel":
+            share = reduce_from_tp_region(group, share)
+        return logits, share
+
+
+def init_model(config, seed, dtype):
+    """The single-device model every rank starts from: matrices N(0, 0.02) from ``seed``, norms 1."""
+    torch.manual_seed(seed)
+    model = ParallelDeepseekV3(config, group=Comm(0, 1))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim >= 2:
+                p.copy_(0.02 * torch.randn(p.shape, generator=g))
+    return CausalLM(model.to(dtype))
+
+
+def hooks_for(opts, config):
+    def parallelize(full, group):
+        sd = {hf_name(n): v for n, v in full.model.state_dict().items()}
+        dtype = next(full.parameters()).dtype
+        return CausalLM(from_hf_state_dict(config, sd, group=group, layout=LAYOUTS[opts.layout], dtype=dtype))
+
+    return gpt_train.Hooks(parallelize=parallelize, init_model=init_model, description=description(opts),
+                           after_backward=lambda m: m.model.sum_replicated_gradients(),
+                           checkpoint_meta={"layout": opts.layout})
+
+
+def build_parser():
+    p = gpt_train.build_parser()
+    p.prog = "python -m tp_from_scratch.deepseek.train"
+    p.description = __doc__
+    d = DeepSeekTrainConfig()
+    p.set_defaults(arch=d.arch, hidden=d.hidden, heads=d.heads, layers=d.layers, seq_len=d.seq_len,
+                   vocab_size=d.vocab_size)
+    for action in p._actions:
+        if action.dest == "arch":
+            action.choices = [ARCH]
+    g = p.add_argument_group("DeepSeek-V3")
+    g.add_argument("--layout", choices=list(LAYOUTS), default=d.layout,
+                   help="tp: every rank all tokens, its heads and experts; ep: every rank its own rows, "
+                        "whole attention, its experts")
+    g.add_argument("--experts", type=int, default=d.experts, help="routed experts E (2 per token, 1 shared)")
+    return p
+
+
+def validate(opts, world_size):
+    """The first problem with the settings for this world size, as a sentence; None if fine."""
+    problem = gpt_train.flag_problem(opts)
+    if problem:
+        return problem
+    if opts.save or opts.load:
+        return "--save and --load are not supported for deepseek_v3 yet (gpt/checkpoint.py shards the GPT only)"
+    if opts.impl != "scratch" or opts.collectives != "native":
+        return "deepseek_v3 trains with --impl scratch --collectives native only"
+    if world_size % opts.tp != 0:
+        return f"world size {world_size} is not divisible by tp={opts.tp}"
+    dp = world_size // opts.tp
+    per = dp * (opts.tp if opts.layout == "ep" else 1)
+    if opts.batch_size % per != 0:
+        return f"batch size {opts.batch_size} is not divisible by {per} (dp x the ranks of --layout {opts.layout})"
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        return "--device cuda was asked for, but torch sees no CUDA device"
+    if opts.hidden % opts.heads:
+        return f"--hidden {opts.hidden} is not divisible by --heads {opts.heads}"
+    try:
+        config = model_config(opts)
+        check_config(config, 1 if opts.layout == "ep" else opts.tp)
+        check_divisible(opts.experts, opts.tp, "--experts")
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def main(argv=None):
+    opts = gpt_train.parse_config(build_parser(), validate, argv, config_class=DeepSeekTrainConfig)
+    mesh = setup_mesh(opts.tp, opts.device, opts.timeout)
+    config = model_config(opts)
+    gpt_train.run_and_exit(lambda o, c, m: gpt_train.run(o, c, m, hooks_for(o, c)), opts, config, mesh)
+
+
+if __name__ == "__main__":
+    main()
