@@ -182,14 +182,18 @@ def build_parser():
     g.add_argument("--gelu", choices=["erf", "tanh"], default=d.gelu,
                    help="exact GeLU (erf) or GPT-2's tanh approximation (the numpy lessons' form); "
                         "default: the architecture's (gpt erf, gpt2 tanh)")
-    g.add_argument("--arch", choices=["gpt", "gpt2", "llama"], default=d.arch,
+    g.add_argument("--arch", choices=["gpt", "gpt2", "llama", "deepseek_v3"], default=d.arch,
                    help="gpt: this course's model; gpt2: LayerNorm, learned positions, all biases, tanh "
-                        "GeLU; llama: RMSNorm, RoPE, SwiGLU, no biases, untied head (gpt/model.py)")
+                        "GeLU; llama: RMSNorm, RoPE, SwiGLU, no biases, untied head (gpt/model.py); "
+                        "deepseek_v3: Lesson 12's trainer (python -m tp_from_scratch.deepseek.train)")
     return p
 
 
 def config_from_args(opts):
     """The GPTConfig of the settings ``opts`` (--data text: bytes, so V = 256)."""
+    if opts.arch == "deepseek_v3":   # Lesson 12's model, trained by Lesson 12's entry point
+        raise ValueError("--arch deepseek_v3 is Lesson 12's model: run .venv/bin/torchrun --standalone "
+                         "--nproc-per-node 2 -m tp_from_scratch.deepseek.train --tp 2 --layout tp|ep")
     vocab = 256 if opts.data == "text" else opts.vocab_size
     return GPTConfig(vocab_size=vocab, seq_len=opts.seq_len, n_layers=opts.layers,
                      hidden=opts.hidden, n_heads=opts.heads, n_kv_heads=opts.kv_heads,

@@ -1,0 +1,87 @@
+"""Greedy generation with DeepSeek-V3 from a Hugging Face save_pretrained directory, on t ranks,
+decoding with the latent cache (model.generate; mla.LatentCache).
+
+    # one process
+    .venv/bin/python -m tp_from_scratch.deepseek.generate --hf DIR --prompt 1,2,3 --new-tokens 8
+    # 2 ranks: heads split, each rank its experts on all tokens; rank 0 also decodes on one device
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.deepseek.generate --hf DIR \\
+        --prompt 1,2,3 --new-tokens 8 --compare-single
+
+DIR is what DeepseekV3ForCausalLM.save_pretrained (or model.save_hf) writes. The prompt, the
+flag checks and the process group are gpt/generate.py's; the model and its cache Lesson 12's.
+Greedy only, all --new-tokens (no stop at an end-of-sequence id).
+"""
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from tp_from_scratch.comm import Comm
+from tp_from_scratch.gpt import options
+from tp_from_scratch.gpt.generate import parse_prompt, prompt_problem
+from tp_from_scratch.nn.mappings import tp_world_size
+
+from .model import generate, load_hf
+
+LAYOUTS = {"tp": "experts on all tokens", "etp": "expert tensor parallel"}
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m tp_from_scratch.deepseek.generate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hf", required=True, help="a DeepseekV3 save_pretrained directory")
+    p.add_argument("--prompt", help="comma-separated token ids (default: 8 random ids from --seed)")
+    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--layout", choices=list(LAYOUTS), default="tp",
+                   help="tp: each rank its experts on all tokens; etp: every expert split over the ranks")
+    p.add_argument("--compare-single", action="store_true", help="rank 0 also generates on one device")
+    return p
+
+
+def check_arguments(args, world):
+    return options.first_problem(options.existing_path("--hf", args.hf), prompt_problem(args.prompt),
+                                 options.positive("--new-tokens", args.new_tokens))
+
+
+def run(args, group, rank):
+    dtype = getattr(torch, args.dtype)
+    model = load_hf(args.hf, group=group, layout=LAYOUTS[args.layout], dtype=dtype).eval()
+    prompt = parse_prompt(args.prompt, model.config, args.seed)
+    ids, cache = generate(model, prompt, args.new_tokens)
+    if rank != 0:
+        return 0
+    print(f"deepseek_v3, tp={tp_world_size(group)} ({LAYOUTS[args.layout]}), {args.dtype}, greedy: "
+          f"{','.join(map(str, ids[0].tolist()))}", flush=True)
+    if not args.compare_single:
+        return 0
+    single = load_hf(args.hf, group=Comm(0, 1), dtype=dtype).eval()
+    same = torch.equal(ids, generate(single, prompt, args.new_tokens)[0])
+    print(f"single device: {'identical token ids' if same else 'DIFFERENT token ids'}", flush=True)
+    return int(not same)
+
+
+def main(argv=None):
+    args = options.parse_valid_args(build_parser(), check_arguments, argv)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    group, rank = Comm(0, 1), 0
+    if world > 1:
+        from tp_from_scratch.comm.process_group import init_process_group
+        init_process_group("cpu")
+        group, rank = dist.group.WORLD, dist.get_rank()
+    try:
+        status = run(args, group, rank)
+    except ValueError as e:
+        print(f"rank {rank}: error: {e}", file=sys.stderr, flush=True)
+        status = 1
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()
