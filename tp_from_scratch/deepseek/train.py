@@ -166,6 +166,28 @@ def validate(opts, world_size):
     return None
 
 
+def parse(argv=()):
+    """The settings for the command line ``argv`` (no validation: in-process use)."""
+    return DeepSeekTrainConfig.from_args(build_parser().parse_args([str(a) for a in argv]))
+
+
+def train_on_comm(comm, argv=()):
+    """One rank's run on a tp_from_scratch Comm (run_spmd's simulated ranks), dp = 1: the model,
+    data, optimizer and step of the command line ``argv``; returns the per-step losses."""
+    opts = parse(argv)
+    config = model_config(opts)
+    hooks = hooks_for(opts, config)
+    model = hooks.parallelize(init_model(config, opts.seed, opts.torch_dtype), comm)
+    optimizer = gpt_train.make_optimizer(model.parameters(), opts)
+    return [loss.item() for _, loss in gpt_train.steps_on_comm(opts, config, model, optimizer, hooks.after_backward)]
+
+
+def single_device_losses(argv=()):
+    """The reference: the same model on one device, trained on the whole batch of every step."""
+    opts = parse(argv)
+    return [loss for _, loss in gpt_train.single_device_run(model_config(opts), opts, init_model=init_model)]
+
+
 def main(argv=None):
     opts = gpt_train.parse_config(build_parser(), validate, argv, config_class=DeepSeekTrainConfig)
     mesh = setup_mesh(opts.tp, opts.device, opts.timeout)
