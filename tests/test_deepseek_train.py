@@ -52,8 +52,10 @@ def test_what_the_deepseek_trainer_cannot_do_is_refused_before_any_work(argv, wo
     assert message in (ds_train.validate(ds_train.parse(argv), world) or "")
 
 
-def test_lesson_6_trainer_points_at_lesson_12_for_deepseek(capsys):
-    from tp_from_scratch.gpt import train
+@pytest.mark.parametrize("lesson", ["gpt", "sequence_parallel", "partial_sync", "parallelisms"])
+def test_lesson_6_trainers_point_at_lesson_12_for_deepseek(capsys, lesson):
+    import importlib
+    train = importlib.import_module(f"tp_from_scratch.{lesson}.train")
     with pytest.raises(SystemExit) as exit_:
         train.main(["--arch", "deepseek_v3"])
     assert exit_.value.code == 2

@@ -45,6 +45,7 @@ class DeepSeekTrainConfig(gpt_train.TrainConfig):
     layout: str = "tp"
     experts: int = 8
     arch: str = ARCH
+    ARCHS = (ARCH,)
     hidden: int = 32
     heads: int = 4
     layers: int = 2

@@ -60,6 +60,9 @@ def validate(opts, world_size):
         return f"--sync-fraction must be in [0, 1], got {opts.sync_fraction}"
     if opts.impl != "scratch":
         return "--impl dtensor has no partial reduce: use --impl scratch"
+    problem = gpt_train.flag_problem(opts)   # before the GPTConfig (e.g. an --arch of a later lesson)
+    if problem:
+        return problem
     config = gpt_train.config_from_args(opts)
     return gpt_train.validate(opts, world_size, description(config, opts.tp, opts.sync_fraction))
 
