@@ -12,9 +12,10 @@ mixture-of-experts with latent attention changes, on Lesson 9's and earlier less
   parameters' numel; the router's selection bias is a buffer, not counted), and the active ones:
   all but the routed experts a token does not use (k of E). The multi-token-prediction module
   of the report (14B) is not in transformers' model, so not in the count;
-* weights, gradients and AdamW state per rank (cost.model.PRECISIONS) with attention, the dense
-  and shared FFNs and the vocabulary split over TP=t, and the routed experts over EP=e (E/e whole
-  experts per rank), the layout of the course's ParallelDeepseekV3;
+* weights, gradients and AdamW state per rank (cost.model.PRECISIONS) with attention and the dense
+  and shared FFNs split over TP=t, the routed experts over EP=e (E/e whole experts per rank), and
+  the embedding and head whole, as the course's ParallelDeepseekV3 holds them (TP=EP=t: its
+  inference layout; TP=1, EP=t: its expert-parallel, training layout);
 * the bytes per token and layer, forward: TP's two ring all-reduces of H numbers
   (collectives.ring_all_reduce_bytes) against EP's dispatch and combine
   (deepseek.expert_parallel.ep_bytes_sent) under balanced routing, also at node granularity
@@ -71,16 +72,16 @@ def layer_parameters(c, moe, t=1, e=1, experts=None):
             + experts * ffn_parameters(H, c.moe_intermediate_size))
 
 
-def parameter_count(c, t=1, e=1, rank=0, active=False):
-    """The parameters of DeepseekV3ForCausalLM (config ``c``) on one rank (t=e=1: all of them).
+def parameter_count(c, t=1, e=1, active=False):
+    """The parameters of DeepseekV3ForCausalLM (config ``c``) on one rank (t=e=1: all of them),
+    held as the course's ParallelDeepseekV3 holds them: the embedding and head whole on every rank.
 
     active: those one token uses, the num_experts_per_tok of the routed experts (t=e=1 only).
     """
     dense, moe = c.first_k_dense_replace, c.num_hidden_layers - c.first_k_dense_replace
     experts = c.num_experts_per_tok if active else None
-    vocab = shard_sizes(c.vocab_size, t)[rank] * c.hidden_size
-    heads = 1 if c.tie_word_embeddings else 2
-    return (heads * vocab + c.hidden_size  # embedding (+ untied head), final norm
+    heads = 1 if c.tie_word_embeddings else 2  # embedding (+ untied head), whole on every rank
+    return (heads * c.vocab_size * c.hidden_size + c.hidden_size  # ... and the final norm
             + dense * layer_parameters(c, False, t, e) + moe * layer_parameters(c, True, t, e, experts))
 
 
@@ -189,7 +190,7 @@ def report(args, c, say=print):
     say(f"parameters: {total:,} ({rounded(total)}) total, {active:,} ({rounded(active)}) active per token")
     say("(transformers' DeepseekV3ForCausalLM; without the report's multi-token-prediction module)")
     say(f"\nmemory per rank, GiB ({args.precision}: weights, gradients, AdamW; no activations); "
-        f"attention, dense/shared FFNs and vocabulary over TP, routed experts over EP")
+        f"attention, dense/shared FFNs over TP, routed experts over EP, embedding and head whole")
     say(f"{'TP':>3} {'EP':>3} {'weights':>9} {'grads':>9} {'AdamW':>9} {'total':>9}")
     for tp, ep in sorted({(1, 1), (1, e), (t, 1), (t, t), (t, e)}):
         if c.n_routed_experts % ep == 0:
