@@ -7,7 +7,8 @@
   bug documented in docs/verify.md, every other failure is an XFAIL the adapter declared;
 * broken adapters (tests/verify_adapters.py) FAIL exactly the check aimed at them: one per
   kind of input (non-contiguous, bias=False, uneven gather_output, two passes, a strict
-  subgroup, random shapes, t = 3), and the picotron bug patterns;
+  subgroup, random shapes, t = 3), one per input variant of the sequence-parallel checks
+  (uneven T, non-contiguous, 4-D, two passes), and the picotron bug patterns;
 * an adapter that deadlocks, raises on one rank, skips a collective on one rank or fails to
   import on one rank (F24) costs one named row, while every other adapter of the same
   launch keeps its full results;

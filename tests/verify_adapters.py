@@ -24,6 +24,17 @@ check it passed before and failing only the new one aimed at it:
                         fixed case): only the random shapes are not square
     SCATTER_POW2_MASK   finds its block with rank & (t - 1): right at t = 2 and 4, wrong at t = 3
 
+and one per input variant of the sequence-parallel checks (dim 1 is T):
+
+    SP_GATHER_PAD_TRIM  the SP all-gather pads uneven shards to the longest and trims the
+                        padding from the end of the whole, not from each shard: wrong on uneven T
+    SP_SCATTER_VIEW     the SP reduce-scatter flattens its input with .view(-1): fails on a
+                        non-contiguous input
+    SP_GATHER_3D_ONLY   the SP all-gather reshapes its output to (B, T, -1): wrong on 2-D and
+                        4-D inputs (and on seed 3's 5-D random shape)
+    SP_LAYERNORM_OVERWRITES_GRAD  the SP LayerNorm sets weight.grad and bias.grad (all-reduced)
+                        instead of adding to them: fails the second of two passes
+
 and the ones that misbehave across ranks; each must cost one named row, never the launch:
 
     HANGS_ON_RANK_1     g's rank 1 blocks forever (the 2-D input case, t = 3 only): a deadlock
@@ -42,7 +53,9 @@ from torch.nn import functional as F
 
 from tp_from_scratch.nn.embedding import VocabParallelEmbedding
 from tp_from_scratch.nn.linear import ColumnParallelLinear, RowParallelLinear
+from tp_from_scratch.nn.collectives import all_gather, reduce_scatter
 from tp_from_scratch.nn.mappings import all_reduce, copy_to_tp_region, reduce_from_tp_region
+from tp_from_scratch.sharding import shard_range, shard_sizes
 from tp_from_scratch.verify import FEATURES, Adapter
 
 NATIVE = set(FEATURES) - {"comm"}
@@ -259,6 +272,91 @@ COLUMN_SQUARE_ONLY = Adapter(
 SCATTER_POW2_MASK = Adapter(name="bug: scatter pow2 mask", supports=NATIVE - {"uneven"},
                             scatter=lambda group, x: _ScatterPow2.apply(group, x))
 
+# --- sequence-parallel bugs ----------------------------------------------------------------
+
+class _SPGatherPadTrim(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, group, x, sizes):
+        rank, longest = dist.get_rank(group), max(sizes)
+        ctx.group, ctx.lo, ctx.hi = group, sum(sizes[:rank]), sum(sizes[:rank + 1])
+        padded = F.pad(x.movedim(1, -1), (0, longest - x.shape[1])).movedim(-1, 1).contiguous()
+        whole = all_gather(group, padded, 1)                  # (B, t * longest, ...)
+        return whole[:, :sum(sizes)].contiguous()             # the bug: the pads stay in the middle
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, all_reduce(ctx.group, grad.contiguous())[:, ctx.lo:ctx.hi], None
+
+
+class _SPReduceScatterView(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, group, x):
+        t, rank = dist.get_world_size(group), dist.get_rank(group)
+        ctx.group, ctx.sizes = group, shard_sizes(x.shape[1], t)
+        total = all_reduce(group, x.view(-1)).view(x.shape)   # the bug: .view needs contiguous x
+        lo, hi = shard_range(x.shape[1], rank, t)
+        return total[:, lo:hi].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, all_gather(ctx.group, grad.contiguous(), 1, ctx.sizes)
+
+
+class _SPGather3D(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, group, x, sizes):
+        ctx.group = group
+        whole = all_gather(group, x.contiguous(), 1, sizes)
+        return whole.view(whole.shape[0], whole.shape[1], -1)  # the bug: (B, T, H) assumed
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, reduce_scatter(ctx.group, grad.contiguous(), 1), None
+
+
+class _LayerNormSettingGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, group, x, norm):
+        ctx.group, ctx.norm = group, norm
+        ctx.save_for_backward(x)
+        return F.layer_norm(x, norm.normalized_shape, norm.weight.detach(), norm.bias.detach(), norm.eps)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, = ctx.saved_tensors
+        norm = ctx.norm
+        with torch.enable_grad():
+            leaves = [a.detach().requires_grad_() for a in (x, norm.weight, norm.bias)]
+            y = F.layer_norm(leaves[0], norm.normalized_shape, leaves[1], leaves[2], norm.eps)
+            dx, dw, db = torch.autograd.grad(y, leaves, dy)
+        norm.weight.grad = all_reduce(ctx.group, dw)  # the bug: overwrites an earlier pass's
+        norm.bias.grad = all_reduce(ctx.group, db)
+        return None, dx, None
+
+
+class _SPLayerNormOverwrites(torch.nn.Module):
+    def __init__(self, group, norm):
+        super().__init__()
+        self.group, self.norm = group, norm
+
+    weight = property(lambda self: self.norm.weight)
+    bias = property(lambda self: self.norm.bias)
+
+    def forward(self, x):
+        return _LayerNormSettingGrad.apply(self.group, x, self.norm)
+
+
+SP_GATHER_PAD_TRIM = Adapter(name="bug: sp gather pad trimmed wrong", supports=NATIVE,
+                             sp_gather=lambda group, x, sizes=None: _SPGatherPadTrim.apply(
+                                 group, x, sizes or [x.shape[1]] * dist.get_world_size(group)))
+SP_SCATTER_VIEW = Adapter(name="bug: sp scatter .view()", supports=NATIVE,
+                          sp_scatter=lambda group, x: _SPReduceScatterView.apply(group, x))
+SP_GATHER_3D_ONLY = Adapter(name="bug: sp gather 3-D only", supports=NATIVE,
+                            sp_gather=lambda group, x, sizes=None: _SPGather3D.apply(group, x, sizes))
+SP_LAYERNORM_OVERWRITES_GRAD = Adapter(name="bug: sp layernorm overwrites grad", supports=NATIVE,
+                                       sp_layernorm=_SPLayerNormOverwrites)
+
+
 # which (component, check) each one must FAIL, and the launch that shows it ("t3": t = 3,
 # "2of4": two TP groups of 2 on 4 processes)
 INPUT_TARGETS = {
@@ -269,6 +367,10 @@ INPUT_TARGETS = {
     "F_G_WORLD": ("g", "forward", "2of4"),
     "COLUMN_SQUARE_ONLY": ("column", "random shapes", "t3"),
     "SCATTER_POW2_MASK": ("scatter", "forward", "t3"),
+    "SP_GATHER_PAD_TRIM": ("sp gather", "uneven T (13)", "t3"),
+    "SP_SCATTER_VIEW": ("sp scatter", "non-contiguous input", "t3"),
+    "SP_GATHER_3D_ONLY": ("sp gather", "4-D input", "t3"),
+    "SP_LAYERNORM_OVERWRITES_GRAD": ("sp layernorm", "two passes (accumulate)", "t3"),
 }
 
 

@@ -59,6 +59,8 @@ from tp_from_scratch.deepseek import (LAYOUTS, MoEConfig, all_reduce_bytes_sent,
 from tp_from_scratch.deepseek.checks import TINY, check_layout, layout_data, random_moe
 from tp_from_scratch.deepseek.mla import cache_bytes_per_token
 from tp_from_scratch.deepseek.model import ParallelDeepseekV3, generate
+from tp_from_scratch.deepseek.plan import (ep_bytes_per_token, memory_per_rank, node_bytes_per_token,
+                                           parameter_count, tp_bytes_per_token)
 from tp_from_scratch.gpt.model import GPTConfig, KVCache, TensorParallelGPT
 from tp_from_scratch.gpt.text import text_batch
 from tp_from_scratch.plots import device_color, draw_matrix
@@ -269,18 +271,34 @@ ranks is cheap."""),
     # ------------------------------------------------------------------ why no TP
     new_markdown_cell(r"""## 5. Why DeepSeek-V3 trained without TP
 
-Per token of the batch and layer, forward, bf16 (b = 2), H = 7168; node-limited routing sends a
-token to at most 4 nodes (one copy per node, forwarded inside the node over NVLink):"""),
-    new_code_cell("""H, b, k, nodes_per_token = 7168, 2, 8, 4
-tp8 = 8 * 2 * all_reduce_bytes_sent(H, 8, 0, b)  # 8 ranks hold the token; 2 all-reduces per layer (attention, FFN)
-ep = 2 * nodes_per_token * H * b            # dispatch + combine across InfiniBand, one copy per node
+The numbers are Lesson 12's planner's (`tp_from_scratch/deepseek/plan.py`, built on Lesson 9's
+cost model and Lesson 2's ring formula); from the repository root:
+
+    .venv/bin/python -m tp_from_scratch.deepseek.plan --tp 8 --ep 64
+
+Its parameter count is exact — the numel of transformers' `DeepseekV3ForCausalLM`
+(`tests/test_deepseek_plan.py` checks it on small configs, and per rank against the course's
+model) — without the report's multi-token-prediction module (14B more, 685B in all). Per token
+and layer, forward, bf16 (b = 2): TP = 8 inside a node makes two ring all-reduces of H = 7168
+numbers; EP = 64 spans 8 nodes, and node-limited routing sends a token to at most 4 of them (one
+copy per node, forwarded inside the node over NVLink), so what crosses InfiniBand is the
+all-to-all between nodes:"""),
+    new_code_cell("""v3, b = DeepseekV3Config(), 2                     # DeepSeek-V3's sizes; bf16
+print(f"parameters: {parameter_count(v3) / 1e9:.1f}B, {parameter_count(v3, active=True) / 1e9:.1f}B active per token")
+for tp, ep in [(8, 8), (1, 64)]:                   # before pipelines (16 stages) and ZeRO-1 divide it further
+    print(f"TP={tp}, routed experts over {ep:2d} GPUs: {sum(memory_per_rank(v3, tp, ep, 'mixed').values()) / 2**30:7.0f} GiB per GPU "
+          "of weights, gradients and AdamW (mixed precision)")
+tp8 = tp_bytes_per_token(v3, 8, b)                  # 2 ring all-reduces of H per layer, all 8 ranks
+ep = node_bytes_per_token(v3, nodes=8, per_node=8, max_nodes=4, itemsize=b)   # across InfiniBand
 # a GPU's share of the batch is the same either way; under TP each of its tokens is also on 7 other GPUs
 print(f"TP = 8 on NVLink (160 GB/s per GPU):  {tp8 / 1e3:6.1f} KB per token per layer, "
       f"{tp8 / 160e9 * 1e9:5.0f} ns of link per GPU per token of its share, on the critical path")
 print(f"EP over InfiniBand (50 GB/s per GPU): {ep / 1e3:6.1f} KB per token per layer, "
-      f"{ep / 50e9 * 1e9:5.0f} ns of link per GPU per token of its share, overlapped (DualPipe)")"""),
-    new_markdown_cell(r"""TP's all-reduces move 3.5x the bytes of EP's all-to-all, but on a 3.2x faster link, and each
-TP GPU carries all 8 of its group's tokens: per GPU, the link time is about the same. What
+      f"{ep / 50e9 * 1e9:5.0f} ns of link per GPU per token of its share, overlapped (DualPipe)")
+print(f"TP's bytes / EP's: {tp8 / ep:.1f}x; EP=64 balanced over all GPUs, NVLink included: "
+      f"{ep_bytes_per_token(v3, 64, b) / 1e3:.1f} KB")"""),
+    new_markdown_cell(r"""TP's all-reduces move 4x the bytes of EP's all-to-all, but on a 3.2x faster link, and each
+TP GPU carries all 8 of its group's tokens: per GPU, the link time is of the same order. What
 decided it is *when* that time is paid (§3.2):
 * **TP sits on the critical path**: two all-reduces per layer, forward and backward, that the
   next matmul waits for. The all-to-all of one micro-batch overlaps the compute of another
@@ -288,6 +306,8 @@ decided it is *when* that time is paid (§3.2):
 * **TP shrinks every matmul**; EP keeps experts whole. At t = 8 an expert's 2048-wide FFN becomes
   256-wide slivers (ETP); EP gives each GPU 4 whole experts per layer (256 / 64).
 * **TP stops at the node**: beyond 8 GPUs its all-reduces would cross InfiniBand, ~3x slower.
+* **EP holds less per GPU**: TP = 8 (the experts split 8 ways with it) leaves each GPU 3x the
+  weights and optimizer state of EP = 64 (the planner's table above).
 * **Memory was made to fit otherwise**: recomputing RMSNorm and the MLA up-projections in
   backward, EMA weights in CPU memory, the embedding and output head shared with the MTP module.
 

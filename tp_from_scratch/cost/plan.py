@@ -29,6 +29,9 @@ size hs, F ffn, with t TP ranks, B sequences per DP rank:
   + a measured per-step overhead (fixed + per layer: Python, autograd, the optimizer's loop);
 * the TP degree at which one layer's communication takes longer than its compute.
 
+DeepSeek-V3 (--arch deepseek_v3) is planned by Lesson 12's planner, on these formulas:
+    .venv/bin/python -m tp_from_scratch.deepseek.plan
+
 The predicted time assumes no overlap of compute and communication: our trainer has none.
 """
 import argparse
@@ -81,7 +84,8 @@ def config_from_args(args):
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m tp_from_scratch.cost.plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arch", choices=list(ARCHS), default="gpt", help="gpt: this course's model")
+    p.add_argument("--arch", choices=list(dict.fromkeys([*ARCHS, "deepseek_v3"])), default="gpt",
+                   help="gpt: this course's model (deepseek_v3: Lesson 12's planner, see below)")
     p.add_argument("--tp", type=int, default=1, help="the TP degree to predict the step time of")
     p.add_argument("--dp", type=int, default=1)
     p.add_argument("--dtype", choices=["float32", "float64", "bfloat16"], default="float32",
@@ -97,8 +101,14 @@ def build_parser():
     return p
 
 
+# a mixture-of-experts is planned by Lesson 12's planner, built on this one's formulas
+MOE_PLANNER = ".venv/bin/python -m tp_from_scratch.deepseek.plan"
+
+
 def validate(args, world=1):
     """The first problem with the flags, as one sentence (gpt.options' rules); None if fine."""
+    if args.arch == "deepseek_v3":
+        return f"--arch deepseek_v3: a mixture-of-experts with latent attention; plan it with {MOE_PLANNER}"
     problem = first_problem(*(positive(flag, getattr(args, name)) for flag, name in (
         ("--tp", "tp"), ("--dp", "dp"), ("--batch-size", "batch_size"), ("--vocab-size", "vocab_size"),
         ("--seq-len", "seq_len"), ("--layers", "layers"), ("--hidden", "hidden"), ("--heads", "heads"),

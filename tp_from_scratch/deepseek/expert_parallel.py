@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from tp_from_scratch.collectives import ring_all_reduce_bytes
 from tp_from_scratch.nn.mappings import (all_to_all, copy_to_tp_region, exchange_counts,
                                          reduce_from_tp_region, tp_rank, tp_world_size)
 from tp_from_scratch.sharding import check_divisible
@@ -197,9 +198,8 @@ def ep_bytes_sent(counts, rank, hidden, itemsize):
 
 
 def all_reduce_bytes_sent(n_elements, t, rank, itemsize):
-    """Bytes the ring all-reduce of n elements sends from ``rank``: 2N - chunk_r - chunk_{r+1}."""
-    chunk = [len(c) * itemsize for c in np.array_split(np.arange(n_elements), t)]
-    return int(2 * n_elements * itemsize - chunk[rank] - chunk[(rank + 1) % t])
+    """Bytes the ring all-reduce of n elements sends from ``rank`` (Lesson 2's formula)."""
+    return int(ring_all_reduce_bytes(n_elements, itemsize, t, rank))
 
 
 def tokens_per_rank(experts, n_experts, t):

@@ -68,9 +68,9 @@ class _SequenceParallelBlock(nn.Module):
         self.fc1 = ColumnParallelLinear.from_linear(block.fc1, group=group)
         self.fc2 = RowParallelLinear.from_linear(block.fc2, group=group)
 
-    def forward(self, x):                          # (B, T_r, H) -> (B, T_r, H)
+    def forward(self, x, sizes=None):              # (B, T_r, H) -> (B, T_r, H); sizes: every T_r
         h = sequence_parallel_layer_norm(self.group, x, self.ln)
-        (a,) = column_linears_from_sequence(self.group, h, [self.fc1])   # (B, T, FFN/t)
+        (a,) = column_linears_from_sequence(self.group, h, [self.fc1], sizes)  # (B, T, FFN/t)
         return x + row_linear_to_sequence(self.group, F.gelu(a), self.fc2)
 
 

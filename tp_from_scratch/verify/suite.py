@@ -332,7 +332,8 @@ def all_cases(t=2, seed=0, supports=frozenset()):
         _cross_entropy_case("random shapes", batch=batch, vocab=vocab, scale=30.0,
                             inputs=f"logits {(*batch, vocab)} x30, seed {seed}"),
     ]
-    cases += sp.cases(Case)
+    cases += sp.cases(Case, t=t, seed=seed, supports=supports, non_contiguous=non_contiguous,
+                      random_sizes=_random_sizes, uneven=UNEVEN)
     return cases
 
 
