@@ -14,6 +14,8 @@
                         bytes per token against EP's: .venv/bin/python -m tp_from_scratch.deepseek.plan
     checks.py           every layout and the model against one device, on any group:
                         .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.deepseek.checks
+    train.py            Lesson 6's trainer on this model (--layout tp or ep), every step against one device
+    generate.py         greedy generation with the latent cache from a save_pretrained directory
 
 Torch autograd, not numpy by hand: the router's top-k, the gathers and index_adds of dispatch
 and combine already have gradients torch knows, so every layout is written as its forward
