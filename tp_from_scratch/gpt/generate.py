@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt import convert, options
+from tp_from_scratch.gpt.arch import ARCHS
 from tp_from_scratch.gpt.model import GPT, GPTConfig, KVCache, TensorParallelGPT, gpt_to_tp, init_gpt
 from tp_from_scratch.nn import gather_from_tp_region
 
@@ -257,7 +258,7 @@ def build_parser():
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--compare-single", action="store_true", help="rank 0 also generates on one device")
     b = p.add_argument_group("bench (a random model)")
-    b.add_argument("--arch", choices=["gpt", "gpt2", "llama"], default="llama")
+    b.add_argument("--arch", choices=list(ARCHS), default="llama")
     b.add_argument("--layers", type=int, default=4)
     b.add_argument("--hidden", type=int, default=512)
     b.add_argument("--heads", type=int, default=8)

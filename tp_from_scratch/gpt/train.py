@@ -48,6 +48,7 @@ import torch.distributed as dist
 
 from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.compare import TOLERANCE, assert_matches_reference, tolerance
+from tp_from_scratch.gpt.arch import ARCHS as PRESETS
 from tp_from_scratch.gpt.data import global_batch, local_batch
 from tp_from_scratch.gpt.mesh import setup_mesh
 from tp_from_scratch.gpt.options import at_least, first_problem, greater_than_zero, parse_valid_args, positive
@@ -98,7 +99,7 @@ class TrainConfig:
     untied: bool = False
     gelu: Optional[str] = None
     arch: str = "gpt"
-    ARCHS = ("gpt", "gpt2", "llama")   # the models this trainer builds (not a setting)
+    ARCHS = tuple(PRESETS)   # the models this trainer builds (gpt/arch.py; not a setting)
 
     @classmethod
     def from_args(cls, args):
@@ -183,7 +184,7 @@ def build_parser():
     g.add_argument("--gelu", choices=["erf", "tanh"], default=d.gelu,
                    help="exact GeLU (erf) or GPT-2's tanh approximation (the numpy lessons' form); "
                         "default: the architecture's (gpt erf, gpt2 tanh)")
-    g.add_argument("--arch", choices=["gpt", "gpt2", "llama", "deepseek_v3"], default=d.arch,
+    g.add_argument("--arch", choices=[*PRESETS, "deepseek_v3"], default=d.arch,
                    help="gpt: this course's model; gpt2: LayerNorm, learned positions, all biases, tanh "
                         "GeLU; llama: RMSNorm, RoPE, SwiGLU, no biases, untied head (gpt/model.py); "
                         "deepseek_v3: Lesson 12's trainer (python -m tp_from_scratch.deepseek.train)")
