@@ -55,7 +55,7 @@ PARTIAL = "holds a partially synchronized GPT (--arch gpt, --sync-fraction 0.5 a
 
 def test_the_description_is_in_the_metadata_and_old_checkpoints_are_described_from_sync_fraction(caat):
     _, meta = ckpt.read_metadata(caat)
-    assert meta["model"] == {"arch": "gpt", "partial_sync": {"sync_fraction": 0.5, "tp": 2}}
+    assert meta["model"] == {"family": "gpt", "arch": "gpt", "partial_sync": {"sync_fraction": 0.5, "tp": 2}}
     old = {k: v for k, v in meta.items() if k != "model"}   # written before descriptions existed
     assert ckpt.description_of(old) == meta["model"]
     assert ckpt.description_of({"tp": 4, "config": CONFIG.to_dict()})["partial_sync"] is None

@@ -26,24 +26,82 @@ def test_training_on_two_simulated_ranks_equals_one_device_at_every_step(layout)
                                      rank=rank, tol=tolerance(opts.dtype, layers=opts.layers, steps=step))
 
 
+STEPS = 2
+EP_RUN = ["--tp", 2, "--layout", "ep", "--dtype", "float64", "--steps", STEPS, "--data", "text"]
+
+
+@pytest.fixture(scope="module")
+def ep_run(tmp_path_factory):
+    """The command line end to end: torchrun, the mesh, --compare-single, --eval-every, --metrics,
+    and --save; (its result, the directory of its metrics and checkpoint)."""
+    tmp = tmp_path_factory.mktemp("ds-ep")
+    result = run_command(torchrun_command(2, "tp_from_scratch.deepseek.train", *EP_RUN, "--compare-single",
+                                          "--eval-every", STEPS, "--no-progress", "--metrics", tmp / "m.jsonl",
+                                          "--save", tmp / "ckpt", "--timeout", 60), timeout=220)
+    assert result.returncode == 0, result.stdout[-4000:]
+    return result, tmp
+
+
+def losses_of(metrics):
+    return {r["step"]: r for r in (json.loads(line) for line in metrics.read_text().splitlines()) if "loss" in r}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_the_command_trains_expert_parallel_equal_to_one_device(tmp_path):
-    # the command line end to end: torchrun, the mesh, --compare-single, --eval-every, --metrics
-    steps = 2
-    result = run_command(torchrun_command(2, "tp_from_scratch.deepseek.train", "--tp", 2, "--layout", "ep",
-                                          "--dtype", "float64", "--steps", steps, "--compare-single",
-                                          "--data", "text", "--eval-every", steps, "--no-progress",
-                                          "--metrics", tmp_path / "m.jsonl", "--timeout", 60), timeout=220)
+def test_the_command_trains_expert_parallel_equal_to_one_device(ep_run):
+    result, tmp = ep_run
+    records = [json.loads(line) for line in (tmp / "m.jsonl").read_text().splitlines()]
+    assert [r["equal"] for r in records if "loss" in r] == [True] * STEPS, records
+    assert [r["step"] for r in records if "val_loss" in r] == [STEPS - 1]
+    assert f"{STEPS} of {STEPS} steps equal" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_its_checkpoint_resumes_on_four_ranks_in_the_tensor_parallel_layout_as_if_never_stopped(ep_run):
+    # saved by 2 expert-parallel ranks, resumed by 4 tensor-parallel ones: every later step's loss
+    # equals the uninterrupted single-device run's (weights and AdamW's moments resharded)
+    _, tmp = ep_run
+    steps = STEPS + 2
+    result = run_command(torchrun_command(4, "tp_from_scratch.deepseek.train", "--tp", 4, "--layout", "tp",
+                                          "--dtype", "float64", "--steps", steps, "--data", "text",
+                                          "--load", tmp / "ckpt", "--no-progress", "--metrics",
+                                          tmp / "resumed.jsonl", "--timeout", 60), timeout=220)
     assert result.returncode == 0, result.stdout[-4000:]
-    records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
-    assert [r["equal"] for r in records if "loss" in r] == [True] * steps, records
-    assert [r["step"] for r in records if "val_loss" in r] == [steps - 1]
-    assert f"{steps} of {steps} steps equal" in result.stdout
+    resumed = losses_of(tmp / "resumed.jsonl")
+    assert sorted(resumed) == list(range(STEPS, steps))
+    expected = ds_train.single_device_losses([*EP_RUN, "--steps", steps])   # the last --steps counts
+    for step, record in resumed.items():
+        assert_matches_reference(torch.tensor(record["loss"], dtype=torch.float64), expected[step],
+                                 name=f"resumed loss at step {step}", tol=tolerance("float64", layers=2, steps=step))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_its_checkpoint_generates_on_two_ranks_as_transformers_after_export(ep_run, tmp_path):
+    # TP generation from the command line at t = 2, every expert split (etp): the same ids as one
+    # device, and as transformers' greedy generate on the exported save_pretrained directory
+    from transformers import DeepseekV3ForCausalLM
+    from tests.hf_models import float64_deepseek
+    from tp_from_scratch.deepseek import convert
+    _, tmp = ep_run
+    prompt, n = [72, 101, 108], 6
+    result = run_command(torchrun_command(2, "tp_from_scratch.deepseek.generate", "--load", tmp / "ckpt",
+                                          "--layout", "etp", "--dtype", "float64", "--prompt",
+                                          ",".join(map(str, prompt)), "--new-tokens", n, "--compare-single"),
+                         timeout=200)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "single device: identical token ids" in result.stdout
+    printed = next(line for line in result.stdout.splitlines() if "greedy:" in line).rsplit(": ", 1)[1]
+    convert.main(["export", str(tmp / "ckpt"), "--out", str(tmp_path / "hf")])
+    hf = DeepseekV3ForCausalLM.from_pretrained(tmp_path / "hf", experts_implementation="eager")
+    hf = float64_deepseek(hf.to(torch.float64).eval())
+    expected = hf.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    assert printed == ",".join(map(str, expected[0].tolist()))
 
 
 @pytest.mark.parametrize("argv, world, message", [
-    (["--save", "x"], 2, "--save and --load are not supported for deepseek_v3"),
+    (["--load", "nowhere"], 2, "no checkpoint at nowhere: the path does not exist"),
     (["--tp", 3], 3, "num_attention_heads"),
     (["--tp", 2, "--layout", "ep", "--batch-size", 3], 2, "batch size 3 is not divisible by 2"),
     (["--tp", 2, "--experts", 5, "--layout", "ep", "--batch-size", 2], 2, "--experts"),

@@ -179,6 +179,23 @@ def moe_shard(layout, name, full, config, t, r):
     return full[:, cols] if name.endswith("down_proj.weight") else full[cols]
 
 
+def moe_unshard(layout, name, pieces, config):
+    """The single-device DeepSeekMoE tensor ``name`` from every rank's share under ``layout``
+    (a list in rank order): the inverse of moe_shard."""
+    t, replicated = len(pieces), pieces[0]
+    if name.startswith("gate.") or (layout == "expert parallel" and not name.startswith("experts.")):
+        return replicated.clone()
+    if name.startswith("experts.") and layout != "expert tensor parallel":
+        return torch.cat(pieces)  # E/t whole experts per rank, in order
+    if name == "experts.gate_up_proj":  # each (E, 2F/t, H): this rank's gate rows, then its up rows
+        f = config.moe_intermediate_size // t
+        return torch.cat([torch.cat([p[:, :f] for p in pieces], dim=1),
+                          torch.cat([p[:, f:] for p in pieces], dim=1)], dim=1)
+    if name.startswith("experts."):
+        return torch.cat(pieces, dim=2)  # down_proj (E, H, F/t)
+    return torch.cat(pieces, dim=1 if name.endswith("down_proj.weight") else 0)  # shared experts
+
+
 LAYOUTS = {cls.layout: cls for cls in (ExpertParallelMoE, ExpertsOnAllTokensMoE, ExpertTensorParallelMoE)}
 
 

@@ -1,13 +1,17 @@
-"""Greedy generation with DeepSeek-V3 from a Hugging Face save_pretrained directory, on t ranks,
-decoding with the latent cache (model.generate; mla.LatentCache).
+"""Greedy generation with DeepSeek-V3 from a Hugging Face save_pretrained directory or a training
+checkpoint, on t ranks, decoding with the latent cache (model.generate; mla.LatentCache).
 
     # one process
     .venv/bin/python -m tp_from_scratch.deepseek.generate --hf DIR --prompt 1,2,3 --new-tokens 8
     # 2 ranks: heads split, each rank its experts on all tokens; rank 0 also decodes on one device
     .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.deepseek.generate --hf DIR \\
         --prompt 1,2,3 --new-tokens 8 --compare-single
+    # what deepseek.train --save wrote (any --tp, any layout), every expert split over 2 ranks
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.deepseek.generate --load runs/ds \\
+        --layout etp --new-tokens 8 --compare-single
 
-DIR is what DeepseekV3ForCausalLM.save_pretrained (or model.save_hf) writes. The prompt, the
+DIR is what DeepseekV3ForCausalLM.save_pretrained (or model.save_hf) writes; --load takes a
+checkpoint root of deepseek.train --save or deepseek.convert import. The prompt, the
 flag checks and the process group are gpt/generate.py's; the model and its cache Lesson 12's.
 Greedy only, all --new-tokens (no stop at an end-of-sequence id).
 """
@@ -23,6 +27,7 @@ from tp_from_scratch.gpt import options
 from tp_from_scratch.gpt.generate import parse_prompt, prompt_problem
 from tp_from_scratch.nn.mappings import tp_world_size
 
+from .convert import load_model
 from .model import generate, load_hf
 
 LAYOUTS = {"tp": "experts on all tokens", "etp": "expert tensor parallel"}
@@ -31,7 +36,9 @@ LAYOUTS = {"tp": "experts on all tokens", "etp": "expert tensor parallel"}
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m tp_from_scratch.deepseek.generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hf", required=True, help="a DeepseekV3 save_pretrained directory")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--hf", help="a DeepseekV3 save_pretrained directory")
+    source.add_argument("--load", help="a checkpoint root (deepseek.train --save, deepseek.convert import)")
     p.add_argument("--prompt", help="comma-separated token ids (default: 8 random ids from --seed)")
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
@@ -43,13 +50,21 @@ def build_parser():
 
 
 def check_arguments(args, world):
-    return options.first_problem(options.existing_path("--hf", args.hf), prompt_problem(args.prompt),
+    return options.first_problem(options.existing_path("--hf", args.hf), options.existing_path("--load", args.load),
+                                 prompt_problem(args.prompt),
                                  options.positive("--new-tokens", args.new_tokens))
 
 
-def run(args, group, rank):
+def load(args, group, layout):
+    """The model of --hf or --load on this rank, in ``layout``, in --dtype."""
     dtype = getattr(torch, args.dtype)
-    model = load_hf(args.hf, group=group, layout=LAYOUTS[args.layout], dtype=dtype).eval()
+    if args.hf:
+        return load_hf(args.hf, group=group, layout=layout, dtype=dtype).eval()
+    return load_model(args.load, group=group, layout=layout, dtype=dtype)[0].eval()
+
+
+def run(args, group, rank):
+    model = load(args, group, LAYOUTS[args.layout])
     prompt = parse_prompt(args.prompt, model.config, args.seed)
     ids, cache = generate(model, prompt, args.new_tokens)
     if rank != 0:
@@ -58,7 +73,7 @@ def run(args, group, rank):
           f"{','.join(map(str, ids[0].tolist()))}", flush=True)
     if not args.compare_single:
         return 0
-    single = load_hf(args.hf, group=Comm(0, 1), dtype=dtype).eval()
+    single = load(args, Comm(0, 1), LAYOUTS["tp"])
     same = torch.equal(ids, generate(single, prompt, args.new_tokens)[0])
     print(f"single device: {'identical token ids' if same else 'DIFFERENT token ids'}", flush=True)
     return int(not same)

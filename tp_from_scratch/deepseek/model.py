@@ -11,13 +11,12 @@ Equal to transformers' DeepseekV3ForCausalLM with the same weights (tests/test_d
 Embedding, final norm and LM head are replicated: the lesson is about attention and experts.
 
     from_hf_state_dict(config, sd, group=...)   rank r's model from a full transformers state dict
+    shard / unshard                             one tensor's part on rank r, and the whole from the parts
     to_hf_state_dict(model)                     the full state dict back (t = 1)
     load_hf(path, group=...) / save_hf(directory, model)   the same from / to a save_pretrained
-                                                directory (files read by gpt.convert.read_hf)
+                                                directory (files read and written by gpt.convert)
     generate(model, prompt, n)                  greedy, with the latent cache
 """
-import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -28,7 +27,7 @@ from tp_from_scratch.nn.mappings import all_reduce, copy_to_tp_region, reduce_fr
 from tp_from_scratch.sharding import check_divisible
 
 from .config import MoEConfig
-from .expert_parallel import LAYOUTS, moe_shard
+from .expert_parallel import LAYOUTS, moe_shard, moe_unshard
 from .mla import LatentCache, ParallelMLA, RMSNorm
 from .moe import GatedFFN
 
@@ -147,6 +146,24 @@ def shard(name, full, config, layout, t, r):
     return full
 
 
+def unshard(name, pieces, config, layout):
+    """The full tensor ``name`` (our name) from every rank's part under ``layout``, in rank
+    order: the inverse of shard (a checkpoint saved at t ranks in one layout is glued back
+    with it, then cut for another t or layout)."""
+    if layout == "expert parallel" and not _in_moe_layer(name, config):
+        return pieces[0].clone()
+    if name.endswith(("self_attn.q_b_proj.weight", "self_attn.kv_b_proj.weight")):
+        return torch.cat(pieces, dim=0)
+    if name.endswith("self_attn.o_proj.weight"):
+        return torch.cat(pieces, dim=1)
+    if ".mlp." in name:
+        inner = name.split(".mlp.", 1)[1]
+        if _in_moe_layer(name, config):
+            return moe_unshard(layout, inner, pieces, MoEConfig.from_hf(config))
+        return torch.cat(pieces, dim=1 if inner == "down_proj.weight" else 0)
+    return pieces[0].clone()
+
+
 def from_hf_state_dict(config, sd, *, group, layout="experts on all tokens", dtype=torch.float64):
     """Rank r's ParallelDeepseekV3 holding its part of transformers' full state dict ``sd``."""
     model = ParallelDeepseekV3(config, group=group, layout=layout).to(dtype)
@@ -189,6 +206,16 @@ FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
           "n_shared_experts")
 
 
+class DeepseekConfig(SimpleNamespace):
+    """transformers' DeepseekV3Config fields as attributes (``config.hidden_size``); a trainer
+    may add its own run settings (RUN_FIELDS), which to_dict leaves out."""
+    RUN_FIELDS = ("arch", "n_layers", "seq_len", "summary")
+
+    def to_dict(self):
+        """What config.json holds (and a checkpoint records and compares): the model's fields."""
+        return {k: v for k, v in vars(self).items() if k not in self.RUN_FIELDS}
+
+
 def config_from_hf(hf):
     """The model's config (transformers' attribute names) from a config.json dict, or a
     ValueError naming the model type or the first missing field."""
@@ -204,7 +231,7 @@ def config_from_hf(hf):
                                  "rope_type": scaling.get("rope_type", scaling.get("type", "default"))}
     hf.setdefault("rope_interleave", True)
     hf.setdefault("attention_bias", False)
-    return SimpleNamespace(**hf)
+    return DeepseekConfig(**hf)
 
 
 def _experts_prefixes(config):
@@ -250,12 +277,6 @@ def load_hf(path, *, group, layout="experts on all tokens", dtype=torch.float64)
 def save_hf(directory, model):
     """A directory transformers' DeepseekV3ForCausalLM.from_pretrained reads: config.json and
     model.safetensors, from a one-rank model."""
-    from safetensors.torch import save_file
+    from tp_from_scratch.gpt.convert import write_hf_files
     sd = unstack_experts(to_hf_state_dict(model), model.config)
-    config = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(vars(model.config))
-    config["model_type"] = "deepseek_v3"
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in sd.items()}, str(directory / "model.safetensors"),
-              metadata={"format": "pt"})
-    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    write_hf_files(directory, sd, {**model.config.to_dict(), "model_type": "deepseek_v3"})

@@ -6,6 +6,9 @@
     .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.deepseek.train --layout ep --dtype float64 --steps 5 --compare-single
     # the text corpus (bytes, V = 256), a validation loss every 10 steps
     .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.deepseek.train --layout ep --data text --steps 30 --eval-every 10
+    # save under expert parallelism, resume on 4 ranks in the tensor-parallel layout
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.deepseek.train --layout ep --steps 4 --save runs/ds
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.deepseek.train --tp 4 --layout tp --steps 8 --load runs/ds --compare-single
 
 This is gpt/train.py's run (the step, loop, metrics, report and single-device comparison) with
 Hooks: the model is Lesson 12's ParallelDeepseekV3 built from one seeded single-device model
@@ -19,7 +22,10 @@ r takes rows r*B/t .. (r+1)*B/t of the batch, attention and dense FFNs are whole
 Either way each rank's loss is the global mean (each rank's share of the summed cross-entropy,
 added over the group), so the loss equals one device's at every step.
 
---save and --load are refused: gpt/checkpoint.py's shards know the GPT's layouts only.
+--save and --load are Lesson 6's checkpoints with this model's cut (deepseek/checkpoint.py): a
+checkpoint loads at any --tp and --layout, and with --load the model's sizes are the
+checkpoint's (an imported Hugging Face model: python -m tp_from_scratch.deepseek.convert import);
+a size flag that contradicts them is refused.
 """
 from dataclasses import dataclass
 import torch
@@ -33,6 +39,9 @@ from tp_from_scratch.nn.mappings import reduce_from_tp_region, tp_rank, tp_world
 
 from tp_from_scratch.sharding import check_divisible
 
+from tp_from_scratch.gpt import checkpoint as ckpt
+
+from .checkpoint import DESCRIPTION, DeepSeekSharding
 from .model import ParallelDeepseekV3, check_config, config_from_hf, from_hf_state_dict, hf_name
 
 ARCH = "deepseek_v3"
@@ -53,27 +62,46 @@ class DeepSeekTrainConfig(gpt_train.TrainConfig):
     vocab_size: int = 64
 
 
+# the size flags and the config fields they set (what --load takes from the checkpoint instead)
+SIZE_FLAGS = {"hidden": "hidden_size", "heads": "num_attention_heads", "layers": "num_hidden_layers",
+              "experts": "n_routed_experts", "vocab_size": "vocab_size", "ffn": "intermediate_size"}
+
+
 def model_config(opts):
-    """The DeepseekV3 config (transformers' field names) of the settings, with the three sizes
-    Lesson 6's loop reads (n_layers, seq_len, vocab_size) and the arch its description names."""
+    """The DeepseekV3 config (transformers' field names) of the settings, or with --load the
+    checkpoint's, with the sizes Lesson 6's loop reads (n_layers, seq_len) and the arch."""
+    hf = ckpt.read_metadata(opts.load)[1]["config"] if opts.load else flag_config(opts)
+    config = config_from_hf({**hf, "model_type": ARCH})
+    config.n_layers, config.seq_len, config.arch = config.num_hidden_layers, opts.seq_len, ARCH
+    config.summary = lambda: (f"{config.n_layers} layers, H={config.hidden_size}, "
+                              f"nh={config.num_attention_heads}, E={config.n_routed_experts}, "
+                              f"V={config.vocab_size}, T={opts.seq_len}")
+    return config
+
+
+def flag_config(opts):
+    """The config.json dict of the size flags: the course's small DeepSeek-V3."""
     H, nh = opts.hidden, opts.heads
-    hf = dict(model_type=ARCH, vocab_size=256 if opts.data == "text" else opts.vocab_size, hidden_size=H,
+    return dict(model_type=ARCH, vocab_size=256 if opts.data == "text" else opts.vocab_size, hidden_size=H,
               intermediate_size=opts.ffn or 2 * H, num_hidden_layers=opts.layers, first_k_dense_replace=1,
               num_attention_heads=nh, num_key_value_heads=nh, q_lora_rank=H // 2, kv_lora_rank=H // 4,
               qk_nope_head_dim=H // nh, qk_rope_head_dim=4, v_head_dim=H // nh, rms_norm_eps=1e-6,
               hidden_act="silu", moe_intermediate_size=H // 2, n_routed_experts=opts.experts,
               num_experts_per_tok=2, n_group=1, topk_group=1, norm_topk_prob=True,
               routed_scaling_factor=2.5, n_shared_experts=1, max_position_embeddings=opts.seq_len)
-    config = config_from_hf(hf)
-    config.n_layers, config.seq_len, config.arch = opts.layers, opts.seq_len, ARCH
-    config.summary = lambda: (f"{opts.layers} layers, H={H}, nh={nh}, E={opts.experts}, "
-                              f"V={config.vocab_size}, T={opts.seq_len}")
-    return config
 
 
-def description(opts):
-    """What a checkpoint of this trainer would hold: no GPT loader accepts it."""
-    return {"arch": ARCH, "layout": opts.layout, "partial_sync": None}
+def loaded_size_problem(opts, config):
+    """With --load: the first size flag given that contradicts the checkpoint, or data it cannot model."""
+    defaults = DeepSeekTrainConfig()
+    for flag, field in SIZE_FLAGS.items():
+        given = getattr(opts, flag)
+        if given not in (getattr(defaults, flag, None), getattr(config, field)):
+            return (f"--{flag.replace('_', '-')} {given} contradicts the checkpoint's {field}="
+                    f"{getattr(config, field)} (with --load the model's sizes are the checkpoint's: drop the flag)")
+    if opts.data == "text" and config.vocab_size < 256:
+        return f"--data text needs 256 token ids (bytes), but the checkpoint's vocab_size is {config.vocab_size}"
+    return None
 
 
 class CausalLM(nn.Module):
@@ -116,9 +144,10 @@ def hooks_for(opts, config):
         dtype = next(full.parameters()).dtype
         return CausalLM(from_hf_state_dict(config, sd, group=group, layout=LAYOUTS[opts.layout], dtype=dtype))
 
-    return gpt_train.Hooks(parallelize=parallelize, init_model=init_model, description=description(opts),
+    return gpt_train.Hooks(parallelize=parallelize, init_model=init_model, description=DESCRIPTION,
                            after_backward=lambda m: m.model.sum_replicated_gradients(),
-                           checkpoint_meta={"layout": opts.layout})
+                           checkpoint_meta={"layout": LAYOUTS[opts.layout]},
+                           sharding=DeepSeekSharding(LAYOUTS[opts.layout]))
 
 
 def build_parser():
@@ -144,8 +173,6 @@ def validate(opts, world_size):
     problem = gpt_train.flag_problem(opts)
     if problem:
         return problem
-    if opts.save or opts.load:
-        return "--save and --load are not supported for deepseek_v3 yet (gpt/checkpoint.py shards the GPT only)"
     if opts.impl != "scratch" or opts.collectives != "native":
         return "deepseek_v3 trains with --impl scratch --collectives native only"
     if world_size % opts.tp != 0:
@@ -159,10 +186,18 @@ def validate(opts, world_size):
     if opts.hidden % opts.heads:
         return f"--hidden {opts.hidden} is not divisible by --heads {opts.heads}"
     try:
+        if opts.load:
+            ckpt.check_description(ckpt.read_metadata(opts.load)[1], DESCRIPTION, opts.load)
         config = model_config(opts)
         check_config(config, 1 if opts.layout == "ep" else opts.tp)
-        check_divisible(opts.experts, opts.tp, "--experts")
-    except ValueError as e:
+        check_divisible(config.n_routed_experts, opts.tp, "--experts (n_routed_experts)")
+        if opts.load:
+            problem = loaded_size_problem(opts, config)
+            if problem:
+                return problem
+            ckpt.check_resumable(opts.load, config, DESCRIPTION, opts.steps, opts.optimizer,
+                                 DeepSeekSharding(LAYOUTS[opts.layout]))
+    except ValueError as e:   # CheckpointError included
         return str(e)
     return None
 

@@ -25,7 +25,9 @@ both sides; a loader that knows only the GPT expects ``GPT`` (the default).
 
 Resharding: a checkpoint saved at tp=a is loaded at tp=b by gluing the a shards into
 full tensors and cutting b new ones (``model.shard_state_dict``); the optimizer state is
-cut the same way, since AdamW's moments have their parameter's shape. Every rank reads
+cut the same way, since AdamW's moments have their parameter's shape. How a model is cut
+and glued is a Sharding (the GPT's by default); Lesson 12's DeepSeek-V3 passes its own
+(deepseek/checkpoint.py), and the rest of this file serves both. Every rank reads
 all shards, which is fine for this course's sizes; a large model would read only the
 slices it needs. All ranks must see the same filesystem (one machine, or a shared disk).
 """
@@ -102,31 +104,62 @@ def _to_bytes(obj):
 
 
 # ---------------------------------------------------------------------------------------
+# How a model's tensors are cut over the TP ranks and glued back
+# ---------------------------------------------------------------------------------------
+
+class GPTSharding:
+    """The GPT's (gpt.model's plan). A later lesson's model passes an object with the same
+    three methods to the functions below (Lesson 12: deepseek.checkpoint.DeepSeekSharding)."""
+
+    def config_of(self, meta_config):
+        """The config saved in a checkpoint (fields added since then take their defaults)."""
+        return GPTConfig(**meta_config)
+
+    def shard(self, name, full, tp, rank, config):
+        """TP rank ``rank``'s piece of the full tensor ``name`` for a run of ``config``."""
+        return shard_tensor(name, full, tp, rank, config)
+
+    def unshard(self, name, pieces, meta):
+        """The full tensor ``name`` from the saved pieces (rank order) of the checkpoint ``meta``."""
+        return unshard_tensor(name, pieces, self.config_of(meta["config"]))
+
+
+GPT_SHARDING = GPTSharding()
+
+
+# ---------------------------------------------------------------------------------------
 # What model a checkpoint holds
 # ---------------------------------------------------------------------------------------
 
-GPT = {"partial_sync": None}   # what a loader that knows only the GPT expects (any architecture)
+# what a loader that knows only the GPT expects (any architecture): not Lesson 12's model
+GPT = {"family": "gpt", "partial_sync": None}
+FAMILIES = {"deepseek_v3": "a DeepSeek-V3 model (Lesson 12: python -m tp_from_scratch.deepseek.train, "
+                           "deepseek.generate --load or deepseek.convert export can load it)"}
 
 
 def model_description(config, tp=None, sync_fraction=1.0):
-    """The model a checkpoint of ``config`` holds: {"arch", "partial_sync"}; partial_sync is
-    {"sync_fraction": p, "tp": t} for Lesson 8's model with p < 1 (a function of t), else None."""
+    """The model a checkpoint of ``config`` holds: {"family", "arch", "partial_sync"}; partial_sync
+    is {"sync_fraction": p, "tp": t} for Lesson 8's model with p < 1 (a function of t), else None."""
     partial = {"sync_fraction": float(sync_fraction), "tp": int(tp)} if sync_fraction < 1.0 else None
-    return {"arch": config.arch, "partial_sync": partial}
+    return {"family": "gpt", "arch": config.arch, "partial_sync": partial}
 
 
 def description_of(meta):
     """The description in ``meta``; a checkpoint written before descriptions existed is
-    described from its sync_fraction (Lesson 8 recorded it) and tp."""
+    described from its sync_fraction (Lesson 8 recorded it) and tp, and one written before
+    Lesson 12 holds a GPT."""
     if "model" in meta:
-        return meta["model"]
+        return {"family": "gpt", **meta["model"]}
     p = float(meta.get("sync_fraction", 1.0))
     partial = {"sync_fraction": p, "tp": int(meta.get("tp", 1))} if p < 1.0 else None
-    return {"arch": meta.get("config", {}).get("arch", "gpt"), "partial_sync": partial}
+    return {"family": "gpt", "arch": meta.get("config", {}).get("arch", "gpt"), "partial_sync": partial}
 
 
 def describe(description):
-    """``an ordinary GPT (--arch gpt2, ...)`` / ``a partially synchronized GPT (--sync-fraction 0.5 at --tp 2)``."""
+    """``an ordinary GPT (--arch gpt2, ...)`` / ``a partially synchronized GPT (--sync-fraction 0.5 at --tp 2)``
+    / another family's words (FAMILIES)."""
+    if description.get("family", "gpt") != "gpt":
+        return FAMILIES.get(description["family"], f"a {description['family']} model")
     partial = description.get("partial_sync")
     arch = f"--arch {description['arch']}, " if "arch" in description else ""
     if partial is None:
@@ -162,16 +195,16 @@ def check_resume(meta, where, steps, optimizer=None):
                               f"but this run uses --optimizer {optimizer}")
 
 
-def check_resumable(root, config, description, steps, optimizer=None):
-    """Everything a trainer checks of --load before any work: the config, the model description,
+def check_resumable(root, config, description, steps, optimizer=None, sharding=GPT_SHARDING):
+    """Everything a trainer checks of --load before any work: the model description, the config,
     the step and the optimizer (a checkpoint directory: from meta.json alone)."""
     if Path(root).is_file():
-        meta = load_full(root, config, description)["meta"]
+        meta = load_full(root, config, description, sharding)["meta"]
         where = root
     else:
         where, meta = read_metadata(root)
-        check_config(meta["config"], config, where)
         check_description(meta, description, where)
+        check_config(meta["config"], config, where, sharding)
     check_resume(meta, where, steps, optimizer)
 
 
@@ -202,19 +235,14 @@ def load_optimizer_state_by_name(model, optimizer, state):
             }
 
 
-def _shard_entry(name, value, tp, rank, config):
+def _is_moment(value):
     # moments have the parameter's shape and are cut like it; scalars ("step") are copied
-    return shard_tensor(name, value, tp, rank, config) if torch.is_tensor(value) and value.ndim > 0 else value
+    return torch.is_tensor(value) and value.ndim > 0
 
 
-def _unshard_entry(name, pieces, config):
-    first = pieces[0]
-    return unshard_tensor(name, pieces, config) if torch.is_tensor(first) and first.ndim > 0 else first
-
-
-def shard_optimizer_state(state, tp, rank, config):
+def shard_optimizer_state(state, tp, rank, config, sharding=GPT_SHARDING):
     """This TP rank's optimizer state from the full one ({parameter name: {key: value}})."""
-    return {name: {k: _shard_entry(name, v, tp, rank, config) for k, v in entries.items()}
+    return {name: {k: sharding.shard(name, v, tp, rank, config) if _is_moment(v) else v for k, v in entries.items()}
             for name, entries in state.items()}
 
 
@@ -307,14 +335,9 @@ def read_metadata(root):
     return directory, meta
 
 
-def config_of(meta_config):
-    """The GPTConfig saved in a checkpoint (fields added since then take their defaults)."""
-    return GPTConfig(**meta_config)
-
-
-def check_config(meta_config, config, where):
+def check_config(meta_config, config, where, sharding=GPT_SHARDING):
     """Raise a CheckpointError listing every size in which the checkpoint and ``config`` differ."""
-    ours, theirs = config.to_dict(), config_of(meta_config).to_dict()
+    ours, theirs = config.to_dict(), sharding.config_of(meta_config).to_dict()
     diffs = [f"{k}={theirs.get(k)!r} in the checkpoint, {v!r} in this run"
              for k, v in ours.items() if theirs.get(k) != v]
     if diffs:
@@ -337,37 +360,39 @@ def read_shard(directory, record):
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
-def load_full(root, config=None, description=GPT):
+def load_full(root, config=None, description=GPT, sharding=GPT_SHARDING):
     """The whole checkpoint glued to single-device form.
 
     Returns {"meta", "config", "step", "model": full state dict, "optimizer": full state by
     name (may be empty), "rng": [per saved TP rank]}. ``root`` may also be a file written
-    by export_single_device (no optimizer state). With ``config``, a different model config
-    is an error naming every difference. ``description``: the model this loader expects
-    (model_description; default any ordinary GPT): another one is refused, naming both.
+    by export_single_device (no optimizer state). ``description``: the model this loader
+    expects (model_description; default any ordinary GPT): another one is refused, naming
+    both, before anything else is read. With ``config``, a different model config is an error
+    naming every difference. ``sharding``: how the model was cut (default the GPT's).
     """
     if Path(root).is_file():
         return _load_single_device(root, config, description)
     directory, meta = read_metadata(root)
-    if config is not None:
-        check_config(meta["config"], config, directory)
     check_description(meta, description, directory)
+    if config is not None:
+        check_config(meta["config"], config, directory, sharding)
     payloads = [read_shard(directory, r) for r in meta["shards"]]
-    saved = config_of(meta["config"])
-    model = {k: unshard_tensor(k, [p["model"][k] for p in payloads], saved) for k in payloads[0]["model"]}
-    optimizer = {}
-    for name, entries in payloads[0]["optimizer"].items():
-        optimizer[name] = {k: _unshard_entry(name, [p["optimizer"][name][k] for p in payloads], saved)
-                           for k in entries}
-    return {"meta": meta, "config": saved, "step": meta["step"],
+
+    def glue(name, pieces):
+        return sharding.unshard(name, pieces, meta) if _is_moment(pieces[0]) else pieces[0]
+
+    model = {k: glue(k, [p["model"][k] for p in payloads]) for k in payloads[0]["model"]}
+    optimizer = {name: {k: glue(name, [p["optimizer"][name][k] for p in payloads]) for k in entries}
+                 for name, entries in payloads[0]["optimizer"].items()}
+    return {"meta": meta, "config": sharding.config_of(meta["config"]), "step": meta["step"],
             "model": model, "optimizer": optimizer, "rng": [p["rng"] for p in payloads]}
 
 
-def load_shard(root, config, tp, rank, description=GPT):
+def load_shard(root, config, tp, rank, description=GPT, sharding=GPT_SHARDING):
     """This TP rank's model state, optimizer state and (same tp only) RNG state, and the step."""
-    full = load_full(root, config, description)
-    model = {k: shard_tensor(k, v, tp, rank, config) for k, v in full["model"].items()}
-    optimizer = shard_optimizer_state(full["optimizer"], tp, rank, config)
+    full = load_full(root, config, description, sharding)
+    model = {k: sharding.shard(k, v, tp, rank, config) for k, v in full["model"].items()}
+    optimizer = shard_optimizer_state(full["optimizer"], tp, rank, config, sharding)
     rng = full["rng"][rank] if len(full["rng"]) == tp else None
     return {"step": full["step"], "model": model, "optimizer": optimizer, "rng": rng,
             "meta": full["meta"]}
@@ -398,11 +423,11 @@ def _load_single_device(path, config, description=GPT):
         raise CheckpointError(f"single-device state dict {path} is corrupt or truncated: {e}") from None
     if not isinstance(obj, dict) or obj.get("format") != SINGLE_FORMAT:
         raise CheckpointError(f"{path} is not a {SINGLE_FORMAT!r} file")
-    if config is not None:
-        check_config(obj["config"], config, path)
     meta = {"tp": 1, "step": obj["step"], "config": obj["config"]}   # always an ordinary GPT
     check_description(meta, description, path)
-    return {"meta": meta, "config": config_of(obj["config"]),
+    if config is not None:
+        check_config(obj["config"], config, path)
+    return {"meta": meta, "config": GPT_SHARDING.config_of(obj["config"]),
             "step": obj["step"], "model": obj["model"], "optimizer": {}, "rng": [None]}
 
 
@@ -422,9 +447,10 @@ def main(argv=None):
             full = export_single_device(args.root, args.out)
             print(f"wrote {args.out}: step {full['step']}, {len(full['model'])} tensors, "
                   f"from tp={full['meta']['tp']}")
-        else:
-            full = load_full(args.root, description={})   # any model: info only shows it
-            meta = full["meta"]
+        else:   # any model: info reads every shard (size and sha256) and glues nothing
+            directory, meta = read_metadata(args.root)
+            for record in meta["shards"]:
+                read_shard(directory, record)
             print(json.dumps({k: meta[k] for k in ("step", "tp", "config")}, indent=1))
             print(f"holds {describe(description_of(meta))}")
             print(f"{len(meta['shards'])} shards verified (size and sha256)")

@@ -411,15 +411,21 @@ def read_eos_ids(path, config_path=None):
 
 def write_hf(directory, sd, config):
     """A save_pretrained-style directory: config.json and model.safetensors."""
-    from safetensors.torch import save_file
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     hf = to_hf(sd, config)
     if config.tie_embeddings:
         hf.pop("lm_head.weight")  # transformers ties it back to the embedding on load
-    save_file({k: v.detach().contiguous() for k, v in hf.items()}, str(directory / "model.safetensors"),
-              metadata={"format": "pt"})
-    (directory / "config.json").write_text(json.dumps(hf_config(config), indent=1))
+    write_hf_files(directory, hf, hf_config(config))
+
+
+def write_hf_files(directory, sd, hf_config_dict):
+    """model.safetensors and config.json in ``directory``, each written atomically (a reader sees
+    the old file or the whole new one): the files of a save_pretrained directory."""
+    from safetensors.torch import save
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    data = save({k: v.detach().contiguous() for k, v in sd.items()}, metadata={"format": "pt"})
+    ckpt.write_atomic(directory / "model.safetensors", data)
+    ckpt.write_atomic(directory / "config.json", json.dumps(hf_config_dict, indent=1).encode())
 
 
 def load_hf(path, config_path=None, dtype=None):

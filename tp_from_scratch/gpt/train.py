@@ -283,6 +283,8 @@ class Hooks:
     summary(group, counter, n_steps): rank 0 prints more after the report.
     init_model(config, seed, dtype): the single-device model every rank starts from (and the
         reference trains); default init_gpt (Lesson 12: DeepSeek-V3, from its own config).
+    sharding: how checkpoints cut and glue the model (checkpoint.GPTSharding's methods);
+        default the GPT's.
     """
     parallelize: Optional[Callable] = None
     after_backward: Optional[Callable] = None
@@ -293,6 +295,7 @@ class Hooks:
     step_metrics: Optional[Callable] = None
     summary: Optional[Callable] = None
     init_model: Callable = init_gpt
+    sharding: object = ckpt.GPT_SHARDING
 
 
 # ---------------------------------------------------------------------------------------
@@ -405,7 +408,7 @@ def tp_group_for(opts, mesh):
                      timeout=opts.timeout)
 
 
-def build(opts, config, mesh, start, group, parallelize=None, init_model=init_gpt):
+def build(opts, config, mesh, start, group, parallelize=None, init_model=init_gpt, sharding=ckpt.GPT_SHARDING):
     """(model, optimizer, first step): fresh from the seed, or resumed from ``start``.
 
     parallelize(full, group): a later lesson's way to shard the single-device GPT ``full``
@@ -425,7 +428,7 @@ def build(opts, config, mesh, start, group, parallelize=None, init_model=init_gp
     optimizer = make_optimizer(model.parameters(), opts)
     step = 0
     if start is not None:
-        local = ckpt.shard_optimizer_state(start["optimizer"], mesh.tp, mesh.tp_rank, config)
+        local = ckpt.shard_optimizer_state(start["optimizer"], mesh.tp, mesh.tp_rank, config, sharding)
         ckpt.load_optimizer_state_by_name(model, optimizer, local)
         if len(start["rng"]) == mesh.tp and start["rng"][mesh.tp_rank] is not None:
             torch.set_rng_state(start["rng"][mesh.tp_rank])
@@ -504,10 +507,11 @@ def run(opts, config, mesh, hooks=None):
         hooks = replace(hooks, description=ckpt.model_description(config))
     start = None
     if opts.load:
-        start = ckpt.load_full(opts.load, config, hooks.description)
+        start = ckpt.load_full(opts.load, config, hooks.description, hooks.sharding)
         ckpt.check_resume(start["meta"], opts.load, opts.steps, opts.optimizer)
     group = tp_group_for(opts, mesh)
-    model, optimizer, first = build(opts, config, mesh, start, group, hooks.parallelize, hooks.init_model)
+    model, optimizer, first = build(opts, config, mesh, start, group, hooks.parallelize, hooks.init_model,
+                                    hooks.sharding)
     report_memory(opts, model, config, mesh, hooks.init_model)
     reference = None
     if opts.compares and mesh.rank == 0:

@@ -1,0 +1,154 @@
+"""DeepSeek-V3's checkpoints (issue 27 item 4): Lesson 6's files with Lesson 12's cut.
+
+A checkpoint written by t ranks in one layout, glued back, is the single-device model trained
+the same steps, optimizer state included, and cuts again for any other t and layout; Lesson 6's
+loaders refuse it naming Lesson 12's commands, Lesson 12's loaders refuse a GPT's, and
+contradicting size flags, impossible data and a resume that goes back are named before any
+work. Everything here runs in-process (run_spmd's simulated ranks); the torchrun commands
+are in tests/test_deepseek_train.py."""
+import pytest
+import torch
+
+from tp_from_scratch.comm import run_spmd
+from tp_from_scratch.compare import assert_matches_reference, tolerance
+from tp_from_scratch.deepseek import checkpoint as ds_ckpt
+from tp_from_scratch.deepseek import train as ds_train
+from tp_from_scratch.deepseek.model import MODEL_LAYOUTS, shard, unshard
+from tp_from_scratch.gpt import checkpoint as ckpt
+from tp_from_scratch.gpt import train as gpt_train
+from tp_from_scratch.gpt.data import global_batch
+
+STEPS = 3
+# SGD with momentum: its buffer is optimizer state to glue, and its step keeps the plain growth rule
+ARGV = ["--tp", 2, "--layout", "ep", "--dtype", "float64", "--steps", STEPS, "--optimizer", "sgd",
+        "--batch-size", 4, "--experts", 4]
+
+
+def test_every_tensor_cut_in_any_layout_glues_back_whole():
+    opts = ds_train.parse(ARGV)
+    config = ds_train.model_config(opts)
+    g = torch.Generator().manual_seed(7)
+    full = {k: torch.randn(v.shape, generator=g, dtype=torch.float64)   # every entry distinct
+            for k, v in ds_train.init_model(config, 0, torch.float64).model.state_dict().items()}
+    for layout in MODEL_LAYOUTS:
+        for t in (1, 2, 4):
+            for name, value in full.items():
+                pieces = [shard(name, value, config, layout, t, r) for r in range(t)]
+                assert torch.equal(unshard(name, pieces, config, layout), value), (name, layout, t)
+
+
+def _trained_ranks(comm):
+    """One rank of the trainer's run of ARGV: its model and optimizer state after STEPS steps."""
+    opts = ds_train.parse(ARGV)
+    config = ds_train.model_config(opts)
+    hooks = ds_train.hooks_for(opts, config)
+    model = hooks.parallelize(ds_train.init_model(config, opts.seed, opts.torch_dtype), comm)
+    optimizer = gpt_train.make_optimizer(model.parameters(), opts)
+    list(gpt_train.steps_on_comm(opts, config, model, optimizer, hooks.after_backward))
+    return model.state_dict(), ckpt.optimizer_state_by_name(model, optimizer)
+
+
+def _single_device():
+    """The single-device model and optimizer after the same STEPS steps on the whole batch."""
+    opts = ds_train.parse(ARGV)
+    config = ds_train.model_config(opts)
+    model = ds_train.init_model(config, opts.seed, opts.torch_dtype)
+    optimizer = gpt_train.make_optimizer(model.parameters(), opts)
+    for step in range(STEPS):
+        x, y = global_batch(step, opts.batch_size, config.seq_len, config.vocab_size, opts.seed, opts.data)
+        gpt_train.train_step(model, optimizer, x, y)
+    return model, optimizer
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """The checkpoint two expert-parallel ranks write, as deepseek.train --save writes it."""
+    root = tmp_path_factory.mktemp("ds") / "ckpt"
+    opts = ds_train.parse(ARGV)
+    config = ds_train.model_config(opts)
+    name = ckpt.new_checkpoint_name(STEPS)
+    records = [ckpt.write_shard(root, name, r, 2, model, optimizer)
+               for r, (model, optimizer) in enumerate(run_spmd(_trained_ranks, 2))]
+    ckpt.commit(root, name, config, 2, STEPS, records, {"optimizer": "sgd", "layout": "expert parallel"},
+                description=ds_ckpt.DESCRIPTION)
+    return root
+
+
+def test_a_checkpoint_glued_back_is_the_single_device_model_and_optimizer(saved):
+    model, optimizer = _single_device()
+    loaded = ds_ckpt.load(saved)
+    bound = tolerance("float64", layers=2, steps=STEPS)
+    assert set(loaded["model"]) == set(model.state_dict())
+    for name, value in model.state_dict().items():
+        assert_matches_reference(loaded["model"][name], value, name=f"trained {name}", tol=bound)
+    expected = ckpt.optimizer_state_by_name(model, optimizer)
+    assert set(loaded["optimizer"]) == set(expected)
+    for name, entries in expected.items():
+        assert_matches_reference(loaded["optimizer"][name]["momentum_buffer"], entries["momentum_buffer"],
+                                 name=f"momentum of {name}", tol=bound)
+
+
+@pytest.mark.parametrize("layout, t", [("expert tensor parallel", 4), ("experts on all tokens", 2),
+                                       ("expert parallel", 4)])
+def test_a_checkpoint_cuts_for_another_t_and_layout(saved, layout, t):
+    loaded = ds_ckpt.load(saved)
+    config = loaded["config"]
+    for r in range(t):
+        local = ckpt.load_shard(saved, config, t, r, ds_ckpt.DESCRIPTION, ds_ckpt.DeepSeekSharding(layout))
+        for name, value in loaded["model"].items():
+            expected = shard(ds_ckpt._ours(name), value, config, layout, t, r)
+            assert torch.equal(local["model"][name], expected), (name, layout, t, r)
+        for name, entries in local["optimizer"].items():
+            expected = shard(ds_ckpt._ours(name), loaded["optimizer"][name]["momentum_buffer"], config, layout, t, r)
+            assert torch.equal(entries["momentum_buffer"], expected), (name, layout, t, r)
+
+
+def test_the_trainer_resumes_with_the_checkpoints_sizes_and_names_what_contradicts_them(saved):
+    # no size flag: the checkpoint's model (4 experts), at another t and layout
+    assert ds_train.validate(ds_train.parse(["--load", saved, "--tp", 4, "--steps", 5, "--optimizer", "sgd",
+                                             "--batch-size", 4]), 4) is None
+    config = ds_train.model_config(ds_train.parse(["--load", saved]))
+    assert config.n_routed_experts == 4 and config.to_dict() == ds_ckpt.load(saved)["meta"]["config"]
+    for argv, message in [
+        (["--experts", 2], "--experts 2 contradicts the checkpoint's n_routed_experts=4"),
+        (["--hidden", 64], "--hidden 64 contradicts the checkpoint's hidden_size=32"),
+        (["--data", "text"], "--data text needs 256 token ids (bytes), but the checkpoint's vocab_size is 64"),
+        (["--steps", 2], "--steps 2 is below the checkpoint's step 3"),
+        (["--optimizer", "adamw"], "holds sgd state, but this run uses --optimizer adamw"),
+    ]:
+        base = ["--load", saved, "--tp", 2, "--steps", 5, "--optimizer", "sgd", "--batch-size", 4]
+        opts = ds_train.parse(base + argv)
+        assert message in (ds_train.validate(opts, 2) or ""), argv
+
+
+def test_lesson_6_loaders_refuse_a_deepseek_checkpoint_naming_lesson_12(saved, tmp_path, capsys):
+    from tp_from_scratch.gpt import convert, generate
+    lesson_12 = "holds a DeepSeek-V3 model (Lesson 12: python -m tp_from_scratch.deepseek.train"
+    with pytest.raises(ckpt.CheckpointError, match=lesson_12.replace("(", r"\(")):
+        ckpt.load_full(saved)
+    assert lesson_12 in gpt_train.validate(gpt_train.parse(["--load", saved, "--steps", 9]), 1)
+    for main, argv in [(convert.main, ["export", str(saved), "--out", str(tmp_path / "hf")]),
+                       (ckpt.main, ["export", str(saved), str(tmp_path / "x.pt")]),
+                       (generate.main, ["--load", str(saved), "--prompt", "1,2"])]:
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 1
+        assert lesson_12 in capsys.readouterr().err, argv
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "x.pt").exists()
+    ckpt.main(["info", str(saved)])   # info reads any model's shards
+    assert "2 shards verified" in capsys.readouterr().out
+
+
+def test_lesson_12_loaders_refuse_a_gpt_checkpoint(tmp_path, capsys):
+    from tests.test_checkpoint_model import save
+    from tp_from_scratch.deepseek import convert, generate
+    gpt = save(tmp_path / "gpt")
+    with pytest.raises(ckpt.CheckpointError, match="holds an ordinary GPT .* but this run expects a DeepSeek-V3"):
+        ds_ckpt.load(gpt)
+    assert "holds an ordinary GPT" in ds_train.validate(ds_train.parse(["--load", gpt, "--steps", 9]), 1)
+    for main, argv in [(convert.main, ["export", str(gpt), "--out", str(tmp_path / "hf")]),
+                       (generate.main, ["--load", str(gpt), "--prompt", "1,2"])]:
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 1
+        assert "holds an ordinary GPT" in capsys.readouterr().err, argv
