@@ -152,3 +152,46 @@ def test_lesson_12_loaders_refuse_a_gpt_checkpoint(tmp_path, capsys):
             main(argv)
         assert exit_.value.code == 1
         assert "holds an ordinary GPT" in capsys.readouterr().err, argv
+
+
+def test_import_from_transformers_files_and_export_back(tmp_path, capsys):
+    # transformers' files -> a checkpoint cut for 2 expert-parallel ranks -> the model at other t
+    # and layouts computes transformers' logits; the trainer takes its sizes; export gives back
+    # the same tensors transformers reads
+    from safetensors.torch import load_file
+    from tests.hf_models import deepseek_v3
+    from tp_from_scratch.deepseek import convert
+    hf = deepseek_v3(seed=61)
+    hf.save_pretrained(tmp_path / "hf")
+    convert.main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ours"), "--tp", "2", "--layout", "ep",
+                  "--dtype", "float64"])
+    assert "2 shard(s), layout expert parallel" in capsys.readouterr().out
+    ids = torch.randint(0, hf.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(62))
+    expected = hf(ids).logits.detach()
+    for layout, t in [("expert tensor parallel", 2), ("experts on all tokens", 4)]:
+        def logits(comm, layout=layout):
+            return convert.load_model(tmp_path / "ours", group=comm, layout=layout)[0](ids).detach()
+        for r, got in enumerate(run_spmd(logits, t)):
+            assert_matches_reference(got, expected, name=f"logits of the imported model ({layout})", rank=r)
+    opts = ds_train.parse(["--load", tmp_path / "ours", "--tp", 2, "--steps", 1, "--batch-size", 2])
+    assert ds_train.validate(opts, 2) is None
+    assert ds_train.model_config(opts).n_group == hf.config.n_group == 4
+    convert.main(["export", str(tmp_path / "ours"), "--out", str(tmp_path / "back")])
+    original, back = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+    assert set(back) == set(original)
+    for name, value in original.items():
+        assert torch.equal(back[name], value), name
+
+
+def test_what_the_import_cannot_map_is_named_before_anything_is_written(tmp_path, capsys):
+    from tests.hf_models import deepseek_v3
+    from tp_from_scratch.deepseek import convert
+    deepseek_v3(seed=63).save_pretrained(tmp_path / "hf")
+    for argv, message in [(["--tp", "3"], "num_attention_heads"),
+                          (["--tp", "3", "--layout", "ep"], "n_routed_experts"),
+                          (["--tp", "0"], "--tp")]:
+        with pytest.raises(SystemExit) as exit_:
+            convert.main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ours"), *argv])
+        assert exit_.value.code in (1, 2)
+        assert message in capsys.readouterr().err, argv
+        assert not (tmp_path / "ours").exists()

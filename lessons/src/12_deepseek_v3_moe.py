@@ -360,6 +360,15 @@ except ValueError as error:
 * DeepSeek-V3 traded TP's per-layer all-reduces for an all-to-all it could hide.
 * Equal, for a discrete router, means equal where the margin says no tie is near.
 
+Train the model yourself with Lesson 6's trainer, save it in one layout, generate from it in
+another, and hand it to transformers (docs/running.md has the rest):
+
+```bash
+.venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.deepseek.train --tp 2 --layout ep --data text --steps 20 --compare-single --save runs/ds
+.venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.deepseek.generate --load runs/ds --layout etp --prompt 72,101,108 --new-tokens 8 --compare-single
+.venv/bin/python -m tp_from_scratch.deepseek.convert export runs/ds --out runs/ds-hf
+```
+
 Exercise 12 (`exercises/ex12_moe_dispatch.py`): write the EP dispatch and combine on your own
 all-to-all.""")
 ]

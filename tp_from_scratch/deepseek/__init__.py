@@ -15,7 +15,11 @@
     checks.py           every layout and the model against one device, on any group:
                         .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.deepseek.checks
     train.py            Lesson 6's trainer on this model (--layout tp or ep), every step against one device
+    checkpoint.py       Lesson 6's checkpoints with this model's cut: saved in one layout at t ranks,
+                        loaded in any other
+    convert.py          save_pretrained directories in and out of those checkpoints (import / export)
     generate.py         greedy generation with the latent cache from a save_pretrained directory
+                        or a checkpoint
 
 Torch autograd, not numpy by hand: the router's top-k, the gathers and index_adds of dispatch
 and combine already have gradients torch knows, so every layout is written as its forward

@@ -7,7 +7,7 @@
     # the text corpus (bytes, V = 256), a validation loss every 10 steps
     .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.deepseek.train --layout ep --data text --steps 30 --eval-every 10
     # save under expert parallelism, resume on 4 ranks in the tensor-parallel layout
-    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.deepseek.train --layout ep --steps 4 --save runs/ds
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.deepseek.train --tp 2 --layout ep --steps 4 --save runs/ds
     .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.deepseek.train --tp 4 --layout tp --steps 8 --load runs/ds --compare-single
 
 This is gpt/train.py's run (the step, loop, metrics, report and single-device comparison) with
@@ -24,7 +24,7 @@ added over the group), so the loss equals one device's at every step.
 
 --save and --load are Lesson 6's checkpoints with this model's cut (deepseek/checkpoint.py): a
 checkpoint loads at any --tp and --layout, and with --load the model's sizes are the
-checkpoint's (an imported Hugging Face model: python -m tp_from_scratch.deepseek.convert import);
+checkpoint's (an imported Hugging Face model: deepseek.convert import);
 a size flag that contradicts them is refused.
 """
 from dataclasses import dataclass
