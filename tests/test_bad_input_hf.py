@@ -233,8 +233,11 @@ def test_outputs_that_cannot_be_written_are_refused_before_reading(fixtures, tmp
     (["--prompt", "1,2,3", "--sample", "--temperature", "-1"], "--temperature must be greater than 0"),  # F18
     (["--prompt", "1,2,3", "--sample", "--top-k", "-1"], "--top-k must be at least 1, got -1"),  # F19
     (["--prompt", "1,,3"], "--prompt must be comma-separated token ids"),
+    (["--prompt", "1,2,3", "--temperature", "0.7"], "--temperature and --top-k shape sampling: add --sample"),
+    (["--prompt", "1,2,3", "--top-k", "5"], "--temperature and --top-k shape sampling: add --sample"),
 ], ids=["empty-prompt", "empty-text", "new-tokens-0", "new-tokens-negative", "temperature-0",
-        "temperature-negative", "top-k-negative", "bad-prompt"])
+        "temperature-negative", "top-k-negative", "bad-prompt", "temperature-without-sample",
+        "top-k-without-sample"])
 def test_generate_refuses_bad_flags_in_one_line(flags, words, fixtures, capsys):
     line = refusal(generate.main, ["--load", fixtures["gpt"], *flags], capsys)
     assert words in line, line

@@ -13,7 +13,8 @@
 Generation stops at the end-of-sequence id a Hugging Face checkpoint names (--hf, or --load of
 a ``convert import --out``), as transformers' generate does, and says so; --ignore-eos keeps
 going. The flags follow transformers': --new-tokens (its max_new_tokens) is at least 1;
-with --sample, --temperature is above 0 and --top-k at least 1; an empty prompt is refused.
+--temperature is above 0 and --top-k at least 1, both with --sample only (greedy decoding would
+ignore them); an empty prompt is refused.
 
 Each rank holds its heads' weights and caches only its heads' keys and values (KVCache in
 model.py: Sharded by heads, a replicated KV head when nkv < t). One step of decoding is one
@@ -185,7 +186,8 @@ def run_generate(args, group, rank, tp):
     eos_ids = () if args.ignore_eos else eos_ids
     status = 0
     for i, text in enumerate(args.text or [None]):     # one generation per --text prompt, seed + i
-        kw = dict(sample=args.sample, seed=args.seed + i, temperature=args.temperature, top_k=args.top_k,
+        kw = dict(sample=args.sample, seed=args.seed + i, top_k=args.top_k,
+                  temperature=1.0 if args.temperature is None else args.temperature,
                   eos_ids=eos_ids)
         prompt = parse_prompt(args.prompt, config, args.seed, text)
         ids = generate(model, prompt, args.new_tokens, **kw)
@@ -252,7 +254,7 @@ def build_parser():
     p.add_argument("--ignore-eos", action="store_true",
                    help="generate all --new-tokens past the end-of-sequence id the Hugging Face config names")
     p.add_argument("--sample", action="store_true", help="seeded sampling instead of greedy")
-    p.add_argument("--temperature", type=float, default=1.0, help="with --sample: > 0")
+    p.add_argument("--temperature", type=float, help="with --sample: > 0 (default 1)")
     p.add_argument("--top-k", type=int, help="with --sample: draw from the k most likely tokens only (k >= 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
@@ -287,8 +289,10 @@ def check_arguments(args, world):
         prompt_problem(args.prompt),
         next(("--text is empty: give at least one character" for t in args.text or [] if t == ""), None),
         options.positive("--new-tokens", args.new_tokens),
-        options.greater_than_zero("--temperature", args.temperature) if args.sample else None,
-        options.positive("--top-k", args.top_k))
+        options.greater_than_zero("--temperature", args.temperature),
+        options.positive("--top-k", args.top_k),
+        None if args.sample or (args.temperature is None and args.top_k is None) else
+        "--temperature and --top-k shape sampling: add --sample (without it every token is the most likely one)")
 
 
 def prompt_problem(text):
