@@ -21,7 +21,7 @@ from tp_from_scratch.gpt import train
     (["--hidden", "30", "--heads", "4"], 1, "hidden size 30 is not divisible by n_heads 4"),
     (["--impl", "dtensor", "--save", "x"], 1, "--save and --load work with --impl scratch only"),
     (["--impl", "dtensor", "--tp", "4", "--kv-heads", "2"], 4,
-     "--impl dtensor needs --kv-heads divisible by --tp (got 2 and 4)"),
+     "--impl dtensor needs the KV heads (n_kv_heads, --kv-heads) divisible by tp (got 2 and 4)"),
 ])
 def test_bad_arguments_are_refused_with_a_clear_message(monkeypatch, capsys, argv, world, message):
     monkeypatch.setenv("WORLD_SIZE", str(world))

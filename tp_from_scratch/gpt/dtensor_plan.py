@@ -25,9 +25,9 @@ def check_plannable(config, tp):
     """Raise a ValueError unless DTensor's styles shard ``config`` over ``tp`` ranks as ours do."""
     config.validate(tp)
     if config.n_kv_heads % tp:
-        raise ValueError(f"the DTensor plan needs n_kv_heads divisible by tp (got {config.n_kv_heads} and {tp}): "
-                         f"ColwiseParallel would cut a key/value head across ranks, where ours "
-                         f"replicates each KV head on the ranks that share it")
+        raise ValueError(f"--impl dtensor needs the KV heads (n_kv_heads, --kv-heads) divisible by tp (got "
+                         f"{config.n_kv_heads} and {tp}): ColwiseParallel would cut a key/value head across "
+                         f"ranks, where --impl scratch replicates each KV head on the ranks that share it")
 
 
 def tp_plan(config):

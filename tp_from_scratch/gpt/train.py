@@ -238,15 +238,14 @@ def validate(opts, world_size, description=None):
         return f"batch size {opts.batch_size} is not divisible by dp={dp}"
     if opts.impl == "dtensor" and (opts.save or opts.load):
         return "--save and --load work with --impl scratch only"
-    if opts.impl == "dtensor" and opts.kv_heads is not None and opts.kv_heads % opts.tp != 0:
-        return (f"--impl dtensor needs --kv-heads divisible by --tp (got {opts.kv_heads} and "
-                f"{opts.tp}): ColwiseParallel would cut a key/value head across ranks, where "
-                f"--impl scratch replicates each KV head on the ranks that share it")
     if opts.device == "cuda" and not torch.cuda.is_available():
         return "--device cuda was asked for, but torch sees no CUDA device"
     try:
         config = config_from_args(opts)
         config.validate(opts.tp)
+        if opts.impl == "dtensor":
+            from tp_from_scratch.gpt.dtensor_plan import check_plannable
+            check_plannable(config, opts.tp)
         if opts.load:
             ckpt.check_resumable(opts.load, config, description or ckpt.model_description(config),
                                  opts.steps, opts.optimizer)
