@@ -18,10 +18,11 @@ from functools import partial
 from pathlib import Path
 from urllib.parse import unquote, urljoin, urlparse
 
+import numpy as np
 import pytest
 
 from tp_from_scratch.comm.launchers import run_command
-from tp_from_scratch.plots import course_layout, draw_course_map
+from tp_from_scratch.plots import course_layout, direct_prerequisites, draw_course_map
 from tp_from_scratch.tools.grading import EXERCISES
 from website.build import lesson_notebooks, lesson_of_exercise, project_pages
 from website.build import main as build_main
@@ -65,10 +66,23 @@ def test_the_map_draws_a_box_per_lesson_with_its_title_and_an_arrow_per_prerequi
     assert {f"{number}  {title}" for number, title, _, _ in LESSONS} | {t for _, _, t, _ in LESSONS} <= texts
     assert len([p for p in ax.patches if isinstance(p, FancyBboxPatch)]) == len(LESSONS)
     arrows = [(a.xyann, a.xy) for a in ax.texts if hasattr(a, "arrow_patch") and a.arrow_patch]
-    assert len(arrows) == sum(len(builds_on) for *_, builds_on in LESSONS)
-    for (x0, y0), (x1, y1) in arrows:  # each arrow runs down, from a box's bottom to a lower box's top
-        assert y1 < y0
+    direct = direct_prerequisites([(number, builds_on) for number, _, _, builds_on in LESSONS])
+    assert len(arrows) == sum(len(builds_on) for builds_on in direct.values())
+    boxes = [p.get_bbox() for p in ax.patches if isinstance(p, FancyBboxPatch)]
+    for (x0, y0), (x1, y1) in arrows:  # each arrow runs down, from a box's bottom to a lower box's top,
+        assert y1 < y0                 # and crosses no box on its way
+        for s in np.linspace(0.02, 0.98, 200):
+            x, y = x0 + s * (x1 - x0), y0 + s * (y1 - y0)
+            assert not any(b.x0 < x < b.x1 and b.y0 < y < b.y1 for b in boxes), ((x0, y0), (x1, y1), (x, y))
     matplotlib.pyplot.close(fig)
+
+
+def test_the_map_draws_each_prerequisite_not_reached_through_another():
+    # 4 builds on 1 and 3, and 3 on 2 on 1: the arrow 1 -> 4 would cross 2 and 3
+    assert direct_prerequisites([(1, ()), (2, (1,)), (3, (2,)), (4, (1, 3)), (5, (2, 4))]) == \
+        {1: (), 2: (1,), 3: (2,), 4: (3,), 5: (4,)}
+    direct = direct_prerequisites([(number, builds_on) for number, _, _, builds_on in LESSONS])
+    assert all(set(direct[number]) <= set(builds_on) for number, _, _, builds_on in LESSONS)
 
 
 def test_a_lesson_that_builds_on_one_not_yet_listed_is_refused():

@@ -511,6 +511,17 @@ def draw_cross_entropy_all_reduces(t=3, tokens=4, vocab=13):
     return fig
 
 
+def direct_prerequisites(lessons):
+    """{number: the prerequisites not also reached through another one} (the transitive reduction):
+    a lesson that builds on 5 and on 11, which itself builds on 6 and so on 5, gets one arrow, from
+    11, instead of one that would cross the boxes in between. ``lessons``: (number, builds_on) pairs."""
+    below = {}   # number -> every lesson it builds on, directly or not
+    for number, builds_on in lessons:
+        below[number] = set(builds_on).union(*(below.get(p, set()) for p in builds_on))
+    return {number: tuple(p for p in builds_on if not any(p in below.get(q, ()) for q in builds_on))
+            for number, builds_on in lessons}
+
+
 def course_layout(lessons):
     """{number: (x, row)} for a top-down course map: each lesson one row below its deepest prerequisite.
 
@@ -537,13 +548,15 @@ def course_layout(lessons):
 
 
 def draw_course_map(lessons, *, box_width=3.0, box_height=0.8, gap=0.25, inches_per_unit=0.66):
-    """The course as a graph, top down: a box per lesson (title, what it teaches), an arrow per prerequisite.
+    """The course as a graph, top down: a box per lesson (title, what it teaches), an arrow per
+    prerequisite not already reached through another (direct_prerequisites).
 
     ``lessons``: (number, title, teaches, builds_on) rows, prerequisites first. Sizes are in data
     units, ``inches_per_unit`` of the figure each. Returns the figure and {number: (x, y)} of
     each box's centre in data units.
     """
-    layout = course_layout([(n, builds_on) for n, _, _, builds_on in lessons])
+    direct = direct_prerequisites([(n, builds_on) for n, _, _, builds_on in lessons])
+    layout = course_layout(list(direct.items()))
     columns = max(1, max(2 * abs(x) + 1 for x, _ in layout.values()))
     rows = 1 + max(r for _, r in layout.values())
     pitch_x, pitch_y = box_width + gap, box_height + 2 * gap
@@ -557,7 +570,7 @@ def draw_course_map(lessons, *, box_width=3.0, box_height=0.8, gap=0.25, inches_
         ax.text(cx, cy + 0.15, f"{number}  {title}", ha="center", va="center", fontsize=10,
                 weight="bold", zorder=3)
         ax.text(cx, cy - 0.18, teaches, ha="center", va="center", fontsize=9, color="0.2", zorder=3)
-    for number, _, _, builds_on in lessons:
+    for number, builds_on in direct.items():
         for prerequisite in builds_on:
             (x0, y0), (x1, y1) = centre[prerequisite], centre[number]
             skips_rows = round((y0 - y1) / pitch_y) > 1  # bend around the rows in between
