@@ -59,13 +59,14 @@ def test_the_command_trains_expert_parallel_equal_to_one_device(ep_run):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_its_checkpoint_resumes_on_four_ranks_in_the_tensor_parallel_layout_as_if_never_stopped(ep_run):
-    # saved by 2 expert-parallel ranks, resumed by 4 tensor-parallel ones: every later step's loss
-    # equals the uninterrupted single-device run's (weights and AdamW's moments resharded)
+    # saved by 2 expert-parallel ranks, resumed by 4 tensor-parallel ones on the from-scratch ring
+    # collectives: every later step's loss equals the uninterrupted single-device run's (weights
+    # and AdamW's moments resharded)
     _, tmp = ep_run
     steps = STEPS + 2
     result = run_command(torchrun_command(4, "tp_from_scratch.deepseek.train", "--tp", 4, "--layout", "tp",
                                           "--dtype", "float64", "--steps", steps, "--data", "text",
-                                          "--load", tmp / "ckpt", "--no-progress", "--metrics",
+                                          "--load", tmp / "ckpt", "--collectives", "scratch", "--no-progress", "--metrics",
                                           tmp / "resumed.jsonl", "--timeout", 60), timeout=220)
     assert result.returncode == 0, result.stdout[-4000:]
     resumed = losses_of(tmp / "resumed.jsonl")

@@ -14,6 +14,7 @@ from tp_from_scratch import nn as tp_nn
 from tp_from_scratch.nn import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
                                 copy_to_tp_region, gather_from_tp_region, reduce_from_tp_region,
                                 scatter_to_tp_region, vocab_parallel_cross_entropy)
+from tp_from_scratch.nn.collectives import all_reduce
 from tp_from_scratch.nn.mappings import sum_over_replicas
 from tp_from_scratch.sharding import shard_sizes
 from tp_from_scratch.testing import random_array, rank_rng
@@ -84,6 +85,18 @@ def test_copy_to_region_f_is_identity_forward_all_reduce_backward(t):
 @pytest.mark.parametrize("t", WORLD_SIZES)
 def test_reduce_from_region_g_is_all_reduce_forward_identity_backward(t):
     run_spmd(_g, t, 20)
+
+
+@pytest.mark.parametrize("t", WORLD_SIZES)
+def test_a_scalar_keeps_its_shape_through_g_and_the_all_reduce(t):
+    # a loss (0-d) summed over the ranks on a Comm: the numpy bridge must not make it (1,)
+    def rank(comm):
+        x = torch.tensor(float(comm.rank + 1), dtype=torch.float64, requires_grad=True)
+        y = tp_nn.reduce_from_tp_region(comm, x)
+        y.backward()
+        return y.shape, all_reduce(comm, x.detach()).shape, x.grad.shape, y.item()
+    for shape, reduced, grad, value in run_spmd(rank, t):
+        assert shape == reduced == grad == torch.Size([]) and value == t * (t + 1) / 2
 
 
 @pytest.mark.parametrize("n", [8, 7])

@@ -78,8 +78,9 @@ def tensor_to_numpy(x, shared=False):
 
 
 def numpy_to_tensor(a, like):
-    """The array ``a`` as a tensor of ``like``'s dtype and device (a float32 array back to bfloat16)."""
-    return torch.from_numpy(np.ascontiguousarray(a)).to(device=like.device, dtype=like.dtype)
+    """The array ``a`` as a tensor of ``like``'s dtype and device (a float32 array back to bfloat16),
+    of ``a``'s shape: a 0-d array stays 0-d (np.ascontiguousarray alone makes it (1,))."""
+    return torch.from_numpy(np.ascontiguousarray(a).reshape(np.shape(a))).to(device=like.device, dtype=like.dtype)
 
 
 # ---------------------------------------------------------------------------------------
