@@ -103,6 +103,7 @@ def test_its_checkpoint_generates_on_two_ranks_as_transformers_after_export(ep_r
 
 @pytest.mark.parametrize("argv, world, message", [
     (["--load", "nowhere"], 2, "no checkpoint at nowhere: the path does not exist"),
+    (["--impl", "dtensor"], 1, "deepseek_v3 trains with --impl scratch only"),
     (["--tp", 3], 3, "num_attention_heads"),
     (["--tp", 2, "--layout", "ep", "--batch-size", 3], 2, "batch size 3 is not divisible by 2"),
     (["--tp", 2, "--experts", 5, "--layout", "ep", "--batch-size", 2], 2, "--experts"),
