@@ -11,7 +11,7 @@ without torch. torchrun must also choose its rendezvous (``--standalone``, or ``
 1. Extraction: every command shown in lessons/src/*.py, in the notebooks (cells and outputs),
    in README.md, CONTRIBUTING.md, STYLE.md and docs/*.md, and in the module docstrings of tp_from_scratch/
    and of the exercise stubs, checked for bare launchers.
-2. A sample, one short command per lesson 6-11, run exactly as printed (found in the lesson's
+2. A sample, one short command per lesson 6-12, run exactly as printed (found in the lesson's
    source and in its notebook, then launched from the repository root).
 """
 import ast
@@ -148,6 +148,7 @@ SAMPLE = {
     "09_when_tp_pays": "--hidden 3072 --heads 32 --layers 72",
     "10_overlap": "-m tp_from_scratch.overlap.check",
     "11_parallelisms": "-m tp_from_scratch.parallelisms.check_zero",
+    "12_deepseek_v3_moe": "-m tp_from_scratch.deepseek.plan --tp 8 --ep 64",
 }
 
 
