@@ -13,7 +13,7 @@ import torch
 
 from tests.hf_models import deepseek_moe, deepseek_v3_config
 from tp_from_scratch.comm import SPMDError, run_spmd
-from tp_from_scratch.comm.launchers import run_command, torchrun_command
+from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.deepseek import (LAYOUTS, DeepSeekMoE, MoEConfig,
                                       all_reduce_bytes_sent, check_routing_margin, ep_bytes_sent,
@@ -123,6 +123,17 @@ def test_every_layout_and_the_model_under_torchrun_native_and_from_scratch(nproc
     assert result.returncode == 0 and sorted(map(int, passed)) == list(range(nproc)), result.stdout[-3000:]
     assert result.stdout.count("expert parallel (native)") == nproc, result.stdout[-3000:]
     assert result.stdout.count("model with expert tensor parallel (scratch)") == nproc, result.stdout[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_every_layout_and_the_model_under_mpiexec_on_the_from_scratch_collectives():
+    # the same torch layers, their collectives Lesson 2's over MPI (through the nn bridge)
+    result = run_command(mpiexec_command(4, "tp_from_scratch.deepseek.checks", "--timeout", 90), timeout=200)
+    passed = re.findall(r"rank (\d+): deepseek checks passed", result.stdout)
+    assert result.returncode == 0 and sorted(map(int, passed)) == list(range(4)), result.stdout[-3000:]
+    assert result.stdout.count("expert parallel (mpi)") == 4, result.stdout[-3000:]
+    assert result.stdout.count("model with expert tensor parallel (mpi)") == 4, result.stdout[-3000:]
 
 
 def test_load_per_rank_counts_every_pair_once():

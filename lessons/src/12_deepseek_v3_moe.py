@@ -40,7 +40,9 @@ Where things are (`tp_from_scratch/deepseek/`):
   trained (each rank its own sequences, attention whole with its gradients summed as in data
   parallelism, the experts spread over the all-to-all);
 * `checks.py`: every layout against one device, also under
-  `.venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.deepseek.checks`."""),
+  `.venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.deepseek.checks` and, on
+  Lesson 2's collectives over MPI, `.venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.deepseek.checks`;
+* `checkpoint.py`, `convert.py`: the trainer's checkpoints in any layout, Hugging Face files in and out."""),
     new_code_cell("""import sys
 from pathlib import Path
 if not (Path.cwd() / "tp_from_scratch").is_dir():  # run from lessons/: make the package importable

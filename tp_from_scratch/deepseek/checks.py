@@ -5,10 +5,12 @@ Every rank builds the same single-device DeepSeekMoE and the same data from one 
 them, and compares its own share of every result through assert_matches_reference. The
 expected share of each gradient is cut by the layout's own ``from_module`` applied to the
 reference's gradients, so the slicing is written once. The same function runs on simulated
-ranks (tests, Lesson 12) and on real processes, with native collectives (the process group)
-and from-scratch ones (a TorchComm over it):
+ranks (tests, Lesson 12) and on real processes: under torchrun with native collectives (the
+process group) and from-scratch ones (a TorchComm over it), under mpiexec on Lesson 2's
+collectives over MPI (the torch layers reach a Comm through nn/collectives.py's bridge):
 
     .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.deepseek.checks
+    .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.deepseek.checks
 """
 import argparse
 import copy
@@ -19,6 +21,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
+from tp_from_scratch.comm.launch import launcher_from_env, spmd_main
 from tp_from_scratch.comm.process_group import exit_now, init_process_group
 from tp_from_scratch.comm.torch_comm import TorchComm
 from tp_from_scratch.compare import assert_matches_reference
@@ -152,27 +155,40 @@ def model_reference(config, seed):
     return run_spmd(one_rank, 1)[0]
 
 
+def run_checks(groups, t):
+    """Every layout and the model on each (name, group) of ``groups``, t ranks each; returns
+    what passed (raises at the first mismatch)."""
+    reference = random_moe(TINY, seed=t)
+    done = []
+    for layout in LAYOUTS:
+        xs, dys = layout_data(layout, t, TINY.hidden_size, seed=10 * t)
+        for name, group in groups:
+            check_layout(group, layout, reference, xs, dys)
+            done.append(f"{layout} ({name})")
+    config = tiny_model_config()
+    state, ids, dlogits, reference = model_reference(config, seed=t)
+    for layout in ("experts on all tokens", "expert tensor parallel"):
+        for name, group in groups:
+            check_model(group, config, state, layout, ids, dlogits, reference)
+            done.append(f"model with {layout} ({name})")
+    return done
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any collective may wait")
     args = parser.parse_args(argv)
+    if launcher_from_env() == "mpi":   # spmd_main names a failing rank and brings the job down
+        def on_mpi(comm):
+            comm.timeout = args.timeout
+            done = run_checks([("mpi", comm)], comm.world_size)
+            print(f"rank {comm.rank}: deepseek checks passed: {'; '.join(done)}", flush=True)
+        spmd_main(on_mpi)
+        return
     init_process_group("cpu", args.timeout)
     world, rank, t = dist.group.WORLD, dist.get_rank(), dist.get_world_size()
     try:
-        reference = random_moe(TINY, seed=t)
-        scratch = TorchComm(world, timeout=args.timeout)
-        done = []
-        for layout in LAYOUTS:
-            xs, dys = layout_data(layout, t, TINY.hidden_size, seed=10 * t)
-            for name, group in (("native", world), ("scratch", scratch)):
-                check_layout(group, layout, reference, xs, dys)
-                done.append(f"{layout} ({name})")
-        config = tiny_model_config()
-        state, ids, dlogits, reference = model_reference(config, seed=t)
-        for layout in ("experts on all tokens", "expert tensor parallel"):
-            for name, group in (("native", world), ("scratch", scratch)):
-                check_model(group, config, state, layout, ids, dlogits, reference)
-                done.append(f"model with {layout} ({name})")
+        done = run_checks([("native", world), ("scratch", TorchComm(world, timeout=args.timeout))], t)
         sys.stdout.write(f"rank {rank}: deepseek checks passed: {'; '.join(done)}\n")
         sys.stdout.flush()
     except BaseException:  # bring the whole job down quickly; torchrun stops the other ranks
