@@ -200,13 +200,20 @@ not score + bias)."""),
 embedding = torch.nn.Embedding(256, TINY.hidden_size)
 torch.nn.init.normal_(embedding.weight, generator=torch.Generator().manual_seed(0))
 x = embedding(ids).reshape(-1, TINY.hidden_size).detach()        # 256 tokens
-bias = moe.gate.e_score_correction_bias.clone()
-for step in range(6):
+bias, gamma = moe.gate.e_score_correction_bias.clone(), 0.01
+for step in range(41):
     _, experts = route(x, moe.gate.weight, bias, TINY)
     per_expert = torch.bincount(experts.reshape(-1), minlength=TINY.n_routed_experts).double()
     load = tokens_per_rank(experts, TINY.n_routed_experts, 4)
-    print(f"bias step {step}: pairs per rank {load.tolist()}, busiest / mean = {load.max() / load.double().mean():.2f}")
-    bias += 0.05 * torch.sign(per_expert.mean() - per_expert)     # the report's update, gamma = 0.05"""),
+    if step % 5 == 0:
+        print(f"bias step {step:2d}: pairs per rank {load.tolist()}, busiest / mean = "
+              f"{load.max() / load.double().mean():.2f}")
+    bias += gamma * torch.sign(per_expert.mean() - per_expert)     # the report's update rule"""),
+    new_markdown_cell(r"""The busiest rank falls from about 2.5 times the mean to 1.3-1.4 within 25 updates, and stays
+near there without settling: a sign rule moves every bias by ±γ at every step, so on the same
+256 tokens it keeps stepping over the balance point. DeepSeek-V3 steps far more
+gently (γ = 0.001, §4.2) over a stream of new batches, and adds a small sequence-wise balance
+loss for the extreme cases."""),
 
     # ------------------------------------------------------------------ MLA cache
     new_markdown_cell(r"""## 4. MLA's cache: the latent, measured
@@ -355,8 +362,8 @@ except ValueError as error:
   all-to-all of integers, the count matrix transposed), then the rows; combine is dispatch run
   backwards, and each is the other's gradient.
 * DeepSeekMoE runs on t ranks three ways, each equal to one device with every gradient: EP
-  (k times the bytes, whole experts, own tokens), experts on all tokens, expert TP (one
-  all-reduce each).
+  (each token's rows travel to its k experts: k/t of the all-reduce layouts' bytes per token,
+  whole experts, own tokens), experts on all tokens, expert TP (one all-reduce each).
 * MLA splits its heads like any attention; its latent cache is 70 KB per token at DeepSeek-V3's
   size on **every** rank, whatever t.
 * DeepSeek-V3 traded TP's per-layer all-reduces for an all-to-all it could hide.
