@@ -111,6 +111,7 @@ def test_the_trainer_resumes_with_the_checkpoints_sizes_and_names_what_contradic
     assert config.n_routed_experts == 4 and config.to_dict() == ds_ckpt.load(saved)["meta"]["config"]
     for argv, message in [
         (["--experts", 2], "--experts 2 contradicts the checkpoint's n_routed_experts=4"),
+        (["--experts", 8], "--experts 8 contradicts the checkpoint's n_routed_experts=4"),   # the default, given
         (["--hidden", 64], "--hidden 64 contradicts the checkpoint's hidden_size=32"),
         (["--data", "text"], "--data text needs 256 token ids (bytes), but the checkpoint's vocab_size is 64"),
         (["--steps", 2], "--steps 2 is below the checkpoint's step 3"),

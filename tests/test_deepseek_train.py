@@ -23,7 +23,7 @@ def test_training_on_two_simulated_ranks_equals_one_device_at_every_step(layout)
         assert len(losses) == len(expected)
         for step, (loss, ref) in enumerate(zip(losses, expected)):
             assert_matches_reference(torch.tensor(loss, dtype=torch.float64), ref, name=f"{layout} loss at step {step}",
-                                     rank=rank, tol=tolerance(opts.dtype, layers=opts.layers, steps=step))
+                                     rank=rank, tol=tolerance(opts.dtype, layers=opts.size("layers"), steps=step))
 
 
 STEPS = 2

@@ -50,7 +50,11 @@ LAYOUTS = {"tp": "experts on all tokens", "ep": "expert parallel"}
 
 @dataclass(frozen=True)
 class DeepSeekTrainConfig(gpt_train.TrainConfig):
-    """Lesson 6's settings, plus the layout, the experts and a smaller default model."""
+    """Lesson 6's settings, plus the layout, the experts and a smaller default model.
+
+    The size flags (SIZE_FLAGS) stay None unless given, so that with --load a flag given is
+    checked against the checkpoint and one not given takes its value; size(flag) is the
+    value a fresh model uses."""
     layout: str = "tp"
     experts: int = 8
     arch: str = ARCH
@@ -60,6 +64,11 @@ class DeepSeekTrainConfig(gpt_train.TrainConfig):
     layers: int = 2
     seq_len: int = 16
     vocab_size: int = 64
+
+    def size(self, flag):
+        """The size flag's value, or its default when not given."""
+        given = getattr(self, flag)
+        return getattr(DeepSeekTrainConfig, flag) if given is None else given
 
 
 # the size flags and the config fields they set (what --load takes from the checkpoint instead)
@@ -81,22 +90,22 @@ def model_config(opts):
 
 def flag_config(opts):
     """The config.json dict of the size flags: the course's small DeepSeek-V3."""
-    H, nh = opts.hidden, opts.heads
-    return dict(model_type=ARCH, vocab_size=256 if opts.data == "text" else opts.vocab_size, hidden_size=H,
-              intermediate_size=opts.ffn or 2 * H, num_hidden_layers=opts.layers, first_k_dense_replace=1,
+    H, nh = opts.size("hidden"), opts.size("heads")
+    return dict(model_type=ARCH, vocab_size=256 if opts.data == "text" else opts.size("vocab_size"), hidden_size=H,
+              intermediate_size=opts.size("ffn") or 2 * H, num_hidden_layers=opts.size("layers"),
+              first_k_dense_replace=1,
               num_attention_heads=nh, num_key_value_heads=nh, q_lora_rank=H // 2, kv_lora_rank=H // 4,
               qk_nope_head_dim=H // nh, qk_rope_head_dim=4, v_head_dim=H // nh, rms_norm_eps=1e-6,
-              hidden_act="silu", moe_intermediate_size=H // 2, n_routed_experts=opts.experts,
+              hidden_act="silu", moe_intermediate_size=H // 2, n_routed_experts=opts.size("experts"),
               num_experts_per_tok=2, n_group=1, topk_group=1, norm_topk_prob=True,
               routed_scaling_factor=2.5, n_shared_experts=1, max_position_embeddings=opts.seq_len)
 
 
 def loaded_size_problem(opts, config):
     """With --load: the first size flag given that contradicts the checkpoint, or data it cannot model."""
-    defaults = DeepSeekTrainConfig()
     for flag, field in SIZE_FLAGS.items():
         given = getattr(opts, flag)
-        if given not in (getattr(defaults, flag, None), getattr(config, field)):
+        if given is not None and given != getattr(config, field):
             return (f"--{flag.replace('_', '-')} {given} contradicts the checkpoint's {field}="
                     f"{getattr(config, field)} (with --load the model's sizes are the checkpoint's: drop the flag)")
     if opts.data == "text" and config.vocab_size < 256:
@@ -155,8 +164,7 @@ def build_parser():
     p.prog = "python -m tp_from_scratch.deepseek.train"
     p.description = __doc__
     d = DeepSeekTrainConfig()
-    p.set_defaults(arch=d.arch, hidden=d.hidden, heads=d.heads, layers=d.layers, seq_len=d.seq_len,
-                   vocab_size=d.vocab_size)
+    p.set_defaults(arch=d.arch, seq_len=d.seq_len, **{flag: None for flag in SIZE_FLAGS})
     for action in p._actions:
         if action.dest == "arch":
             action.choices = [ARCH]
@@ -164,7 +172,10 @@ def build_parser():
     g.add_argument("--layout", choices=list(LAYOUTS), default=d.layout,
                    help="tp: every rank all tokens, its heads and experts; ep: every rank its own rows, "
                         "whole attention, its experts")
-    g.add_argument("--experts", type=int, default=d.experts, help="routed experts E (2 per token, 1 shared)")
+    g.add_argument("--experts", type=int, help=f"routed experts E (2 per token, 1 shared; default {d.experts})")
+    for action in p._actions:   # the sizes' defaults, said in the help (the values are None until given)
+        if action.dest in SIZE_FLAGS and action.dest != "experts":
+            action.help = f"default {getattr(d, action.dest)}" + (" (0: 2 x hidden)" if action.dest == "ffn" else "")
     return p
 
 
@@ -183,8 +194,8 @@ def validate(opts, world_size):
         return f"batch size {opts.batch_size} is not divisible by {per} (dp x the ranks of --layout {opts.layout})"
     if opts.device == "cuda" and not torch.cuda.is_available():
         return "--device cuda was asked for, but torch sees no CUDA device"
-    if opts.hidden % opts.heads:
-        return f"--hidden {opts.hidden} is not divisible by --heads {opts.heads}"
+    if opts.size("hidden") % opts.size("heads"):
+        return f"--hidden {opts.size('hidden')} is not divisible by --heads {opts.size('heads')}"
     try:
         if opts.load:
             ckpt.check_description(ckpt.read_metadata(opts.load)[1], DESCRIPTION, opts.load)
