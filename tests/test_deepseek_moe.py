@@ -18,7 +18,7 @@ from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.deepseek import (LAYOUTS, DeepSeekMoE, MoEConfig,
                                       all_reduce_bytes_sent, check_routing_margin, ep_bytes_sent,
                                       route, routing_margin, tokens_per_rank)
-from tp_from_scratch.deepseek.checks import check_layout, layout_data
+from tp_from_scratch.deepseek.checks import TINY, check_layout, layout_data, random_moe
 from tp_from_scratch.testing import random_array, rank_rng
 
 # t = 3 needs experts, groups and widths divisible by 3
@@ -94,6 +94,19 @@ def test_deepseek_moe_equals_transformers_layer_outputs_and_gradients():
 def test_each_layout_equals_one_device(layout, t):
     _, reference = hf_and_ours(t, seed=11 + t)
     xs, dys = layout_data(layout, t, reference.config.hidden_size, seed=20 + t)
+    run_spmd(check_layout, t, layout, reference, xs, dys)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_rank_whose_experts_get_no_token_has_zero_gradients_as_on_one_device(layout):
+    # the last rank's experts are never chosen (their selection bias far below the others'):
+    # one device's stacked experts give them a zero gradient, so must that rank, not None
+    # (an optimizer skips a None gradient, while AdamW's moments and SGD's momentum still move)
+    t = 2
+    reference = random_moe(TINY, seed=5)
+    with torch.no_grad():
+        reference.gate.e_score_correction_bias[TINY.n_routed_experts // t:] -= 10.0
+    xs, dys = layout_data(layout, t, TINY.hidden_size, seed=6)
     run_spmd(check_layout, t, layout, reference, xs, dys)
 
 

@@ -32,9 +32,10 @@ def expert_rows(rows, expert_ids, gate_up, down, first=0):
     """
     out = rows.new_zeros(rows.shape)
     for e in range(gate_up.shape[0]):
+        # an expert with no rows still runs (on none): its weights then get a zero gradient, as
+        # on one device, not None, which an optimizer would skip (AdamW's moments still move)
         mine = (expert_ids == first + e).nonzero().squeeze(1)  # (M_e,)
-        if mine.numel():
-            out = out.index_copy(0, mine, gated_ffn(rows[mine], gate_up[e], down[e]))
+        out = out.index_copy(0, mine, gated_ffn(rows[mine], gate_up[e], down[e]))
     return out
 
 
