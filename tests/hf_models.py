@@ -70,6 +70,17 @@ def _rope_forward(config, dim=None):
     return forward
 
 
+def _rope_from_buffer(m):
+    """cos/sin in the model's dtype from transformers' own frequencies (its inv_freq buffer,
+    computed in float32 by its rope function: YaRN's has no float64 formula to restate here)
+    and its attention_scaling; the test gives the course's model the same frequencies."""
+    def forward(x, position_ids):
+        freqs = position_ids[..., None].to(torch.float64) * m.inv_freq.to(torch.float64)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * m.attention_scaling).to(x.dtype), (emb.sin() * m.attention_scaling).to(x.dtype)
+    return forward
+
+
 # ---- DeepSeek-V3 ---------------------------------------------------------------------------
 # Beyond Llama's two islands, transformers' DeepseekV3 computes its router in float32
 # (``F.linear(h.type(torch.float32), weight.type(torch.float32))``, so the routing weights carry
@@ -121,7 +132,9 @@ def float64_deepseek(model):
         name = type(module).__name__
         if name == "DeepseekV3RMSNorm":
             module.forward = _rms_forward(module)
-        if name == "DeepseekV3RotaryEmbedding":
+        if name == "DeepseekV3RotaryEmbedding" and model.config.rope_parameters.get("rope_type") == "yarn":
+            module.forward = _rope_from_buffer(module)
+        elif name == "DeepseekV3RotaryEmbedding":
             module.forward = _rope_forward(model.config, model.config.qk_rope_head_dim)
         if name == "DeepseekV3TopkRouter":
             module.forward = _router_forward(module)

@@ -94,8 +94,12 @@ def test_export_gives_back_transformers_state_dict():
 @pytest.mark.parametrize("change, t, match", [
     (dict(topk_method="greedy"), 1, "topk_method='greedy' is not supported"),
     (dict(q_lora_rank=None), 1, "q_lora_rank=None .* is not supported"),
+    (dict(rope_parameters={"rope_type": "llama3", "rope_theta": 1000.0, "factor": 4.0}), 1,
+     "rope_type='llama3' is not supported"),
     (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0}), 1,
-     "rope_type='yarn' is not supported"),
+     "rope_type='yarn' needs original_max_position_embeddings"),
+    (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "original_max_position_embeddings": 8}), 1,
+     "rope_type='yarn' needs factor"),
     ({}, 3, "num_attention_heads 4 is not divisible by tp=3"),
 ])
 def test_configs_and_degrees_the_course_cannot_map_are_named(change, t, match):
@@ -216,3 +220,76 @@ def test_ranks_that_do_not_divide_the_experts_are_named_for_expert_parallelism()
     hf = deepseek_v3(seed=90)
     with pytest.raises(SPMDError, match=r"n_routed_experts \(for expert parallelism\) 8 is not divisible by tp=3"):
         run_spmd(lambda comm: from_hf_state_dict(hf.config, hf.state_dict(), group=comm, layout="expert parallel"), 3)
+
+
+# ---- YaRN: DeepSeek-V3's RoPE, stretched from a 4K to a 128K context ----------------------------
+
+# DeepSeek-V3's own rope_scaling (its config.json), a variant whose cos/sin factor is not 1 and
+# whose ramp is not rounded, and one with YaRN's defaults only
+YARNS = [dict(factor=40, beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=1.0,
+              original_max_position_embeddings=4096),
+         dict(factor=8.0, mscale=0.707, mscale_all_dim=1.0, original_max_position_embeddings=8, truncate=False),
+         dict(factor=3.0, original_max_position_embeddings=16)]
+
+
+def yarn_config(rope, **sizes):
+    return deepseek_v3_config(rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, **rope}, **sizes)
+
+
+@pytest.mark.parametrize("rope", YARNS, ids=["deepseek_v3", "attention_factor", "defaults"])
+@pytest.mark.parametrize("rope_dim", [4, 64])
+def test_yarn_frequencies_and_scales_equal_transformers(rope, rope_dim):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import yarn_apply_mscale
+    from tp_from_scratch.deepseek.mla import rope_frequencies
+    config = yarn_config(rope, qk_rope_head_dim=rope_dim,
+                         max_position_embeddings=int(rope["factor"] * rope["original_max_position_embeddings"]))
+    inv_freq, cos_sin, softmax = rope_frequencies(config)
+    expected, attention_scaling = ROPE_INIT_FUNCTIONS["yarn"](config)      # transformers computes them in float32
+    assert_matches_reference(inv_freq.float(), expected, name="YaRN frequencies (float32's precision)")
+    qk = config.qk_nope_head_dim + rope_dim
+    assert cos_sin == pytest.approx(attention_scaling, rel=1e-15)
+    assert softmax / qk ** 0.5 == pytest.approx(yarn_apply_mscale(config.rope_parameters, qk ** -0.5), rel=1e-15)
+    plain = 10000.0 ** -(torch.arange(0, rope_dim, 2, dtype=torch.float64) / rope_dim)
+    assert (inv_freq <= plain * (1 + 1e-12)).all() and inv_freq[-1] < plain[-1]   # YaRN only slows pairs down
+
+
+@pytest.mark.parametrize("t", [1, 2])
+def test_a_yarn_model_equals_transformers(t):
+    # transformers' float32 frequencies given to both models (their formula is checked above):
+    # the rest (angles, the cos/sin and softmax scales, the cache) must match at float64
+    from transformers import DeepseekV3ForCausalLM
+    from tests.hf_models import float64_deepseek, randomize, randomize_router_bias
+    config = yarn_config(dict(YARNS[1], original_max_position_embeddings=4), max_position_embeddings=32)
+    hf = float64_deepseek(randomize_router_bias(randomize(DeepseekV3ForCausalLM(config), 90), 91).double().eval())
+    inv_freq = next(m.inv_freq for m in hf.modules() if type(m).__name__ == "DeepseekV3RotaryEmbedding")
+    ids = ids_for(92, config.vocab_size)
+    dlogits = torch.tensor(rank_rng(93).standard_normal((2, 7, config.vocab_size)))
+    logits_ref, grads_ref = reference_run(hf, ids, dlogits)
+
+    def rank(comm):
+        model = from_hf_state_dict(config, hf.state_dict(), group=comm)
+        for layer in model.layers:
+            layer.self_attn.inv_freq.copy_(inv_freq)
+        assert layer.self_attn.rope_multiplier != 1.0 and layer.self_attn.softmax_scale != (6 + 4) ** -0.5
+        logits = model(ids)
+        (logits * dlogits).sum().backward()
+        return logits.detach(), {n: p.grad for n, p in model.named_parameters()}, generate(model, ids[:, :3], 4)[0]
+
+    hf.generation_config.eos_token_id = None          # ours has no end-of-sequence stop
+    expected_ids = hf.generate(ids[:, :3], max_new_tokens=4, do_sample=False, pad_token_id=0)
+    for r, (logits, grads, generated) in enumerate(run_spmd(rank, t)):
+        assert_matches_reference(logits, logits_ref, name="logits with YaRN", rank=r)
+        for name, g in grads.items():
+            assert_matches_reference(g, shard(name, grads_ref[hf_name(name)], config, INFERENCE_LAYOUTS[0], t, r),
+                                     name=f"grad {name} with YaRN", rank=r)
+        assert torch.equal(generated, expected_ids), (generated.tolist(), expected_ids.tolist())
+
+
+def test_deepseek_v3s_own_config_json_reads_with_its_yarn():
+    from tp_from_scratch.deepseek.model import config_from_hf
+    own = {k: v for k, v in deepseek_v3_config().to_dict().items() if k != "rope_parameters"}
+    own.update(rope_theta=10000, rope_scaling={"type": "yarn", **YARNS[0]})   # as deepseek-ai's config.json
+    config = config_from_hf(own)
+    assert config.rope_parameters == {"rope_type": "yarn", "rope_theta": 10000, **YARNS[0]}
+    check_config(config, 2)

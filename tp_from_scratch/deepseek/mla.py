@@ -22,6 +22,9 @@ On t ranks (Lesson 4's split, by heads):
 
 The cache of generation holds [c_kv | RoPE(k_rope)] per token: kv_lora + rope numbers on
 EVERY rank, whatever t (the latent is not split; the heads are expanded from it each step).
+
+RoPE is plain (angle p / theta^(2i/rope)) or YaRN, which DeepSeek-V3 uses to stretch its 4K
+pre-training context to 128K (report §4.3; Peng et al., arXiv 2309.00071): see rope_frequencies.
 """
 import math
 
@@ -44,11 +47,59 @@ class RMSNorm(nn.Module):
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
 
 
-def rope_angles(positions, dim, theta, dtype):
-    """(T,) positions -> (cos, sin), each (T, dim/2): angle p / theta^(2i/dim)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=dtype) / dim))
-    angles = positions.to(dtype)[:, None] * inv_freq
-    return angles.cos(), angles.sin()
+def yarn_mscale(factor, mscale=1.0):
+    """YaRN's attention temperature for a context stretched ``factor`` times: 0.1 mscale ln(factor) + 1."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def rope_frequencies(config, dtype=torch.float64):
+    """(inverse frequencies (rope/2,), cos/sin multiplier, softmax-scale multiplier) of the config's RoPE.
+
+    Plain: frequency i is theta^(-2i/rope), both multipliers 1.
+    YaRN ("NTK-by-parts"), in the config's rope_parameters (transformers' names):
+      * a pair that turns fewer than beta_slow times over the original context L
+        (original_max_position_embeddings) is interpolated: its frequency divided by ``factor``;
+        one that turns more than beta_fast times keeps
+        its frequency (extrapolated); between them a linear ramp over the pair index, from the
+        index where a pair turns beta_fast times to where it turns beta_slow times (rounded
+        outwards unless truncate is false);
+      * the softmax scale is multiplied by yarn_mscale(factor, mscale_all_dim)^2 when
+        mscale_all_dim is set (DeepSeek's form), and cos/sin by attention_factor (default
+        yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim), or yarn_mscale(factor)
+        without them): 1 for DeepSeek-V3, whose mscale = mscale_all_dim = 1.
+    """
+    params, dim = config.rope_parameters, config.qk_rope_head_dim
+    theta = params["rope_theta"]
+    plain = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    if params.get("rope_type", "default") == "default":
+        return plain.to(dtype), 1.0, 1.0
+    original = params["original_max_position_embeddings"]
+    factor = params["factor"]
+    fast, slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
+
+    def pair_turning(turns):   # the (fractional) pair index whose wavelength fits L / turns times
+        return dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = pair_turning(fast), pair_turning(slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    high = high if high != low else high + 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)  # 0 keep, 1 stretch
+    frequencies = plain * (1 - ramp) + plain / factor * ramp
+    mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+    cos_sin = params.get("attention_factor")
+    if cos_sin is None:
+        cos_sin = (yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim) if mscale and mscale_all_dim
+                   else yarn_mscale(factor))
+    softmax = yarn_mscale(factor, mscale_all_dim) ** 2 if mscale_all_dim else 1.0
+    return frequencies.to(dtype), float(cos_sin), softmax
+
+
+def rope_angles(positions, inv_freq, multiplier=1.0):
+    """(T,) positions -> (cos, sin), each (T, rope/2): angle p x frequency i, times ``multiplier``."""
+    angles = positions.to(inv_freq.dtype)[:, None] * inv_freq
+    return angles.cos() * multiplier, angles.sin() * multiplier
 
 
 def apply_rope(x, cos, sin, interleave):
@@ -91,7 +142,10 @@ class ParallelMLA(nn.Module):
         self.layer_index, self.heads = layer_index, config.num_attention_heads // t
         self.nope, self.rope, self.v = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
         self.kv_lora, self.q_lora = config.kv_lora_rank, config.q_lora_rank
-        self.theta, self.interleave = config.rope_parameters["rope_theta"], config.rope_interleave
+        self.interleave = config.rope_interleave
+        inv_freq, self.rope_multiplier, softmax = rope_frequencies(config)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # follows .to(dtype); not in state dicts
+        self.softmax_scale = softmax / math.sqrt(self.nope + self.rope)
         H, h = config.hidden_size, self.heads  # no attention biases (model.check_config refuses them)
         self.q_a_proj = nn.Linear(H, self.q_lora, bias=False)
         self.q_a_layernorm = RMSNorm(self.q_lora)  # transformers keeps these at eps 1e-6
@@ -105,7 +159,7 @@ class ParallelMLA(nn.Module):
         B, T, _ = x.shape
         q_latent = self.q_a_layernorm(self.q_a_proj(x))  # (B, T, q_lora), replicated
         c_kv, k_rope = self.kv_a_proj_with_mqa(x).split([self.kv_lora, self.rope], dim=-1)
-        cos, sin = rope_angles(positions, self.rope, self.theta, x.dtype)  # (T, rope/2)
+        cos, sin = rope_angles(positions.to(x.device), self.inv_freq, self.rope_multiplier)  # (T, rope/2)
         latent = torch.cat([self.kv_a_layernorm(c_kv), apply_rope(k_rope, cos, sin, self.interleave)], -1)
         # f on the latents: the ranks diverge here (each its own heads); one all-reduce backward
         both = copy_to_tp_region(self.group, torch.cat([q_latent, latent], dim=-1))
@@ -120,7 +174,7 @@ class ParallelMLA(nn.Module):
         kv = self.kv_b_proj(c_kv).view(B, S, h, self.nope + self.v).transpose(1, 2)  # (B, h, S, nope + v)
         k_nope, v = kv.split([self.nope, self.v], dim=-1)
         k = torch.cat([k_nope, k_rope[:, None].expand(B, h, S, self.rope)], dim=-1)  # (B, h, S, qk)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.nope + self.rope)  # (B, h, T, S)
+        scores = q @ k.transpose(-1, -2) * self.softmax_scale  # (B, h, T, S)
         past = S - T  # query i sits at position past + i and sees keys 0 .. past + i
         causal = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(past)
         attn = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v  # (B, h, T, v)

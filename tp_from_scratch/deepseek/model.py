@@ -38,10 +38,15 @@ MODEL_LAYOUTS = INFERENCE_LAYOUTS + ("expert parallel",)
 def check_config(config, t):
     """Refuse, by name, what the course cannot map, before any weight is built."""
     MoEConfig.from_hf(config)  # routing method, scoring, activation
-    rope_type = config.rope_parameters.get("rope_type", "default")
-    if rope_type != "default":
-        raise ValueError(f"rope_type={rope_type!r} is not supported: the course implements plain RoPE "
-                         "(YaRN changes the angles and the attention scale)")
+    rope = config.rope_parameters
+    rope_type = rope.get("rope_type", "default")
+    if rope_type not in ("default", "yarn"):
+        raise ValueError(f"rope_type={rope_type!r} is not supported: the course implements plain RoPE and "
+                         "YaRN (DeepSeek-V3's)")
+    for key, what in (("original_max_position_embeddings", "the pre-training context it stretches"),
+                      ("factor", "how many times it stretches it")):
+        if rope_type == "yarn" and not rope.get(key):
+            raise ValueError(f"rope_type='yarn' needs {key} ({what}) in rope_parameters")
     if config.q_lora_rank is None:
         raise ValueError("q_lora_rank=None (a plain q_proj) is not supported: DeepSeek-V3 "
                          "compresses queries too (q_lora_rank=1536)")
@@ -225,10 +230,10 @@ def config_from_hf(hf):
     if missing:
         raise ValueError(f"config.json lacks {missing[0]} (and {len(missing) - 1} more DeepseekV3 fields)")
     hf = dict(hf)
-    if "rope_parameters" not in hf:  # config.json files written before transformers 5
-        scaling = hf.get("rope_scaling") or {}
-        hf["rope_parameters"] = {"rope_theta": hf.get("rope_theta", 10000.0),
-                                 "rope_type": scaling.get("rope_type", scaling.get("type", "default"))}
+    if "rope_parameters" not in hf:  # config.json files written before transformers 5 (DeepSeek-V3's own)
+        scaling = {k: v for k, v in (hf.get("rope_scaling") or {}).items() if k != "type"}
+        hf["rope_parameters"] = {**scaling, "rope_theta": hf.get("rope_theta", 10000.0),
+                                 "rope_type": scaling.get("rope_type", (hf.get("rope_scaling") or {}).get("type", "default"))}
     hf.setdefault("rope_interleave", True)
     hf.setdefault("attention_bias", False)
     return DeepseekConfig(**hf)
