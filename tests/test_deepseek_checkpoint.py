@@ -24,9 +24,12 @@ ARGV = ["--tp", 2, "--layout", "ep", "--dtype", "float64", "--steps", STEPS, "--
         "--batch-size", 4, "--experts", 4]
 
 
-def test_every_tensor_cut_in_any_layout_glues_back_whole():
+@pytest.mark.parametrize("query_latent", [True, False])
+def test_every_tensor_cut_in_any_layout_glues_back_whole(query_latent):
     opts = ds_train.parse(ARGV)
     config = ds_train.model_config(opts)
+    if not query_latent:   # q_lora_rank=None: q_proj instead of q_a_proj, its norm and q_b_proj
+        config.q_lora_rank = None
     g = torch.Generator().manual_seed(7)
     full = {k: torch.randn(v.shape, generator=g, dtype=torch.float64)   # every entry distinct
             for k, v in ds_train.init_model(config, 0, torch.float64).model.state_dict().items()}

@@ -10,7 +10,7 @@
 The directory is what ``save_pretrained`` writes (config.json and safetensors files; experts one
 by one, as DeepSeek-V3's own files, or stacked, as transformers 5 keeps them in memory). The names
 map one to one (``model.hf_name``); only the experts are stacked and unstacked. A config the
-course cannot map (another routing method, q_lora_rank=None, a RoPE other than plain or YaRN, ...) is refused by name
+course cannot map (another routing method, a RoPE other than plain or YaRN, attention biases, ...) is refused by name
 before anything is written (model.check_config), as is a GPT's checkpoint on export. Nothing is
 downloaded, and transformers is never imported (the tests use it to check the result).
 """

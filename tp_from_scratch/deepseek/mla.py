@@ -12,7 +12,8 @@ One device, per token x (H,), nh heads (DeepSeek-V3 report, eqs. 1-11):
     out  = W_o concat_h softmax(q_h k_h^T / sqrt(nope + rope)) v_h
 
 On t ranks (Lesson 4's split, by heads):
-    W_qb, W_kvb   column-parallel: rank r holds the rows of its nh/t heads
+    W_qb, W_kvb   column-parallel: rank r holds the rows of its nh/t heads (W_q likewise when
+                  q_lora_rank is None: queries straight from x, no query latent)
     W_o           row-parallel: a partial sum, all-reduced (g)
     W_qa, W_kva and both RMSNorms replicated: every rank computes the same latents. Each
     rank's heads then read them, so the latents' gradients are partial: f sits on the
@@ -147,9 +148,12 @@ class ParallelMLA(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # follows .to(dtype); not in state dicts
         self.softmax_scale = softmax / math.sqrt(self.nope + self.rope)
         H, h = config.hidden_size, self.heads  # no attention biases (model.check_config refuses them)
-        self.q_a_proj = nn.Linear(H, self.q_lora, bias=False)
-        self.q_a_layernorm = RMSNorm(self.q_lora)  # transformers keeps these at eps 1e-6
-        self.q_b_proj = nn.Linear(self.q_lora, h * (self.nope + self.rope), bias=False)
+        if self.q_lora:
+            self.q_a_proj = nn.Linear(H, self.q_lora, bias=False)
+            self.q_a_layernorm = RMSNorm(self.q_lora)  # transformers keeps these at eps 1e-6
+            self.q_b_proj = nn.Linear(self.q_lora, h * (self.nope + self.rope), bias=False)
+        else:   # q_lora_rank=None (DeepSeek-V2-Lite's form): no query latent, q_proj splits like q_b_proj
+            self.q_proj = nn.Linear(H, h * (self.nope + self.rope), bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(H, self.kv_lora + self.rope, bias=False)
         self.kv_a_layernorm = RMSNorm(self.kv_lora)
         self.kv_b_proj = nn.Linear(self.kv_lora, h * (self.nope + self.v), bias=False)
@@ -157,17 +161,20 @@ class ParallelMLA(nn.Module):
 
     def forward(self, x, positions, cache=None):
         B, T, _ = x.shape
-        q_latent = self.q_a_layernorm(self.q_a_proj(x))  # (B, T, q_lora), replicated
+        # (B, T, q_lora) replicated; without a query latent the heads read x itself
+        q_latent = self.q_a_layernorm(self.q_a_proj(x)) if self.q_lora else x
+        q_width = q_latent.shape[-1]
         c_kv, k_rope = self.kv_a_proj_with_mqa(x).split([self.kv_lora, self.rope], dim=-1)
         cos, sin = rope_angles(positions.to(x.device), self.inv_freq, self.rope_multiplier)  # (T, rope/2)
         latent = torch.cat([self.kv_a_layernorm(c_kv), apply_rope(k_rope, cos, sin, self.interleave)], -1)
         # f on the latents: the ranks diverge here (each its own heads); one all-reduce backward
         both = copy_to_tp_region(self.group, torch.cat([q_latent, latent], dim=-1))
-        q_latent, latent = both.split([self.q_lora, self.kv_lora + self.rope], dim=-1)
+        q_latent, latent = both.split([q_width, self.kv_lora + self.rope], dim=-1)
         if cache is not None:
             latent = cache.extend(self.layer_index, latent)  # (B, S, kv_lora + rope), S = past + T
         S, h = latent.shape[1], self.heads
-        q = self.q_b_proj(q_latent).view(B, T, h, self.nope + self.rope).transpose(1, 2)  # (B, h, T, qk)
+        q_up = self.q_b_proj if self.q_lora else self.q_proj
+        q = q_up(q_latent).view(B, T, h, self.nope + self.rope).transpose(1, 2)  # (B, h, T, qk)
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
         q = torch.cat([q_nope, apply_rope(q_rope, cos, sin, self.interleave)], dim=-1)
         c_kv, k_rope = latent.split([self.kv_lora, self.rope], dim=-1)

@@ -47,9 +47,6 @@ def check_config(config, t):
                       ("factor", "how many times it stretches it")):
         if rope_type == "yarn" and not rope.get(key):
             raise ValueError(f"rope_type='yarn' needs {key} ({what}) in rope_parameters")
-    if config.q_lora_rank is None:
-        raise ValueError("q_lora_rank=None (a plain q_proj) is not supported: DeepSeek-V3 "
-                         "compresses queries too (q_lora_rank=1536)")
     if config.attention_bias:
         raise ValueError("attention_bias=True is not supported: DeepSeek-V3 has no attention biases")
     check_divisible(config.num_attention_heads, t, "num_attention_heads")
@@ -137,7 +134,7 @@ def shard(name, full, config, layout, t, r):
     """Rank r's part of the full tensor ``name`` (our name): heads, FFN columns, experts."""
     if layout == "expert parallel" and not _in_moe_layer(name, config):
         return full  # whole on every rank
-    heads_rows = ("self_attn.q_b_proj.weight", "self_attn.kv_b_proj.weight")
+    heads_rows = ("self_attn.q_b_proj.weight", "self_attn.q_proj.weight", "self_attn.kv_b_proj.weight")
     if name.endswith(heads_rows):  # (nh * per-head, rank): heads are contiguous rows
         return full.chunk(t, dim=0)[r]
     if name.endswith("self_attn.o_proj.weight"):  # (H, nh * v): this rank's heads' columns
@@ -157,7 +154,7 @@ def unshard(name, pieces, config, layout):
     with it, then cut for another t or layout)."""
     if layout == "expert parallel" and not _in_moe_layer(name, config):
         return pieces[0].clone()
-    if name.endswith(("self_attn.q_b_proj.weight", "self_attn.kv_b_proj.weight")):
+    if name.endswith(("self_attn.q_b_proj.weight", "self_attn.q_proj.weight", "self_attn.kv_b_proj.weight")):
         return torch.cat(pieces, dim=0)
     if name.endswith("self_attn.o_proj.weight"):
         return torch.cat(pieces, dim=1)
