@@ -309,3 +309,30 @@ def test_deepseek_v3s_own_config_json_reads_with_its_yarn():
     config = config_from_hf(own)
     assert config.rope_parameters == {"rope_type": "yarn", "rope_theta": 10000, **YARNS[0]}
     check_config(config, 2)
+
+
+def test_every_tensor_of_the_files_must_have_its_place_but_the_mtp_module(recwarn):
+    # a stray tensor is named; DeepSeek-V3's multi-token-prediction layer (its files append it as
+    # layer num_hidden_layers) is skipped with a warning, as transformers skips it; float8 refused
+    hf = deepseek_v3(seed=98)
+    config, sd = hf.config, hf.state_dict()
+    L = config.num_hidden_layers
+
+    def load(state, **changes):
+        for key, value in changes.items():
+            setattr(config, key, value)
+        return run_spmd(lambda comm: from_hf_state_dict(config, state, group=comm), 1)[0]
+
+    with pytest.raises(SPMDError, match=r"1 tensors have no place in the model, e.g. \['model.extra'\]"):
+        load({**sd, "model.extra": torch.zeros(1)})
+    scales = {f"model.layers.{L - 1}.mlp.shared_experts.up_proj.weight_scale_inv": torch.ones(1)}
+    with pytest.raises(SPMDError, match="block-quantized float8 weights: dequantize them first"):
+        load({**sd, **scales})
+    mtp = {f"model.layers.{L}.eh_proj.weight": torch.zeros(2, 2), f"model.layers.{L}.enorm.weight": torch.ones(2)}
+    with pytest.raises(SPMDError, match=f"model.layers.{L}.eh_proj.weight"):
+        load({**sd, **mtp}, num_nextn_predict_layers=0)
+    load({**sd, **mtp}, num_nextn_predict_layers=1)
+    assert any("skipped 2 tensors of the multi-token-prediction module" in str(w.message) for w in recwarn)
+    name = "model.layers.0.self_attn.o_proj.weight"
+    with pytest.raises(SPMDError, match=f"{name} is torch.float8_e4m3fn: quantized weights are not supported"):
+        load({**sd, name: sd[name].to(torch.float8_e4m3fn)})

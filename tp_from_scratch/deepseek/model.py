@@ -166,13 +166,41 @@ def unshard(name, pieces, config, layout):
     return pieces[0].clone()
 
 
+def _mtp_layer(name, config):
+    """Is ``name`` a tensor of the multi-token-prediction module DeepSeek-V3's files append as
+    layers num_hidden_layers .. + num_nextn_predict_layers - 1 (transformers skips them too)?"""
+    parts = name.split(".")
+    extra = getattr(config, "num_nextn_predict_layers", 0) or 0
+    return (len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit()
+            and config.num_hidden_layers <= int(parts[2]) < config.num_hidden_layers + extra)
+
+
 def from_hf_state_dict(config, sd, *, group, layout="experts on all tokens", dtype=torch.float64):
-    """Rank r's ParallelDeepseekV3 holding its part of transformers' full state dict ``sd``."""
+    """Rank r's ParallelDeepseekV3 holding its part of transformers' full state dict ``sd``.
+
+    Every tensor the model needs must be there, and every tensor there must have its place, as
+    gpt.convert demands of a GPT's files; the multi-token-prediction layers (``_mtp_layer``) are
+    skipped with a warning, and quantized weights (float8 with their scales) are refused."""
     model = ParallelDeepseekV3(config, group=group, layout=layout).to(dtype)
     t, r = tp_world_size(group), tp_rank(group)
-    missing = [hf_name(n) for n in model.state_dict() if hf_name(n) not in sd]
+    wanted = {hf_name(n) for n in model.state_dict()}
+    missing = sorted(wanted - set(sd))
     if missing:
         raise ValueError(f"the state dict lacks {len(missing)} tensors the config needs, e.g. {missing[0]}")
+    mtp = [k for k in sd if k not in wanted and _mtp_layer(k, config)]
+    unused = sorted(k for k in sd if k not in wanted and k not in mtp)
+    if unused:
+        raise ValueError(f"{len(unused)} tensors have no place in the model, e.g. {unused[:3]}"
+                         + (" (block-quantized float8 weights: dequantize them first)"
+                            if any(k.endswith("_scale_inv") for k in unused) else ""))
+    floats8 = [k for k in wanted if "float8" in str(sd[k].dtype)]
+    if floats8:
+        raise ValueError(f"{floats8[0]} is {sd[floats8[0]].dtype}: quantized weights are not supported "
+                         "(dequantize them to bfloat16 or float32 first)")
+    if mtp:
+        import warnings
+        warnings.warn(f"skipped {len(mtp)} tensors of the multi-token-prediction module (layers "
+                      f"{config.num_hidden_layers} and up): the course's model predicts the next token only")
     model.load_state_dict({n: shard(n, sd[hf_name(n)], config, layout, t, r).to(dtype)
                            for n in model.state_dict()})
     return model
