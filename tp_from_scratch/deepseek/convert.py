@@ -13,8 +13,8 @@ map one to one (``model.hf_name``); only the experts are stacked and unstacked. 
 course cannot map (another routing method, a RoPE other than plain or YaRN, attention biases, ...) is refused by name
 before anything is written (model.check_config), as is a tensor without a place in the model
 (but the multi-token-prediction layers, skipped with a warning), a float8 weight, and a GPT's
-checkpoint on export. Nothing is
-downloaded, and transformers is never imported (the tests use it to check the result).
+checkpoint on export. Nothing is downloaded, and transformers is never imported (the tests
+use it to check the result).
 """
 import argparse
 
@@ -23,6 +23,7 @@ import torch
 from tp_from_scratch.comm import Comm
 from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt import options
+from tp_from_scratch.gpt.convert import warnings_as_lines
 from tp_from_scratch.sharding import check_divisible
 
 from . import checkpoint as ds_ckpt
@@ -85,18 +86,22 @@ def main(argv=None):
     parser = build_parser()
     args = options.parse_valid_args(parser, check_arguments, argv)
     try:
-        if args.cmd == "import":
-            meta = import_hf(args.source, args.out, args.tp, LAYOUTS[args.layout], getattr(torch, args.dtype))
-            n = sum(r["bytes"] for r in meta["shards"])
-            print(f"wrote {args.out}: deepseek_v3, {args.tp} shard(s), layout {meta['layout']}, "
-                  f"{n / 2**20:.1f} MiB")
-        else:
-            loaded = export_hf(args.source, args.out)
-            print(f"wrote {args.out}: config.json and model.safetensors (deepseek_v3, step {loaded['step']}, "
-                  f"saved at tp={loaded['meta']['tp']}, layout {loaded['meta']['layout']})")
+        with warnings_as_lines():
+            run(args)
     except (ckpt.CheckpointError, ValueError) as e:
         parser.exit(1, f"error: {e}\n")
 
+
+def run(args):
+    """The import or export the command line asks for (its arguments already checked)."""
+    if args.cmd == "import":
+        meta = import_hf(args.source, args.out, args.tp, LAYOUTS[args.layout], getattr(torch, args.dtype))
+        n = sum(r["bytes"] for r in meta["shards"])
+        print(f"wrote {args.out}: deepseek_v3, {args.tp} shard(s), layout {meta['layout']}, {n / 2**20:.1f} MiB")
+    else:
+        loaded = export_hf(args.source, args.out)
+        print(f"wrote {args.out}: config.json and model.safetensors (deepseek_v3, step {loaded['step']}, "
+              f"saved at tp={loaded['meta']['tp']}, layout {loaded['meta']['layout']})")
 
 if __name__ == "__main__":
     main()
