@@ -24,8 +24,8 @@ added over the group), so the loss equals one device's at every step.
 
 --save and --load are Lesson 6's checkpoints with this model's cut (deepseek/checkpoint.py): a
 checkpoint loads at any --tp and --layout, and with --load the model's sizes are the
-checkpoint's (an imported Hugging Face model: deepseek.convert import);
-a size flag that contradicts them is refused.
+checkpoint's (an imported Hugging Face model too: deepseek.convert import); a size flag given
+that contradicts them is refused.
 """
 from dataclasses import dataclass
 import torch
@@ -33,13 +33,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from tp_from_scratch.comm import Comm
+from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt import train as gpt_train
 from tp_from_scratch.gpt.mesh import setup_mesh
 from tp_from_scratch.nn.mappings import reduce_from_tp_region, tp_rank, tp_world_size
-
 from tp_from_scratch.sharding import check_divisible
-
-from tp_from_scratch.gpt import checkpoint as ckpt
 
 from .checkpoint import DESCRIPTION, DeepSeekSharding
 from .model import ParallelDeepseekV3, check_config, config_from_hf, from_hf_state_dict, hf_name
