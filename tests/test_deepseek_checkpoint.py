@@ -199,3 +199,21 @@ def test_what_the_import_cannot_map_is_named_before_anything_is_written(tmp_path
         assert exit_.value.code in (1, 2)
         assert message in capsys.readouterr().err, argv
         assert not (tmp_path / "ours").exists()
+
+
+def test_the_import_cuts_for_each_layout_what_that_layout_can_cut(tmp_path, capsys):
+    # E = 6 experts over 4 ranks: whole experts cannot be dealt out, but expert TP splits each
+    # expert's F = 12 columns, so the same files import for etp and are refused for ep, naming E
+    from tests.hf_models import deepseek_v3
+    from tp_from_scratch.deepseek import convert
+    hf = deepseek_v3(seed=64, n_routed_experts=6, n_group=2, topk_group=1)
+    hf.save_pretrained(tmp_path / "hf")
+    with pytest.raises(SystemExit):
+        convert.main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ep"), "--tp", "4", "--layout", "ep"])
+    assert "n_routed_experts (for expert parallelism)" in capsys.readouterr().err
+    assert not (tmp_path / "ep").exists()
+    convert.main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "etp"), "--tp", "4", "--layout", "etp",
+                  "--dtype", "float64"])
+    ids = torch.randint(0, hf.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(65))
+    got = run_spmd(lambda comm: convert.load_model(tmp_path / "etp", group=comm)[0](ids).detach(), 1)[0]
+    assert_matches_reference(got, hf(ids).logits.detach(), name="logits of the etp-cut import, glued back")

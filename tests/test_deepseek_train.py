@@ -106,7 +106,7 @@ def test_its_checkpoint_generates_on_two_ranks_as_transformers_after_export(ep_r
     (["--impl", "dtensor"], 1, "deepseek_v3 trains with --impl scratch only"),
     (["--tp", 3], 3, "num_attention_heads"),
     (["--tp", 2, "--layout", "ep", "--batch-size", 3], 2, "batch size 3 is not divisible by 2"),
-    (["--tp", 2, "--experts", 5, "--layout", "ep", "--batch-size", 2], 2, "--experts"),
+    (["--tp", 2, "--experts", 5, "--layout", "ep", "--batch-size", 2], 2, "n_routed_experts (for expert parallelism) 5 is not divisible by tp=2"),
 ])
 def test_what_the_deepseek_trainer_cannot_do_is_refused_before_any_work(argv, world, message):
     assert message in (ds_train.validate(ds_train.parse(argv), world) or "")

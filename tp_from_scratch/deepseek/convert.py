@@ -24,7 +24,6 @@ from tp_from_scratch.comm import Comm
 from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt import options
 from tp_from_scratch.gpt.convert import warnings_as_lines
-from tp_from_scratch.sharding import check_divisible
 
 from . import checkpoint as ds_ckpt
 from .model import check_config, from_hf_state_dict, hf_name, load_hf, save_hf
@@ -35,8 +34,7 @@ LAYOUTS = {"tp": "experts on all tokens", "ep": "expert parallel", "etp": "exper
 def import_hf(source, root, tp=1, layout="experts on all tokens", dtype=torch.float32):
     """Write the save_pretrained directory ``source`` as a checkpoint of ``tp`` shards; its meta."""
     model = load_hf(source, group=Comm(0, 1), dtype=dtype)   # every tensor checked against the config
-    check_config(model.config, 1 if layout == "expert parallel" else tp)
-    check_divisible(model.config.n_routed_experts, tp, "n_routed_experts")
+    check_config(model.config, tp, layout)
     return ds_ckpt.write(root, model.config, ds_ckpt.state_from_model(model), layout, tp, extra={"imported": True})
 
 

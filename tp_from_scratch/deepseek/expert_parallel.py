@@ -69,6 +69,18 @@ class _Sharded(nn.Module):
         return layer
 
 
+def check_fits(layout, config, t):
+    """Refuse, naming the quantity, a layer ``config`` that ``layout`` cannot cut over t ranks:
+    whole experts need t | E; split shared experts need t | n_shared F; expert TP needs t | F.
+    The one statement of these rules: the layers, the model's check_config and the import use it."""
+    if layout in ("expert parallel", "experts on all tokens"):
+        check_divisible(config.n_routed_experts, t, "n_routed_experts (for expert parallelism)")
+    if layout in ("experts on all tokens", "expert tensor parallel"):
+        check_divisible(config.shared_intermediate_size, t, "shared experts' width n_shared*F")
+    if layout == "expert tensor parallel":
+        check_divisible(config.moe_intermediate_size, t, "moe_intermediate_size F (for expert TP)")
+
+
 class ExpertParallelMoE(_Sharded):
     """(a) E/t experts per rank, this rank's tokens dispatched and combined by all-to-all.
 
@@ -79,7 +91,7 @@ class ExpertParallelMoE(_Sharded):
 
     def __init__(self, config, *, group):
         super().__init__(config, group)
-        check_divisible(config.n_routed_experts, self.t, "n_routed_experts (for expert parallelism)")
+        check_fits(self.layout, config, self.t)
         self.n_local = config.n_routed_experts // self.t
         self.experts = Experts(self.n_local, config.hidden_size, config.moe_intermediate_size)
         self.shared_experts = GatedFFN(config.hidden_size, config.shared_intermediate_size)
@@ -116,7 +128,7 @@ class _SplitShared(_Sharded):
 
     def __init__(self, config, group):
         super().__init__(config, group)
-        check_divisible(config.shared_intermediate_size, self.t, "shared experts' width n_shared*F")
+        check_fits(self.layout, config, self.t)
         self.shared_experts = GatedFFN(config.hidden_size, config.shared_intermediate_size // self.t)
 
     def forward(self, x):
@@ -137,7 +149,6 @@ class ExpertsOnAllTokensMoE(_SplitShared):
 
     def __init__(self, config, *, group):
         super().__init__(config, group)
-        check_divisible(config.n_routed_experts, self.t, "n_routed_experts (for expert parallelism)")
         n_local = config.n_routed_experts // self.t
         self.first_expert = self.rank * n_local
         self.experts = Experts(n_local, config.hidden_size, config.moe_intermediate_size)
@@ -150,7 +161,6 @@ class ExpertTensorParallelMoE(_SplitShared):
 
     def __init__(self, config, *, group):
         super().__init__(config, group)
-        check_divisible(config.moe_intermediate_size, self.t, "moe_intermediate_size F (for expert TP)")
         self.experts = Experts(config.n_routed_experts, config.hidden_size, config.moe_intermediate_size // self.t)
 
 

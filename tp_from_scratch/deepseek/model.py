@@ -27,7 +27,7 @@ from tp_from_scratch.nn.mappings import all_reduce, copy_to_tp_region, reduce_fr
 from tp_from_scratch.sharding import check_divisible
 
 from .config import MoEConfig
-from .expert_parallel import LAYOUTS, moe_shard, moe_unshard
+from .expert_parallel import LAYOUTS, check_fits, moe_shard, moe_unshard
 from .mla import LatentCache, ParallelMLA, RMSNorm
 from .moe import GatedFFN
 
@@ -35,9 +35,9 @@ INFERENCE_LAYOUTS = ("experts on all tokens", "expert tensor parallel")  # token
 MODEL_LAYOUTS = INFERENCE_LAYOUTS + ("expert parallel",)
 
 
-def check_config(config, t):
-    """Refuse, by name, what the course cannot map, before any weight is built."""
-    MoEConfig.from_hf(config)  # routing method, scoring, activation
+def check_config(config, t, layout="experts on all tokens"):
+    """Refuse, by name, what the course cannot map on t ranks in ``layout``, before any weight is built."""
+    moe = MoEConfig.from_hf(config)  # routing method, scoring, activation
     rope = config.rope_parameters
     rope_type = rope.get("rope_type", "default")
     if rope_type not in ("default", "yarn"):
@@ -49,8 +49,12 @@ def check_config(config, t):
             raise ValueError(f"rope_type='yarn' needs {key} ({what}) in rope_parameters")
     if config.attention_bias:
         raise ValueError("attention_bias=True is not supported: DeepSeek-V3 has no attention biases")
-    check_divisible(config.num_attention_heads, t, "num_attention_heads")
-    check_divisible(config.intermediate_size, t, "intermediate_size (dense layers)")
+    whole = 1 if layout == "expert parallel" else t   # attention and dense FFNs: whole under EP
+    check_divisible(config.num_attention_heads, whole, "num_attention_heads")
+    check_divisible(config.intermediate_size, whole, "intermediate_size (dense layers)")
+    if layout not in MODEL_LAYOUTS:
+        raise ValueError(f"layout {layout!r} is not one of {MODEL_LAYOUTS}")
+    check_fits(layout, moe, t)
 
 
 class ParallelGatedFFN(GatedFFN):
@@ -87,10 +91,7 @@ class ParallelDeepseekV3(nn.Module):
 
     def __init__(self, config, *, group, layout="experts on all tokens"):
         super().__init__()
-        if layout not in MODEL_LAYOUTS:
-            raise ValueError(f"layout {layout!r} is not one of {MODEL_LAYOUTS}")
-        t = tp_world_size(group)
-        check_config(config, 1 if layout == "expert parallel" else t)
+        check_config(config, tp_world_size(group), layout)
         self.config, self.group, self.layout = config, group, layout
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i, layout, group=group)
@@ -300,7 +301,7 @@ def load_hf(path, *, group, layout="experts on all tokens", dtype=torch.float64)
     from tp_from_scratch.gpt.convert import read_hf
     hf, sd, _ = read_hf(path)
     config = config_from_hf(hf)
-    check_config(config, tp_world_size(group))  # before any tensor is touched
+    check_config(config, tp_world_size(group), layout)  # before any tensor is touched
     return from_hf_state_dict(config, stack_experts(sd, config), group=group, layout=layout, dtype=dtype)
 
 

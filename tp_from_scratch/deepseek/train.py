@@ -37,7 +37,6 @@ from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt import train as gpt_train
 from tp_from_scratch.gpt.mesh import setup_mesh
 from tp_from_scratch.nn.mappings import reduce_from_tp_region, tp_rank, tp_world_size
-from tp_from_scratch.sharding import check_divisible
 
 from .checkpoint import DESCRIPTION, DeepSeekSharding
 from .model import ParallelDeepseekV3, check_config, config_from_hf, from_hf_state_dict, hf_name
@@ -198,8 +197,7 @@ def validate(opts, world_size):
         if opts.load:
             ckpt.check_description(ckpt.read_metadata(opts.load)[1], DESCRIPTION, opts.load)
         config = model_config(opts)
-        check_config(config, 1 if opts.layout == "ep" else opts.tp)
-        check_divisible(config.n_routed_experts, opts.tp, "--experts (n_routed_experts)")
+        check_config(config, opts.tp, LAYOUTS[opts.layout])
         if opts.load:
             problem = loaded_size_problem(opts, config)
             if problem:
