@@ -148,7 +148,7 @@ SAMPLE = {
     "09_when_tp_pays": "--hidden 3072 --heads 32 --layers 72",
     "10_overlap": "-m tp_from_scratch.overlap.check",
     "11_parallelisms": "-m tp_from_scratch.parallelisms.check_zero",
-    "12_deepseek_v3_moe": "-m tp_from_scratch.deepseek.plan --tp 8 --ep 64",
+    "12_deepseek_v3_moe": "-m tp_from_scratch.deepseek.planner --tp 8 --ep 64",
 }
 
 

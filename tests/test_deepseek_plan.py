@@ -1,4 +1,4 @@
-"""Lesson 12's planner (tp_from_scratch.deepseek.plan) against the models it plans.
+"""Lesson 12's planner (tp_from_scratch.deepseek.planner) against the models it plans.
 
 Parameters: the formula = the numel of transformers' DeepseekV3ForCausalLM (random weights, tiny
 configs) and of the course's ParallelDeepseekV3 on each rank. Bytes: TP's = what the simulator's
@@ -12,7 +12,7 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
 from tp_from_scratch import collectives
 from tp_from_scratch.comm import run_spmd
-from tp_from_scratch.deepseek.plan import (balanced_counts, ep_bytes_per_token, main, parameter_count,
+from tp_from_scratch.deepseek.planner import (balanced_counts, ep_bytes_per_token, main, parameter_count,
                                            tp_bytes_per_token)
 from tp_from_scratch.deepseek import ep_bytes_sent
 
@@ -109,7 +109,7 @@ def test_bad_flags_are_refused_in_one_line(argv, named, capsys):
 
 
 def test_the_dense_planner_points_to_this_one(capsys):
-    from tp_from_scratch.cost.plan import main as dense_main
+    from tp_from_scratch.cost.planner import main as dense_main
     with pytest.raises(SystemExit):
         dense_main(["--arch", "deepseek_v3"])
-    assert "tp_from_scratch.deepseek.plan" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert "tp_from_scratch.deepseek.planner" in capsys.readouterr().err.strip().splitlines()[-1]

@@ -217,7 +217,7 @@ def test_the_scan_sees_late_imports_and_cycles():
     assert "tp_from_scratch.comm.launchers" not in {
         name for name, _ in imports(PACKAGE / "cost" / "calibrate.py", module_level_only=True)}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert problems_of(PACKAGE / "cost" / "plan.py", 6, tooling_allowed=False)  # cost is Lesson 9
+    assert problems_of(PACKAGE / "cost" / "planner.py", 6, tooling_allowed=False)  # cost is Lesson 9
 
 
 # ---------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.comm.launchers import run_command, torchrun_command
-from tp_from_scratch.cost import calibrate, plan
+from tp_from_scratch.cost import calibrate, planner
 from tp_from_scratch.cost import model as cost
 from tp_from_scratch.gpt import inventory, train
 from tp_from_scratch.gpt.arch import ARCHS
@@ -275,7 +275,7 @@ def test_every_counted_op_has_a_calibration_and_a_gpu_price():
 
 def test_plan_refuses_an_all_reduce_the_profile_has_not_fitted(capsys):
     with pytest.raises(SystemExit):
-        plan.main(["--profile", "h100-nvlink", "--collectives", "mpi"])
+        planner.main(["--profile", "h100-nvlink", "--collectives", "mpi"])
     assert "--collectives mpi: profile h100-nvlink has no fit of that all-reduce" in capsys.readouterr().err
 
 
@@ -287,12 +287,12 @@ MEGATRON_8B = ["--arch", "gpt2", "--hidden", "3072", "--heads", "32", "--layers"
 
 def test_planner_without_a_profile_prints_sizes_and_says_how_to_get_step_times(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # no runs/profile.json here: nothing was calibrated
-    assert plan.main(MEGATRON_8B) == 0
+    assert planner.main(MEGATRON_8B) == 0
     out = capsys.readouterr().out
     assert "parameters: 8,317,040,640 exactly" in out
     assert "memory per rank (GiB" in out and "communication per step on rank 0, tp=8" in out
     # the bytes of every call site, as the cost model counts them
-    config = plan.config_from_args(plan.build_parser().parse_args(MEGATRON_8B))
+    config = planner.config_from_args(planner.build_parser().parse_args(MEGATRON_8B))
     total = sum(r["payload_bytes"] for r in cost.traffic(config, 8, 8))
     assert f"{total:,}" in out
     assert "step times need a profile" in out and "--calibrate" in out and "h100-nvlink" in out
@@ -301,10 +301,10 @@ def test_planner_without_a_profile_prints_sizes_and_says_how_to_get_step_times(c
 
 def test_planner_says_which_precision_its_memory_assumes(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    plan.main(MEGATRON_8B + ["--dtype", "bfloat16"])
+    planner.main(MEGATRON_8B + ["--dtype", "bfloat16"])
     out = capsys.readouterr().out
     assert "--dtype bfloat16 is what the all-reduces carry; this table assumes --precision fp32" in out
-    plan.main(MEGATRON_8B + ["--dtype", "bfloat16", "--precision", "mixed"])
+    planner.main(MEGATRON_8B + ["--dtype", "bfloat16", "--precision", "mixed"])
     assert "this table assumes" not in capsys.readouterr().out
 
 
@@ -318,7 +318,7 @@ def test_planner_says_which_precision_its_memory_assumes(capsys, monkeypatch, tm
 ])
 def test_planner_refuses_bad_sizes_in_one_line(capsys, flags, message):
     with pytest.raises(SystemExit) as exit_info:
-        plan.main(["--profile", "h100-nvlink", *flags])
+        planner.main(["--profile", "h100-nvlink", *flags])
     err = capsys.readouterr()
     assert exit_info.value.code == 2 and err.out == ""
     assert err.err.strip().splitlines()[-1].endswith(message)
@@ -329,6 +329,6 @@ def test_planner_refuses_a_profile_that_is_not_json_naming_the_file(capsys, tmp_
     bad.write_text('{"name": ')
     for profile, problem in ((bad, "not a readable JSON file"), (tmp_path / "none.json", "no such file")):
         with pytest.raises(SystemExit) as exit_info:
-            plan.main(["--profile", str(profile)])
+            planner.main(["--profile", str(profile)])
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert exit_info.value.code == 2 and f"--profile {profile}: {problem}" in err

@@ -23,12 +23,12 @@ committed measurement), tp=2 on two processes was 1.56x (H=512) to 1.80x (H=1024
 one process with one thread, and 0.87x to 1.02x of one process using both cores through two
 BLAS threads: at H=1024 it wins, by a hair. Megatron-LM (Shoeybi et al. 2019) reported 77 % of
 linear *weak* scaling at 8-way TP on NVLink-connected GPUs (the model grows with the GPUs).
-This lesson builds one small cost model of a training step, `tp_from_scratch/cost/plan.py`, and
+This lesson builds one small cost model of a training step, `tp_from_scratch/cost/planner.py`, and
 uses it for *strong* scaling (one model, more GPUs): for Megatron's 8.3B model at t = 8 on
 NVLink it predicts 3.6x, 45 % of linear; it does not re-derive the weak-scaling figure. You can
 run it on the command line with the trainer's own flags:
 
-    .venv/bin/python -m tp_from_scratch.cost.plan --arch gpt2 --hidden 3072 --heads 32 --layers 72 \
+    .venv/bin/python -m tp_from_scratch.cost.planner --arch gpt2 --hidden 3072 --heads 32 --layers 72 \
         --vocab-size 51200 --seq-len 1024 --tp 8 --profile h100-nvlink --dtype bfloat16 --precision mixed
 
 (`--precision mixed`: bf16 weights and gradients, fp32 master weights and AdamW state, as in
@@ -53,7 +53,7 @@ REPO = Path.cwd() if (Path.cwd() / "tp_from_scratch").is_dir() else Path.cwd().p
 
 import matplotlib.pyplot as plt
 
-from tp_from_scratch.cost import plan
+from tp_from_scratch.cost import planner
 from tp_from_scratch.gpt import train
 from tp_from_scratch.gpt.model import GPTConfig
 from tp_from_scratch.comm import run_spmd
@@ -74,17 +74,17 @@ LLAMA_70B = GPTConfig(vocab_size=128256, seq_len=8192, n_layers=80, hidden=8192,
 A GPT-2 block holds q, k, v and o (4H² weights, 4H biases), the MLP (8H² weights, 5H biases) and
 two LayerNorms (4H): **12H² + 13H** per layer. Add the token and position embeddings and the
 final LayerNorm; the LM head reuses the token embedding. Megatron-LM (Shoeybi et al. 2019)
-Table 1 rounds these to one decimal of a billion. `plan.parameters` lists every tensor with
+Table 1 rounds these to one decimal of a billion. `planner.parameters` lists every tensor with
 the axis TP splits, so the same list gives each rank's share. The test suite checks the
 counts against Table 1 and against `sum(p.numel())` of our `GPT` and of each TP rank's shard."""),
     new_code_cell("""print(f"{'model':<22} {'exact':>16} {'rounded':>8}")
 for name, config in MEGATRON.items():
-    n = plan.parameter_count(config, "gpt2")
-    print(f"{'Megatron ' + name:<22} {n:>16,} {plan.rounded(n):>8}")
+    n = planner.parameter_count(config, "gpt2")
+    print(f"{'Megatron ' + name:<22} {n:>16,} {planner.rounded(n):>8}")
 for name, config, arch in [("GPT-2 small", GPT2_SMALL, "gpt2"), ("Llama-3-70B-like", LLAMA_70B, "llama"),
                            ("ours (train defaults)", GPTConfig(), "gpt")]:
-    n = plan.parameter_count(config, arch)
-    print(f"{name:<22} {n:>16,} {plan.rounded(n):>8}")"""),
+    n = planner.parameter_count(config, arch)
+    print(f"{name:<22} {n:>16,} {planner.rounded(n):>8}")"""),
     new_markdown_cell(r"""## 2. Compute against communication, one layer, as t grows
 
 Per layer and step, a TP rank multiplies B·T tokens by 1/t of the layer's weights: with F = 4H,
@@ -101,7 +101,7 @@ Compute shrinks like 1/t; communication **grows** towards a constant. Their rati
 (t-1)·bytes·C / (9·H·W): it depends on the model only through H, and on the hardware
 through C/W, the FLOPs a device does in the time its link moves one byte. For an H100
 (989 TFLOP/s bf16, vendor spec) on NVLink 4 (450 GB/s per direction) C/W is about 2200; on
-InfiniBand NDR (50 GB/s) about 20,000, nine times worse. The plot is `plan.predict_step` for
+InfiniBand NDR (50 GB/s) about 20,000, nine times worse. The plot is `planner.predict_step` for
 GPT-2 small and Megatron's 8.3B model in bfloat16, B = 8 sequences. Its compute bars hold the
 matmuls and the element-wise ops (norms, GeLU, softmax, adds, AdamW) priced at the memory's
 bandwidth (HBM3, 3.35 TB/s, vendor spec) as our unfused code runs them: a step moves each
@@ -112,12 +112,12 @@ for ax, (title, config, profile) in zip(axes, [
         ("GPT-2 small, NVLink", GPT2_SMALL, "h100-nvlink"),
         ("Megatron 8.3B, NVLink", MEGATRON["8.3B"], "h100-nvlink"),
         ("Megatron 8.3B, InfiniBand", MEGATRON["8.3B"], "h100-infiniband")]):
-    prof = plan.load_profile(profile)
-    degrees = [t for t in (1, 2, 4, 8, 16) if t in plan.valid_tp_degrees(config, "gpt2")]
-    p = [plan.predict_step(config, prof, t, 8, itemsize=2, arch="gpt2") for t in degrees]
+    prof = planner.load_profile(profile)
+    degrees = [t for t in (1, 2, 4, 8, 16) if t in planner.valid_tp_degrees(config, "gpt2")]
+    p = [planner.predict_step(config, prof, t, 8, itemsize=2, arch="gpt2") for t in degrees]
     step_time_bars(ax, [f"t={t}" for t in degrees], [x["compute_s"] + x["elementwise_s"] for x in p],
                    [x["communication_s"] for x in p], title=title)
-    cross = plan.crossover_tp(config, prof, 8, itemsize=2, arch="gpt2")
+    cross = planner.crossover_tp(config, prof, 8, itemsize=2, arch="gpt2")
     print(f"{title:<28} communication overtakes compute at t = {cross}")
 fig.tight_layout()"""),
     new_markdown_cell(r"""### The JAX scaling book's rule of thumb
@@ -133,9 +133,9 @@ and loss collectives, no overlap), so the three need not agree exactly."""),
     new_code_cell("""print(f"{'model, link':<30} {'C/W':>7} {'F/(C/W)':>8} {'1+9H/(2C/W)':>12} {'planner crossover t':>20}")
 for name, config in [("8.3B", MEGATRON["8.3B"]), ("GPT-2 small", GPT2_SMALL)]:
     for link in ("h100-nvlink", "h100-infiniband"):
-        prof = plan.load_profile(link)
+        prof = planner.load_profile(link)
         intensity = prof["matmul_flops"]["1"] * prof["all_reduce"]["native"]["beta_s_per_byte"]
-        cross = plan.crossover_tp(config, prof, 8, itemsize=2, arch="gpt2")
+        cross = planner.crossover_tp(config, prof, 8, itemsize=2, arch="gpt2")
         ours = 1 + 9 * config.hidden / (2 * intensity)   # section 2's ratio, bf16
         print(f"{name + ', ' + link:<30} {intensity:>7.0f} {config.ffn / intensity:>8.1f} {ours:>12.1f} {str(cross):>20}")"""),
     new_markdown_cell(r"""## 3. The planner's tables
@@ -148,10 +148,10 @@ paper's formula, not a count of our model), the collectives of one step with the
 vocab-parallel loss usually reduces in fp32: a few KB either way), and the predicted step
 time by t. Here Megatron's 8.3B model in mixed precision on one
 8-GPU NVLink node."""),
-    new_code_cell("""args = plan.build_parser().parse_args(
+    new_code_cell("""args = planner.build_parser().parse_args(
     "--arch gpt2 --hidden 3072 --heads 32 --layers 72 --vocab-size 51200 --seq-len 1024 "
     "--tp 8 --profile h100-nvlink --dtype bfloat16 --precision mixed --batch-size 8".split())
-plan.report(args, plan.config_from_args(args), plan.load_profile(args.profile))"""),
+planner.report(args, planner.config_from_args(args), planner.load_profile(args.profile))"""),
     new_markdown_cell(r"""In mixed precision (bf16 weights and gradients; fp32 master weights, m and v under "AdamW":
 16 bytes per parameter) the 8.3B model needs about 124 GiB at t = 1 before a single
 activation, and about 15.6 GiB per GPU at t = 8. That, more than speed, is why Megatron used
@@ -160,7 +160,7 @@ TP: the model did not fit. The step-time table shows the price: 8 GPUs, about 3.
 Look at its "elem." column: priced as our code runs them, unfused, the element-wise ops take more
 time than the matmuls at t = 8, and their replicated part (the norms, the residual adds) does not
 shrink with t at all. At t = 1, about half of those bytes are the softmax over the materialised
-T x T scores and a quarter AdamW's seven passes over its state (`plan.ELEMENTWISE_PASSES` lists
+T x T scores and a quarter AdamW's seven passes over its state (`planner.ELEMENTWISE_PASSES` lists
 each op's reads and writes); both shrink with t, so at t = 8 the replicated residual adds (36 %)
 and norms (15 %) are half of the element-wise bytes, the softmax a quarter and AdamW an eighth. That is why Megatron-LM fuses exactly these ops into single kernels (the scaled,
 masked softmax; bias + GeLU; LayerNorm), why FlashAttention never writes the scores to memory,
@@ -174,11 +174,11 @@ one 8192-token sequence per rank. With t = 8 the TP group is one node on NVLink.
 spans two nodes, and every ring all-reduce is as slow as its slowest hop: InfiniBand. (At
 T = 8192 the unfused softmax dominates the "elem." column: 64 heads x 8192² scores per layer
 and sequence. With FlashAttention that term all but disappears.)"""),
-    new_code_cell("""prof_node, prof_ib = plan.load_profile("h100-nvlink"), plan.load_profile("h100-infiniband")
+    new_code_cell("""prof_node, prof_ib = planner.load_profile("h100-nvlink"), planner.load_profile("h100-infiniband")
 print(f"{'t':>3} {'link':<16} {'params/rank':>14} {'compute ms':>11} {'elem. ms':>9} {'comm ms':>9} {'step ms':>9}")
 for t, prof in [(1, prof_node), (2, prof_node), (4, prof_node), (8, prof_node), (16, prof_ib)]:
-    p = plan.predict_step(LLAMA_70B, prof, t, 1, itemsize=2, arch="llama")
-    n = plan.parameter_count(LLAMA_70B, "llama", t)
+    p = planner.predict_step(LLAMA_70B, prof, t, 1, itemsize=2, arch="llama")
+    n = planner.parameter_count(LLAMA_70B, "llama", t)
     print(f"{t:>3} {prof['name']:<16} {n:>14,} {p['compute_s']*1e3:>11.1f} {p['elementwise_s']*1e3:>9.1f} "
           f"{p['communication_s']*1e3:>9.1f} {p['step_s']*1e3:>9.1f}")"""),
     new_markdown_cell(r"""**Why TP stays inside a node.** TP's communication is on the critical path: every layer
@@ -206,12 +206,12 @@ def one_rank(comm):
     return comm.meter.snapshot()
 
 for r, meter in enumerate(run_spmd(one_rank, 3)):
-    predicted = 2 * sum(row["ring_bytes"] for row in plan.traffic(config, 3, args.batch_size, tp_rank=r))
+    predicted = 2 * sum(row["ring_bytes"] for row in planner.traffic(config, 3, args.batch_size, tp_rank=r))
     print(f"rank {r}: meter {meter['bytes_sent']:,} bytes sent, planner {predicted:,}")
     assert meter["bytes_sent"] == predicted
-for row in plan.traffic(config, 3, args.batch_size):
+for row in planner.traffic(config, 3, args.batch_size):
     print(f"  {row['where']:<46} x{row['calls']:<2} {row['ring_bytes']:>8,} bytes")"""),
-    new_markdown_cell(r"""Now time. `plan --calibrate` measured this machine: matmul FLOP/s of one process with one
+    new_markdown_cell(r"""Now time. `planner --calibrate` measured this machine: matmul FLOP/s of one process with one
 and with two BLAS threads; the seconds per element of each element-wise op of the model,
 forward and backward (LayerNorm, GeLU, the scaled and masked softmax, the residual adds,
 attention's strided copies, the cross-entropy, AdamW); a per-step overhead (Python, autograd,
@@ -225,12 +225,12 @@ Only the activation, the softmax, the copies, the loss and AdamW (on the rank's 
 parameters) shrink. Two rows even grow from t = 1 to t = 2: at t = 1 a row layer adds its bias
 inside the matmul (one `addmm`), but with t > 1 the bias may only be added once, after the
 all-reduce, as a separate add of a whole (B, T, H): `add` goes from 5 to 9 (B, T, H) per step
-for two layers (x1.8), and those row biases' gradients (`bias_grad`) are whole on every rank too. `plan.elementwise_elements` counts each (a test checks every count against
+for two layers (x1.8), and those row biases' gradients (`bias_grad`) are whole on every rank too. `planner.elementwise_elements` counts each (a test checks every count against
 the aten ops one forward actually runs, on every TP rank):"""),
     new_code_cell("""config = GPTConfig(vocab_size=512, seq_len=128, n_layers=2, hidden=512, n_heads=8, n_kv_heads=4)
 prof = json.loads((REPO / "lessons/measurements/scaling.json").read_text())["profile"]
 per_element = prof["elementwise_s_per_element"]["1"]
-e1, e2 = plan.elementwise_elements(config, None, 4, 1), plan.elementwise_elements(config, None, 4, 2)
+e1, e2 = planner.elementwise_elements(config, None, 4, 1), planner.elementwise_elements(config, None, 4, 2)
 print("one step of H=512, L=2, T=128, B=4 at the calibrated seconds per element (one thread)")
 print(f"{'op':<14} {'ns/elem.':>8} {'t=1 elements':>13} {'ms':>6} {'t=2 elements':>13} {'ms':>6}")
 for op in e1:
@@ -289,9 +289,9 @@ a.legend(fontsize=7, loc="lower right")
 big = rows[-1]
 prof = measured["profile"]
 config = GPTConfig(**{k: v for k, v in big["config"].items() if k in GPTConfig.__dataclass_fields__})
-preds = [plan.predict_step(config, prof, 1, big["batch_size"], threads=1),
-         plan.predict_step(config, prof, 1, big["batch_size"], threads=2),
-         plan.predict_step(config, prof, 2, big["batch_size"], threads=1)]
+preds = [planner.predict_step(config, prof, 1, big["batch_size"], threads=1),
+         planner.predict_step(config, prof, 1, big["batch_size"], threads=2),
+         planner.predict_step(config, prof, 2, big["batch_size"], threads=1)]
 step_time_bars(b, ["tp1 1thr", "tp1 2thr", "tp2"],
                [p["compute_s"] + p["elementwise_s"] + p["overhead_s"] for p in preds],
                [p["communication_s"] for p in preds],
@@ -426,7 +426,7 @@ the same losses as one device (tests/test_plan_dtensor.py).
   2-process torchrun runs prove the sharding correct, bit for bit, before you rent GPUs.
 * If a model is too slow: a smaller model, shorter sequences, or more steps of a smaller
   batch (gradient accumulation) all help more than TP.
-* When you do move to GPUs: run `plan` first with your model's flags and the node's link,
+* When you do move to GPUs: run `planner` first with your model's flags and the node's link,
   keep t within one node, and look at the crossover t it prints."""),
 ]
 

@@ -231,11 +231,11 @@ few SMs, ignored here): the all-reduce and the dW matmul really run at the same 
 the exposed time drops to max(0, all-reduce - dW). The alpha-beta-gamma model
 (`linear.predicted_backward`), for the same layer with the planner's H100 NVLink profile,
 against the same model with the CPU numbers fitted above and one core doing both:"""),
-    new_code_cell("""from tp_from_scratch.cost import plan
-h100 = plan.load_profile("h100-nvlink")
+    new_code_cell("""from tp_from_scratch.cost import planner
+h100 = planner.load_profile("h100-nvlink")
 gpu_link = h100["all_reduce"]["native"]
 alpha_cpu, beta_cpu, _ = fits.get(("TorchComm", 2), next(iter(fits.values())))
-# one core's matmul rate as Lesson 9's calibration measured it on this machine (plan --calibrate)
+# one core's matmul rate as Lesson 9's calibration measured it on this machine (planner --calibrate)
 cpu_flops = json.loads((REPO / "lessons/measurements/scaling.json").read_text())["profile"]["matmul_flops"]["1"]
 print(f"CPU matmul rate (Lesson 9's calibration, one core, one thread): {cpu_flops / 1e9:.0f} GFLOP/s")
 cases = {
@@ -254,7 +254,7 @@ for label, case in cases.items():
           f"({1 - m['overlap'] / m['blocking']:.0%} faster), exposed {m['exposed_blocking'] * 1e3:.3f} -> "
           f"{m['exposed_overlap'] * 1e3:.3f} ms")"""),
     new_markdown_cell(r"""The CPU line takes one core's matmul rate from Lesson 9's calibration of this machine
-(`.venv/bin/python -m tp_from_scratch.cost.plan --calibrate`, a quiet core, one matmul at a time).
+(`.venv/bin/python -m tp_from_scratch.cost.planner --calibrate`, a quiet core, one matmul at a time).
 Its dW (5.8 ms) is then faster than the dW measured above (7.6 to 10.5 ms, 51 to 70 GFLOP/s):
 in the bench two ranks and gloo's threads share the two cores with other jobs, which the
 calibration avoided. The GPU line is Llama-3-70B-like (H = 8192,

@@ -61,7 +61,7 @@ from tp_from_scratch.deepseek import (LAYOUTS, MoEConfig, all_reduce_bytes_sent,
 from tp_from_scratch.deepseek.checks import TINY, check_layout, layout_data, random_moe
 from tp_from_scratch.deepseek.mla import cache_bytes_per_token
 from tp_from_scratch.deepseek.model import ParallelDeepseekV3, generate
-from tp_from_scratch.deepseek.plan import (ep_bytes_per_token, memory_per_rank, node_bytes_per_token,
+from tp_from_scratch.deepseek.planner import (ep_bytes_per_token, memory_per_rank, node_bytes_per_token,
                                            parameter_count, tp_bytes_per_token)
 from tp_from_scratch.gpt.model import GPTConfig, KVCache, TensorParallelGPT
 from tp_from_scratch.gpt.text import text_batch
@@ -280,10 +280,10 @@ ranks is cheap."""),
     # ------------------------------------------------------------------ why no TP
     new_markdown_cell(r"""## 5. Why DeepSeek-V3 trained without TP
 
-The numbers are Lesson 12's planner's (`tp_from_scratch/deepseek/plan.py`, built on Lesson 9's
+The numbers are Lesson 12's planner's (`tp_from_scratch/deepseek/planner.py`, built on Lesson 9's
 cost model and Lesson 2's ring formula); from the repository root:
 
-    .venv/bin/python -m tp_from_scratch.deepseek.plan --tp 8 --ep 64
+    .venv/bin/python -m tp_from_scratch.deepseek.planner --tp 8 --ep 64
 
 Its parameter count is exact — the numel of transformers' `DeepseekV3ForCausalLM`
 (`tests/test_deepseek_plan.py` checks it on small configs, and per rank against the course's

@@ -1,6 +1,6 @@
 """Strong scaling on this machine: one process against two TP ranks, and the planner's prediction.
 
-    .venv/bin/python -m tp_from_scratch.cost.plan --calibrate        # once: runs/profile.json
+    .venv/bin/python -m tp_from_scratch.cost.planner --calibrate        # once: runs/profile.json
     .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.bench scaling \\
         --json lessons/measurements/scaling.json
     .venv/bin/mpiexec -n 2 .venv/bin/python -m tp_from_scratch.bench scaling  # tp=2 on our ring over MPI instead
@@ -68,7 +68,7 @@ def parse(argv):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps-per-round", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--profile", default="runs/profile.json", help="from cost.plan --calibrate; skipped if absent")
+    p.add_argument("--profile", default="runs/profile.json", help="from cost.planner --calibrate; skipped if absent")
     p.add_argument("--json", help="write every row here (rank 0)")
     p.add_argument("--trace", metavar="DIR",
                    help="instead of the table: profile tp=1 (1 thread) and tp=world steps with torch.profiler, "
@@ -184,7 +184,7 @@ def run(args, launch):
         f"programs' work slows every run; the runs alternate so that it falls on all alike)")
     say(f"GPT layers={args.layers} T={args.seq_len} V={args.vocab_size} B={args.batch_size}, "
         f"{args.rounds} rounds x {args.steps_per_round} steps, best ms per step (medians in --json); "
-        f"profile: {profile['name'] if profile else 'none (run cost.plan --calibrate)'}; tp{world}'s all-reduce: "
+        f"profile: {profile['name'] if profile else 'none (run cost.planner --calibrate)'}; tp{world}'s all-reduce: "
         f"{'our ring over MPI (mpiexec)' if launch.collectives == 'mpi' else 'native gloo (torchrun)'}")
     say(f"{'H':>5} {'params':>10} {'tp1 1thr':>9} {'tp1 2thr':>9} {tp:>9} {'vs 1thr':>8} {'eff.':>6} "
         f"{'vs 2thr':>8}   predicted/measured: {'tp1 1thr':>8} {'tp1 2thr':>8} {tp:>6}")

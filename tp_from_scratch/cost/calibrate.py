@@ -1,7 +1,7 @@
 """Measure this machine for Lesson 9's cost model: matmul FLOP/s, seconds per element of each
 element-wise op, the per-step overhead, and alpha and beta of gloo's all-reduce and of ours.
 
-    .venv/bin/python -m tp_from_scratch.cost.plan --calibrate     # writes runs/profile.json
+    .venv/bin/python -m tp_from_scratch.cost.planner --calibrate     # writes runs/profile.json
 
 ``calibrate`` runs the single-process measurements here and launches the all-reduce fits on 2
 and 4 processes (torchrun, and mpiexec where installed), each worker being
@@ -286,7 +286,7 @@ def calibrate(out_path, timeout=300, world_sizes=(2, 4)):
     # the matmul rate drifts by 10-20 % over minutes on a shared machine: three passes,
     # 1 and 2 threads in turn, and the median of each
     passes = [{k: measure_matmul_flops(k) for k in (1, 2)} for _ in range(3)]
-    profile = {"source": "measured here by plan --calibrate", "cores": os.cpu_count(),
+    profile = {"source": "measured here by planner --calibrate", "cores": os.cpu_count(),
                "matmul_flops": {str(k): statistics.median(r[k] for r in passes) for k in (1, 2)},
                "elementwise_s_per_element": {str(k): measure_elementwise(k) for k in (1, 2)},
                "step_overhead": measure_step_overhead()}

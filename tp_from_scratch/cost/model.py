@@ -9,7 +9,7 @@ The parameters and the collectives of a step are counted in Lesson 6 (gpt.invent
 ring's bytes next to the ring (collectives.ring_all_reduce_bytes), the activations by
 Korthikanti et al.'s formula in Lesson 7 (sequence_parallel.memory.korthikanti_bytes); this
 module prices them. A profile (PRESETS, or a JSON measured by cost.calibrate) gives the rates.
-The command line is tp_from_scratch.cost.plan.
+The command line is tp_from_scratch.cost.planner.
 """
 import json
 from pathlib import Path

@@ -11,7 +11,7 @@
     model.py            DeepSeek-V3 on t ranks, equal to transformers' DeepseekV3ForCausalLM;
                         state dicts and save_pretrained files in and out; greedy generation
     plan.py             the planner: exact parameters, memory per rank under TP and EP, and TP's
-                        bytes per token against EP's: .venv/bin/python -m tp_from_scratch.deepseek.plan
+                        bytes per token against EP's: .venv/bin/python -m tp_from_scratch.deepseek.planner
     checks.py           every layout and the model against one device, on any group:
                         .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.deepseek.checks
     train.py            Lesson 6's trainer on this model (--layout tp or ep), every step against one device

@@ -17,7 +17,7 @@ COMMON="--sizes $SIZES --layers 2 --seq-len 128 --vocab-size 512 --batch-size 4 
 start=$(date +%s)
 echo "== load average: $(cut -d' ' -f1-3 /proc/loadavg) on $(getconf _NPROCESSORS_ONLN) cores"
 echo "== 1. calibrate (matmul FLOP/s at 1 and 2 threads, element-wise ops, step overhead, gloo all-reduce alpha/beta on 2 and 4 processes)"
-$PY -m tp_from_scratch.cost.plan --calibrate --profile runs/scaling/profile.json | sed -n 1,14p
+$PY -m tp_from_scratch.cost.planner --calibrate --profile runs/scaling/profile.json | sed -n 1,14p
 echo "== 2. strong scaling, tp=1 (1 and 2 threads) vs tp=2, predicted/measured"
 $TR --standalone --nproc-per-node 2 -m tp_from_scratch.bench scaling $COMMON --json lessons/measurements/scaling.json 2>&1 | grep -v "^W1\|USDT\|^\*\*\*"
 echo "== 2b. the same with tp=2's all-reduce our ring over MPI point-to-point (shared memory) instead of gloo"

@@ -1,16 +1,16 @@
 """When does tensor parallelism pay? A cost model of one training step, in formulas you can check.
 
     # GPT-2 8.3B as in Megatron-LM (2019), Table 1: parameters, memory and bytes need no profile
-    .venv/bin/python -m tp_from_scratch.cost.plan --arch gpt2 --hidden 3072 --heads 32 --layers 72 \\
+    .venv/bin/python -m tp_from_scratch.cost.planner --arch gpt2 --hidden 3072 --heads 32 --layers 72 \\
         --vocab-size 51200 --seq-len 1024 --tp 8
     # ... and step times on one 8-GPU NVLink node (vendor-spec preset)
-    .venv/bin/python -m tp_from_scratch.cost.plan --arch gpt2 --hidden 3072 --heads 32 --layers 72 \\
+    .venv/bin/python -m tp_from_scratch.cost.planner --arch gpt2 --hidden 3072 --heads 32 --layers 72 \\
         --vocab-size 51200 --seq-len 1024 --tp 8 --profile h100-nvlink
     # measure this machine: matmul FLOP/s per process, seconds per element of each element-wise
     # op, the per-step overhead, alpha and beta of gloo's all-reduce (tp_from_scratch.cost.calibrate)
-    .venv/bin/python -m tp_from_scratch.cost.plan --calibrate      # writes runs/profile.json
+    .venv/bin/python -m tp_from_scratch.cost.planner --calibrate      # writes runs/profile.json
     # the run the trainer would make with the same flags, on that measured profile
-    .venv/bin/python -m tp_from_scratch.cost.plan --tp 2 --profile runs/profile.json
+    .venv/bin/python -m tp_from_scratch.cost.planner --tp 2 --profile runs/profile.json
 
 The model flags are the trainer's (tp_from_scratch.gpt.train), so you plan the run you launch.
 What it prints, for a model of V vocab, T positions, L layers, H hidden, nh / nkv heads of
@@ -30,7 +30,7 @@ size hs, F ffn, with t TP ranks, B sequences per DP rank:
 * the TP degree at which one layer's communication takes longer than its compute.
 
 DeepSeek-V3 (--arch deepseek_v3) is planned by Lesson 12's planner, on these formulas:
-    .venv/bin/python -m tp_from_scratch.deepseek.plan
+    .venv/bin/python -m tp_from_scratch.deepseek.planner
 
 The predicted time assumes no overlap of compute and communication: our trainer has none.
 """
@@ -41,7 +41,7 @@ from pathlib import Path
 
 from tp_from_scratch.cost.calibrate import calibrate
 # (ELEMENTWISE_PASSES, elementwise_elements and parameters are not used below: Lesson 9 reads the
-# planner as one module, `from tp_from_scratch.cost import plan`)
+# planner as one module, `from tp_from_scratch.cost import planner`)
 from tp_from_scratch.cost.model import (ELEMENTWISE_PASSES, PRECISIONS, PRESETS, activation_bytes,  # noqa: F401
                                         crossover_tp, elementwise_elements, load_profile, memory_per_rank,
                                         predict_step, traffic, valid_tp_degrees)
@@ -82,7 +82,7 @@ def config_from_args(args):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m tp_from_scratch.cost.plan", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tp_from_scratch.cost.planner", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", choices=list(dict.fromkeys([*ARCHS, "deepseek_v3"])), default="gpt",
                    help="gpt: this course's model (deepseek_v3: Lesson 12's planner, see below)")
@@ -102,7 +102,7 @@ def build_parser():
 
 
 # a mixture-of-experts is planned by Lesson 12's planner, built on this one's formulas
-MOE_PLANNER = ".venv/bin/python -m tp_from_scratch.deepseek.plan"
+MOE_PLANNER = ".venv/bin/python -m tp_from_scratch.deepseek.planner"
 
 
 def validate(args, world=1):

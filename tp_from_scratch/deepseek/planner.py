@@ -1,11 +1,11 @@
 """Lesson 12's planner: DeepSeek-V3's parameters, memory per rank and bytes per token, TP against EP.
 
     # the published DeepSeek-V3 (transformers' DeepseekV3Config defaults): 671B, 37B active
-    .venv/bin/python -m tp_from_scratch.deepseek.plan
+    .venv/bin/python -m tp_from_scratch.deepseek.planner
     # another DeepseekV3 config (a config.json), planned at TP=4 against EP=32
-    .venv/bin/python -m tp_from_scratch.deepseek.plan --config path/to/config.json --tp 4 --ep 32
+    .venv/bin/python -m tp_from_scratch.deepseek.planner --config path/to/config.json --tp 4 --ep 32
 
-Lesson 9's planner (tp_from_scratch.cost.plan) counts dense models; this one adds what a
+Lesson 9's planner (tp_from_scratch.cost.planner) counts dense models; this one adds what a
 mixture-of-experts with latent attention changes, on Lesson 9's and earlier lessons' formulas:
 
 * parameters, exactly as transformers' DeepseekV3ForCausalLM holds them (the sum of its
@@ -132,7 +132,7 @@ def node_bytes_per_token(c, nodes, per_node, max_nodes, itemsize, tokens=4096):
 # ---------------------------------------------------------------------------------------
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m tp_from_scratch.deepseek.plan", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tp_from_scratch.deepseek.planner", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=None,
                    help="a DeepseekV3 config.json; default: transformers' DeepseekV3Config() (DeepSeek-V3)")
