@@ -13,7 +13,7 @@ import pytest
 
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.gpt.model import GPTConfig
-from tp_from_scratch.parallelisms import check_pipeline
+from tp_from_scratch.parallelisms import check as check_pipeline
 from tp_from_scratch.parallelisms.schedules import (OPS, Action, bubble, bubble_formula,
                                                     check_schedule, format_schedule, in_flight, simulate)
 

@@ -1,7 +1,7 @@
 """GPT-2 and Llama from the one Block: the key bias, RoPE, SwiGLU, and TP training at t = 1, 2, 4.
 
 The TP forward/backward/step checks of both architectures run in test_model.py through
-gpt/checks.py's configs_for (simulated ranks and torchrun); here: what is particular to them.
+gpt/check.py's configs_for (simulated ranks and torchrun); here: what is particular to them.
 """
 
 import pytest
@@ -11,7 +11,7 @@ from single_device import layers_of, single_device_losses
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.compare import assert_matches_reference, tolerance
 from tp_from_scratch.gpt import train
-from tp_from_scratch.gpt.checks import GPT2, LLAMA
+from tp_from_scratch.gpt.check import GPT2, LLAMA
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.model import GPTConfig, init_gpt, shard_axis
 

@@ -13,7 +13,7 @@ import pytest
 from tp_from_scratch.comm import SPMDError, run_spmd
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.overlap import collective_matmul as CM
-from tp_from_scratch.overlap.check_collective_matmul import check_collective_matmul, check_collective_matmul_torch
+from tp_from_scratch.overlap.check import check_collective_matmul, check_collective_matmul_torch
 from tp_from_scratch.overlap.nonblocking import all_reduce_async
 from tp_from_scratch.testing import random_array, rank_rng
 

@@ -147,7 +147,7 @@ SAMPLE = {
     "08_partial_sync": "-m tp_from_scratch.partial_sync.check",
     "09_when_tp_pays": "--hidden 3072 --heads 32 --layers 72",
     "10_overlap": "-m tp_from_scratch.overlap.check",
-    "11_parallelisms": "-m tp_from_scratch.parallelisms.check_zero",
+    "11_parallelisms": "-m tp_from_scratch.parallelisms.check zero",
     "12_deepseek_v3_moe": "-m tp_from_scratch.deepseek.planner --tp 8 --ep 64",
 }
 

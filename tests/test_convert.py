@@ -19,7 +19,7 @@ from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt import convert
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.model import GPT, gather_state_dict, gpt_to_tp, init_gpt
-from tp_from_scratch.gpt.checks import BASE
+from tp_from_scratch.gpt.check import BASE
 from tp_from_scratch.nn import gather_from_tp_region, tp_rank
 
 

@@ -18,7 +18,7 @@ from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.deepseek import (LAYOUTS, DeepSeekMoE, MoEConfig,
                                       all_reduce_bytes_sent, check_routing_margin, ep_bytes_sent,
                                       route, routing_margin, tokens_per_rank)
-from tp_from_scratch.deepseek.checks import TINY, check_layout, layout_data, random_moe
+from tp_from_scratch.deepseek.check import TINY, check_layout, layout_data, random_moe
 from tp_from_scratch.testing import random_array, rank_rng
 
 # t = 3 needs experts, groups and widths divisible by 3
@@ -86,7 +86,7 @@ def test_deepseek_moe_equals_transformers_layer_outputs_and_gradients():
 
 
 # ---- the three layouts on t ranks ---------------------------------------------------------
-# deepseek.checks.check_layout compares rank r's output, input gradient and every weight's
+# deepseek.check.check_layout compares rank r's output, input gradient and every weight's
 # gradient with its share of the reference's; here the reference is transformers' weights
 
 @pytest.mark.parametrize("t", [1, 2, 3, 4])
@@ -131,7 +131,7 @@ def test_bytes_on_the_wire_equal_the_formula(layout, t):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_every_layout_and_the_model_under_torchrun_native_and_from_scratch(nproc):
-    result = run_command(torchrun_command(nproc, "tp_from_scratch.deepseek.checks", "--timeout", 90), timeout=200)
+    result = run_command(torchrun_command(nproc, "tp_from_scratch.deepseek.check", "--timeout", 90), timeout=200)
     passed = re.findall(r"rank (\d+): deepseek checks passed", result.stdout)
     assert result.returncode == 0 and sorted(map(int, passed)) == list(range(nproc)), result.stdout[-3000:]
     assert result.stdout.count("expert parallel (native)") == nproc, result.stdout[-3000:]
@@ -142,7 +142,7 @@ def test_every_layout_and_the_model_under_torchrun_native_and_from_scratch(nproc
 @pytest.mark.timeout(240)
 def test_every_layout_and_the_model_under_mpiexec_on_the_from_scratch_collectives():
     # the same torch layers, their collectives Lesson 2's over MPI (through the nn bridge)
-    result = run_command(mpiexec_command(4, "tp_from_scratch.deepseek.checks", "--timeout", 90), timeout=200)
+    result = run_command(mpiexec_command(4, "tp_from_scratch.deepseek.check", "--timeout", 90), timeout=200)
     passed = re.findall(r"rank (\d+): deepseek checks passed", result.stdout)
     assert result.returncode == 0 and sorted(map(int, passed)) == list(range(4)), result.stdout[-3000:]
     assert result.stdout.count("expert parallel (mpi)") == 4, result.stdout[-3000:]

@@ -73,7 +73,7 @@ def test_tp_bytes_are_the_meters():
 
 def test_ep_bytes_are_the_meters_under_balanced_routing():
     # the EP layer, on a router that sends every token to k experts in perfect balance
-    from tp_from_scratch.deepseek.checks import TINY, random_moe
+    from tp_from_scratch.deepseek.check import TINY, random_moe
     from tp_from_scratch.deepseek.expert_parallel import ExpertParallelMoE
     t, E, k, tokens = 4, TINY.n_routed_experts, TINY.num_experts_per_tok, 8
     moe = random_moe(TINY, seed=0)

@@ -1,6 +1,6 @@
 """Generation under TP: the KV cache, token ids at t = 2, 4 identical to one device (greedy in
 float64 and float32, seeded sampling), and identical to transformers' generate on imported
-weights. The torchrun launch of gpt/checks.py generates too (test_model.py)."""
+weights. The torchrun launch of gpt/check.py generates too (test_model.py)."""
 import json
 
 import pytest
@@ -8,7 +8,7 @@ import torch
 
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.gpt.checks import BASE, GPT2, LLAMA
+from tp_from_scratch.gpt.check import BASE, GPT2, LLAMA
 from tp_from_scratch.gpt.generate import generate
 from tp_from_scratch.gpt.model import KVCache, gpt_to_tp, init_gpt
 

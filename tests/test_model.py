@@ -12,7 +12,7 @@ from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.comm.launchers import run_command, torchrun_command
 from single_device import layers_of, single_device_losses
 from tp_from_scratch.gpt import train
-from tp_from_scratch.gpt.checks import BASE, check_config, configs_for
+from tp_from_scratch.gpt.check import BASE, check_config, configs_for
 from tp_from_scratch.layers import reference
 from tp_from_scratch.testing import random_array, rank_rng
 
@@ -79,8 +79,8 @@ def test_config_errors_name_the_quantity(config, tp, message):
 def test_tp_gpt_equals_single_device_under_torchrun(nproc):
     # logits, loss, every gradient, the parameters after one step, tied and untied, one KV
     # head replicated on every rank, float64 and float32, native and from-scratch collectives:
-    # see tp_from_scratch/gpt/checks.py
-    out = run_command(torchrun_command(nproc, "tp_from_scratch.gpt.checks"), timeout=280)
+    # see tp_from_scratch/gpt/check.py
+    out = run_command(torchrun_command(nproc, "tp_from_scratch.gpt.check"), timeout=280)
     assert out.returncode == 0, out.stdout[-4000:]
     for dtype in ("float64", "float32"):
         assert f"model checks passed (tp={nproc}, {dtype}, native collectives" in out.stdout

@@ -1,6 +1,6 @@
 """tp_from_scratch.nn layers against their single-device torch twins, on in-process ranks.
 
-Each test runs one check of tp_from_scratch.nn.checks on t simulated ranks (run_spmd, the
+Each test runs one check of tp_from_scratch.nn.check on t simulated ranks (run_spmd, the
 from-scratch collectives), in float64 and float32. A check compares the output, the input
 gradient, the weight and bias gradients and the parameters after one optimizer step with
 torch.nn.Linear / nn.Embedding / F.cross_entropy, through assert_matches_reference.
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tp_from_scratch.comm import run_spmd
-from tp_from_scratch.nn.checks import all_checks, check_default_init
+from tp_from_scratch.nn.check import all_checks, check_default_init
 
 CHECKS = {name: (check, kwargs) for name, check, kwargs in all_checks()}
 

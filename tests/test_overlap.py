@@ -16,8 +16,7 @@ from tp_from_scratch import collectives
 from tp_from_scratch.comm import SPMDError, run_spmd
 from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.overlap.check import check_async
-from tp_from_scratch.overlap.check_layer import check_async_layer
+from tp_from_scratch.overlap.check import check_async, check_async_layer
 from tp_from_scratch.overlap.linear import AsyncColumnParallelLinear, Timeline
 from tp_from_scratch.overlap.nonblocking import all_reduce_async
 from tp_from_scratch.testing import random_array, rank_rng

@@ -2,7 +2,7 @@
 rank layout, the trainer's refusals, the holdings pictures; and under torchrun, in ONE launch of
 4 processes: hand-written averaging, DDP, ZeRO-1/2 on dp=2 x tp=2 and GPipe / 1F1B on
 dp=1 x pp=2 x tp=2, each equal to one device and to each other, with every rank's memory and
-bytes equal to the cost model's (parallelisms/check_mesh.py checks everything inside it).
+bytes equal to the cost model's (parallelisms/check.py mesh checks everything inside it).
 (The pipeline's own tests are the pipeline engineer's: tests/test_pipeline*.py.)
 """
 import pytest
@@ -10,7 +10,7 @@ import pytest
 from tp_from_scratch.comm import SPMDError, run_spmd
 from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
 from tp_from_scratch.gpt.model import GPTConfig
-from tp_from_scratch.parallelisms import check_zero, cost
+from tp_from_scratch.parallelisms import check, cost
 from tp_from_scratch.parallelisms.mesh import coordinates, groups, rank_of
 from tp_from_scratch.parallelisms.zero import ZeroOptimizer, chunk_bounds
 
@@ -18,14 +18,14 @@ from tp_from_scratch.parallelisms.zero import ZeroOptimizer, chunk_bounds
 @pytest.mark.parametrize("dp", [2, 3, 4])
 def test_zero_equals_unsharded_adamw_every_step_with_a_dp_th_of_the_state(dp):
     # parameters after every step, state adding up to AdamW's (at most ceil(58/dp) x 16 bytes
-    # per rank), ZeRO-2 keeping only its chunk's gradient: checked by check_zero.report
-    assert run_spmd(check_zero.report, dp) == [True] * dp
+    # per rank), ZeRO-2 keeping only its chunk's gradient: checked by check.zero_report
+    assert run_spmd(check.zero_report, dp) == [True] * dp
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_zero_under_mpiexec_on_the_from_scratch_ring_collectives():
-    result = run_command(mpiexec_command(3, "tp_from_scratch.parallelisms.check_zero"), timeout=100)
+    result = run_command(mpiexec_command(3, "tp_from_scratch.parallelisms.check", "zero"), timeout=100)
     assert result.returncode == 0, result.stdout[-3000:]
     assert "dp=3 ZeRO-2: parameters equal to unsharded AdamW" in result.stdout, result.stdout[-3000:]
     assert "MPIComm" in result.stdout
@@ -38,7 +38,7 @@ def test_zero_sends_dps_bytes_and_the_naive_zero1_one_and_a_half_times_them(dp):
     # ZeRO pads them to dp chunks of S = ceil(N/dp) (58 = 2 x 29: no padding at dp = 2)
     import torch
     from tp_from_scratch.nn.mappings import all_reduce
-    n = sum(p.numel() for p in check_zero.small_model().parameters())
+    n = sum(p.numel() for p in check.small_model().parameters())
     size = -(-n // dp)
 
     def sent(run):
@@ -48,16 +48,16 @@ def test_zero_sends_dps_bytes_and_the_naive_zero1_one_and_a_half_times_them(dp):
         return run_spmd(rank, dp)
 
     def dp_step(comm, elements):
-        for _ in range(check_zero.STEPS):
+        for _ in range(check.ZERO_STEPS):
             all_reduce(comm, torch.zeros(elements, dtype=torch.float64))
 
     dp_bytes = sent(lambda comm: dp_step(comm, n))
     padded_dp_bytes = sent(lambda comm: dp_step(comm, size * dp))
     assert size * dp != n or padded_dp_bytes == dp_bytes
     for stage in (1, 2):
-        zero = sent(lambda comm: check_zero.zero_run(comm, stage))
+        zero = sent(lambda comm: check.zero_run(comm, stage))
         assert zero == padded_dp_bytes, f"ZeRO-{stage} at dp={dp} sent {zero}, DP (padded) {padded_dp_bytes}"
-    naive = sent(lambda comm: check_zero.zero_run(comm, 1, gradient_reduce="all_reduce"))
+    naive = sent(lambda comm: check.zero_run(comm, 1, gradient_reduce="all_reduce"))
     assert [2 * b for b in naive] == [3 * b for b in padded_dp_bytes], (naive, padded_dp_bytes)
 
 
@@ -73,7 +73,7 @@ def test_the_lessons_comparison_shows_zero_sending_dps_bytes():
 
 def test_zero_rejects_a_stage_it_does_not_have():
     with pytest.raises(SPMDError, match="ZeRO stage must be 1 or 2, got 3"):
-        run_spmd(lambda comm: ZeroOptimizer(comm, check_zero.small_model().parameters(), 3), 1)
+        run_spmd(lambda comm: ZeroOptimizer(comm, check.small_model().parameters(), 3), 1)
 
 
 def test_chunks_cover_every_element_once_even_when_dp_exceeds_n():
@@ -120,7 +120,7 @@ VARIANTS = [  # one launch of 4 processes, every mesh and sync in turn, all agai
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_mesh_training_equals_one_device_each_other_and_the_cost_model():
-    result = run_command(torchrun_command(4, "tp_from_scratch.parallelisms.check_mesh", "--dp", "2", "--tp", "2",
+    result = run_command(torchrun_command(4, "tp_from_scratch.parallelisms.check", "mesh", "--dp", "2", "--tp", "2",
                                           "--steps", "2", *VARIANTS), timeout=220)
     lines = [l for l in result.stdout.splitlines() if l.startswith("variant ")]
     assert result.returncode == 0 and len(lines) == len(VARIANTS), result.stdout[-3000:]

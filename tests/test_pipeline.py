@@ -13,7 +13,7 @@ import torch
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.compare import assert_matches_reference, tolerance
 from tp_from_scratch.gpt.model import GPTConfig
-from tp_from_scratch.parallelisms import check_pipeline as check
+from tp_from_scratch.parallelisms import check
 from tp_from_scratch.parallelisms.pipeline import PipelineStage, forward_backward, stage_layers
 from tp_from_scratch.parallelisms.schedules import (Action, bubble, bubble_formula, check_schedule,
                                                     format_schedule, gpipe, in_flight, one_f_one_b,

@@ -1,6 +1,6 @@
 """Lesson 11's pipeline on real processes: one torchrun launch (pp=2 x tp=2 on 4 processes,
 TP inside each stage on a native gloo group, the pipeline's messages on a TorchComm) and one
-mpiexec launch (pp=2 on MPIComm), each running tp_from_scratch.parallelisms.check_pipeline:
+mpiexec launch (pp=2 on MPIComm), each running tp_from_scratch.parallelisms.check pipeline:
 two AdamW steps per schedule at m = 4, every loss, gradient (a TP rank's shard) and final
 parameter against single-device training; a mismatch raises on that rank and ends the job.
 Both launches then check the ViT the same way (TP inside each stage, the pipeline across:
@@ -15,7 +15,7 @@ from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchru
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_pipeline_with_tensor_parallel_stages_equals_one_device_under_torchrun():
-    cmd = torchrun_command(4, "tp_from_scratch.parallelisms.check_pipeline", "--tp", 2, "--micro", 4)
+    cmd = torchrun_command(4, "tp_from_scratch.parallelisms.check", "pipeline", "--tp", 2, "--micro", 4)
     result = run_command(cmd, timeout=180)
     assert result.returncode == 0, result.stdout[-3000:]
     for schedule in ("gpipe", "1f1b"):
@@ -27,7 +27,7 @@ def test_pipeline_with_tensor_parallel_stages_equals_one_device_under_torchrun()
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_pipeline_equals_one_device_under_mpiexec():
-    result = run_command(mpiexec_command(2, "tp_from_scratch.parallelisms.check_pipeline", "--micro", 4),
+    result = run_command(mpiexec_command(2, "tp_from_scratch.parallelisms.check", "pipeline", "--micro", 4),
                          timeout=120)
     assert result.returncode == 0, result.stdout[-3000:]
     for schedule in ("gpipe", "1f1b"):

@@ -19,8 +19,8 @@ pytestmark = [
 
 @pytest.mark.timeout(900)
 def test_gpt_gpt2_and_llama_at_tp8_match_one_device_outputs_and_every_gradient():
-    # gpt.checks: logits, loss, every gathered gradient, one SGD step, the state-dict round trip
-    result = run_command(torchrun_command(8, "tp_from_scratch.gpt.checks", "--dtype", "float64"), timeout=850)
+    # gpt.check: logits, loss, every gathered gradient, one SGD step, the state-dict round trip
+    result = run_command(torchrun_command(8, "tp_from_scratch.gpt.check", "--dtype", "float64"), timeout=850)
     assert result.returncode == 0, result.stdout[-4000:]
     assert "model checks passed" in result.stdout, result.stdout[-4000:]
 

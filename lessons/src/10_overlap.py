@@ -193,7 +193,7 @@ only then (Megatron-LM's `LinearWithGradAccumulationAndAsyncCommunication`).
 thread would make one rank two threads, which its deadlock diagnosis cannot follow).
 
 The arithmetic does not change, so the gradients are **bit-identical** to `ColumnParallelLinear`'s:"""),
-    new_code_cell("""from tp_from_scratch.overlap.check_layer import check_async_layer
+    new_code_cell("""from tp_from_scratch.overlap.check import check_async_layer
 run_spmd(check_async_layer, 3)  # raises if any output or gradient differs in a single bit
 print("AsyncColumnParallelLinear == ColumnParallelLinear, bit for bit, on 3 simulated ranks")"""),
     new_markdown_cell(r"""### Before and after, measured (torchrun, 2 ranks, 2 cores)
@@ -289,7 +289,7 @@ un-fused are bit-identical; on gaussian data they agree within the tolerance pol
 check below does both for the column and the row layer (forward and backward, against Lesson 7's
 `sequence_parallel.linear`), for sequence lengths divisible by t, uneven (array_split) and
 shorter than t, and compares the meters:"""),
-    new_code_cell("""from tp_from_scratch.overlap.check_collective_matmul import check_collective_matmul
+    new_code_cell("""from tp_from_scratch.overlap.check import check_collective_matmul
 from tp_from_scratch.overlap import collective_matmul as CM
 from tp_from_scratch.sequence_parallel.mappings import gather_from_sequence_parallel_region_forward
 run_spmd(check_collective_matmul, 3)  # raises on any difference beyond what is stated above

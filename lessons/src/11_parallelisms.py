@@ -57,7 +57,7 @@ from tp_from_scratch.cost.model import load_profile
 from tp_from_scratch.gpt.model import GPTConfig
 from tp_from_scratch.gpt.inventory import parameter_count
 from tp_from_scratch.gpt.vit import embed_patches
-from tp_from_scratch.parallelisms import check_pipeline, check_zero, cost
+from tp_from_scratch.parallelisms import check, cost
 from tp_from_scratch.parallelisms.compare import table
 from tp_from_scratch.parallelisms.figures import draw_holdings
 from tp_from_scratch.parallelisms.figures_pipeline import draw_schedules, draw_timeline
@@ -137,19 +137,19 @@ simulated ranks (58 parameters do not split evenly into 3) against unsharded
 (the messages our ring collectives really send). The same check from the command line (dp = 1
 to 4 on simulated ranks; under `mpiexec` or `torchrun` on real processes):
 
-    .venv/bin/python -m tp_from_scratch.parallelisms.check_zero
+    .venv/bin/python -m tp_from_scratch.parallelisms.check zero
 """),
-    new_code_cell("""# check_zero: a 58-parameter model, rank-distinct rows, ZeroOptimizer over the simulated ranks'
+    new_code_cell("""# check zero: a 58-parameter model, rank-distinct rows, ZeroOptimizer over the simulated ranks'
 # ring collectives; every rank compares its parameters after each step with unsharded AdamW
-run_spmd(check_zero.report, 3)
+run_spmd(check.zero_report, 3)
 from tp_from_scratch.nn.mappings import all_reduce
 def dp_step(comm):  # DP's step for the same gradients: one all-reduce of the 58 (padded to 60) values
-    for _ in range(check_zero.STEPS):
+    for _ in range(check.ZERO_STEPS):
         all_reduce(comm, torch.zeros(60, dtype=torch.float64))
 sent = {}
 for label, run in (("DP (all-reduce)", dp_step),
-                   ("ZeRO-1 naive", lambda comm: check_zero.zero_run(comm, 1, gradient_reduce="all_reduce")),
-                   ("ZeRO-1", lambda comm: check_zero.zero_run(comm, 1)), ("ZeRO-2", lambda comm: check_zero.zero_run(comm, 2))):
+                   ("ZeRO-1 naive", lambda comm: check.zero_run(comm, 1, gradient_reduce="all_reduce")),
+                   ("ZeRO-1", lambda comm: check.zero_run(comm, 1)), ("ZeRO-2", lambda comm: check.zero_run(comm, 2))):
     traffic = run_spmd(lambda comm: (run(comm), comm.meter.by_collective)[1], 3)[0]
     sent[label] = sum(v.bytes_sent for v in traffic.values())
     print(f"{label:<16} rank 0 sent in 3 steps: {sent[label]:>5} B  (" +
@@ -213,11 +213,11 @@ Now the real thing: the GPT on 3 simulated stages, 1F1B over 4 micro-batches, th
 steps. Every stage compares every step's loss, each of its gradients and its parameters
 after the last step with the same GPT trained on one device (`assert_matches_reference`),
 and counts the micro-batches whose saved activations are alive."""),
-    new_code_cell("""pp_config = GPTConfig(**check_pipeline.CONFIG)        # 5 blocks: 2 + 2 + 1 over 3 stages
-batches = check_pipeline.global_batches(3, pp_config)
-single = check_pipeline.single_device_training(pp_config, batches)
+    new_code_cell("""pp_config = GPTConfig(**check.CONFIG)        # 5 blocks: 2 + 2 + 1 over 3 stages
+batches = check.global_batches(3, pp_config)
+single = check.single_device_training(pp_config, batches)
 for schedule in ("gpipe", "1f1b"):
-    results = run_spmd(check_pipeline.check_pipeline_training, 3, single, batches, 4, schedule)
+    results = run_spmd(check.check_pipeline_training, 3, single, batches, 4, schedule)
     print(f"{schedule:5}: 3 steps equal to one device on every stage; micro-batches in flight per stage "
           f"{[r.peak_in_flight for r in results]}, saved activations per stage "
           f"{[f'{r.peak_activation_bytes / 1024:.0f} KiB' for r in results]}")"""),
@@ -259,8 +259,8 @@ plt.show()"""),
 group, and ranks lay out as rank = stage * t + tp_rank (TP innermost, inside a node). The same
 check runs pp=2 x tp=2 on 4 processes, on both process backends:
 
-    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.check_pipeline --tp 2
-    .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.parallelisms.check_pipeline --tp 2
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.check pipeline --tp 2
+    .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.parallelisms.check pipeline --tp 2
 
 **Exercise 11** asks you to write `one_f_one_b(n_stages, n_micro)`: each stage's ordered list
 of actions. The graders check its rules, its in-flight bound, its bubble on the ideal clock,
@@ -426,19 +426,19 @@ images: every loss, gradient and final parameter against the same ViT on one dev
 inside the stages the check runs on 4 processes (pp=2 x tp=2; `tests/test_pipeline_launch.py`
 runs it, after the GPT's):
 
-    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.check_pipeline --tp 2 --model vit"""),
-    new_code_cell("""vit_config = check_pipeline.MODELS["vit"][0]()          # 3 blocks, H=16: 2 + 1 over 2 stages
-vit_batches = check_pipeline.global_batches(2, vit_config, kind="vit")  # images (4, 8, 8), labels (4,)
-vit_single = check_pipeline.single_device_training(vit_config, vit_batches, kind="vit")
-held = run_spmd(lambda comm: [n for n, _ in PipelineStage(comm, check_pipeline.new_model(vit_config, "vit"))
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.check pipeline --tp 2 --model vit"""),
+    new_code_cell("""vit_config = check.MODELS["vit"][0]()          # 3 blocks, H=16: 2 + 1 over 2 stages
+vit_batches = check.global_batches(2, vit_config, kind="vit")  # images (4, 8, 8), labels (4,)
+vit_single = check.single_device_training(vit_config, vit_batches, kind="vit")
+held = run_spmd(lambda comm: [n for n, _ in PipelineStage(comm, check.new_model(vit_config, "vit"))
                               .named_parameters() if not n.startswith("blocks.")], 2)
 for s, names in enumerate(held):
     print(f"stage {s}: blocks {list(stage_layers(vit_config.n_layers, s, 2))} and {names}")
-vit = check_pipeline.new_model(vit_config, "vit")
+vit = check.new_model(vit_config, "vit")
 print("a micro-batch's message between the stages (1 of the 4 images):",
       tuple(embed_patches(vit, vit_batches[0][0][:1]).shape), "= (B/m, P+1, H)")
 for schedule in ("gpipe", "1f1b"):
-    results = run_spmd(check_pipeline.check_pipeline_training, 2, vit_single, vit_batches, 4, schedule, kind="vit")
+    results = run_spmd(check.check_pipeline_training, 2, vit_single, vit_batches, 4, schedule, kind="vit")
     print(f"ViT {schedule:5}: 2 steps equal to one device on both stages; micro-batches in flight per stage "
           f"{[r.peak_in_flight for r in results]}")"""),
     new_markdown_cell(r"""## What we did not build

@@ -39,9 +39,9 @@ Where things are (`tp_from_scratch/deepseek/`):
   parallel, as served (heads split, experts in an inference layout), and expert parallel, as
   trained (each rank its own sequences, attention whole with its gradients summed as in data
   parallelism, the experts spread over the all-to-all);
-* `checks.py`: every layout against one device, also under
-  `.venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.deepseek.checks` and, on
-  Lesson 2's collectives over MPI, `.venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.deepseek.checks`;
+* `check.py`: every layout against one device, also under
+  `.venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.deepseek.check` and, on
+  Lesson 2's collectives over MPI, `.venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.deepseek.check`;
 * `checkpoint.py`, `convert.py`: the trainer's checkpoints in any layout, Hugging Face files in and out."""),
     new_code_cell("""import sys
 from pathlib import Path
@@ -58,7 +58,7 @@ from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.deepseek import (LAYOUTS, MoEConfig, all_reduce_bytes_sent, check_routing_margin,
                                       ep_bytes_sent, route, routing_margin, tokens_per_rank)
-from tp_from_scratch.deepseek.checks import TINY, check_layout, layout_data, random_moe
+from tp_from_scratch.deepseek.check import TINY, check_layout, layout_data, random_moe
 from tp_from_scratch.deepseek.mla import cache_bytes_per_token
 from tp_from_scratch.deepseek.model import ParallelDeepseekV3, generate
 from tp_from_scratch.deepseek.planner import (ep_bytes_per_token, memory_per_rank, node_bytes_per_token,

@@ -12,8 +12,8 @@
                         state dicts and save_pretrained files in and out; greedy generation
     plan.py             the planner: exact parameters, memory per rank under TP and EP, and TP's
                         bytes per token against EP's: .venv/bin/python -m tp_from_scratch.deepseek.planner
-    checks.py           every layout and the model against one device, on any group:
-                        .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.deepseek.checks
+    check.py            every layout and the model against one device, on any group:
+                        .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.deepseek.check
     train.py            Lesson 6's trainer on this model (--layout tp or ep), every step against one device
     checkpoint.py       Lesson 6's checkpoints with this model's cut: saved in one layout at t ranks,
                         loaded in any other

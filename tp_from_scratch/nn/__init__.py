@@ -7,7 +7,7 @@
     embedding.py      VocabParallelEmbedding
     cross_entropy.py  vocab_parallel_cross_entropy (never gathers the logits)
     random.py         TP-aware dropout RNG
-    checks.py         every layer against its single-device twin (in-process or under torchrun)
+    check.py          every layer against its single-device twin (in-process or under torchrun)
 
 Every layer and mapping takes ``group`` first, and it is required: a torch ProcessGroup
 (native collectives) or a tp_from_scratch Comm (the from-scratch ring collectives: run_spmd's

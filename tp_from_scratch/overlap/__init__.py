@@ -12,7 +12,7 @@
                              (numpy on a Comm; the column and row layers, forward and backward)
     collective_matmul_nn.py  the same loops as torch autograd Functions, on a Comm or a ProcessGroup
     figures.py      the lesson's pictures (times by size, a backward timeline, the loops step by step)
-    check.py        the claims above, checked on any backend (simulator, mpiexec, torchrun)
-    check_layer.py  the overlapping layer against the blocking one and nn.Linear
-    check_collective_matmul.py  the fused layers against Lesson 7's un-fused ones, and the meter
+    check.py        the claims above, checked on any backend (simulator, mpiexec, torchrun): the
+                    algorithms and their traffic, the overlapping layer against the blocking one
+                    and nn.Linear, the fused layers against Lesson 7's un-fused ones and the meter
 """

@@ -89,7 +89,7 @@ def vit_loss(stage, x, labels):
     """Mean cross-entropy of the classifier on the class token of x (B, P+1, H) against labels (B,).
 
     Norm and classifier are replicated and x is Replicated under TP: no collective here, and
-    their gradients (and the first stage's) come out equal on every TP rank (check_pipeline).
+    their gradients (and the first stage's) come out equal on every TP rank (check.py pipeline).
     """
     return F.cross_entropy(classify(stage, x), labels)
 

@@ -1,7 +1,7 @@
 """What one check measured on one rank: every quantity, the collectives of each phase, the
 exception and where in the library it was raised.
 
-    Recorder     the judge verify hands nn.checks: records instead of raising
+    Recorder     the judge verify hands nn.check: records instead of raising
     CollectiveMeter   counts the collectives torch dispatches and the bytes they carry
     raised_at    "file.py:line" of the library frame an exception came from
 """
@@ -22,7 +22,7 @@ from tp_from_scratch.compare import allowed_error, assert_matches_reference, max
 
 _TORCH = os.path.dirname(torch.__file__)
 _OURS = tuple(os.path.join(os.path.dirname(os.path.dirname(__file__)), part)
-              for part in ("verify", os.path.join("nn", "checks.py"), "compare.py"))
+              for part in ("verify", os.path.join("nn", "check.py"), "compare.py"))
 _NOT_A_COLLECTIVE = ("wait", "_wrap", "barrier", "monitored_barrier")
 
 
@@ -115,7 +115,7 @@ def _comm_meter(comm, tally):
 
 
 class Recorder:
-    """The judge verify hands nn.checks: records instead of raising, counts collectives per phase.
+    """The judge verify hands nn.check: records instead of raising, counts collectives per phase.
 
     phase_seen(name) is called as each phase starts (the worker publishes it, so a rank stuck
     in a collective is reported with the phase it was in).

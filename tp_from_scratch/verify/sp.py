@@ -26,7 +26,7 @@ from torch import nn
 from torch.distributed.tensor import Replicate
 from torch.nn import functional as F
 
-from tp_from_scratch.nn import checks
+from tp_from_scratch.nn import check as checks
 from tp_from_scratch.nn.mappings import tp_rank, tp_world_size
 from tp_from_scratch.testing import random_array, rank_rng
 

@@ -17,7 +17,7 @@ rows. A check never stops the run: a mismatch becomes a FAIL row, an exception a
                    (tp_from_scratch.compare), for the worst quantity of the check
     forward, backward   collectives counted in each direction; fwd_bytes, bwd_bytes their bytes
 
-The checks are tp_from_scratch.nn.checks' (handed a recording judge and the adapter's
+The checks are tp_from_scratch.nn.check's (handed a recording judge and the adapter's
 modules), plus the mapping, default-init and sequence-parallel checks here and in sp.py.
 Sizes: 12 splits evenly at t = 2, 3, 4 and 13 unevenly at each; "random shapes" draws
 leading dims and sizes from the run's seed (the same on every rank).
@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from tp_from_scratch.comm import Comm
-from tp_from_scratch.nn import checks
+from tp_from_scratch.nn import check as checks
 from tp_from_scratch.nn.mappings import all_gather, tp_rank, tp_world_size
 from tp_from_scratch.testing import random_array, rank_rng
 from tp_from_scratch.verify import sp
@@ -71,7 +71,7 @@ class _FedNonContiguous(nn.Module):
 
 
 class _Factory:
-    """Gives an adapter's factory the from_linear / from_embedding face nn.checks expects."""
+    """Gives an adapter's factory the from_linear / from_embedding face nn.check expects."""
 
     def __init__(self, make, fed_non_contiguous=False):
         self.make, self.wrap = make, (_FedNonContiguous if fed_non_contiguous else lambda m: m)

@@ -1,6 +1,6 @@
 """Check the tensor-parallel GPT against the single-device GPT, on simulated ranks or under torchrun.
 
-    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.checks [--dtype float64 ...]
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.check [--dtype float64 ...]
     run_spmd(4, lambda comm: check_config(comm, config, torch.float64))   # in one process
 
 Every rank builds the same single-device GPT (same seed), converts it to its TP shard, and

@@ -7,8 +7,8 @@ it, and compares its own shard of every result through assert_matches_reference.
 
 Under torchrun, on any number of processes (CPU gloo; CUDA nccl with --device cuda):
 
-    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.nn.checks
-    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.nn.checks --device cuda
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.nn.check
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.nn.check --device cuda
 
 which runs every check with native collectives (the process group itself) and with
 from-scratch ones (a TorchComm over the same group), on the whole world and on sub-groups,

@@ -9,8 +9,8 @@ ranks (tests, Lesson 12) and on real processes: under torchrun with native colle
 process group) and from-scratch ones (a TorchComm over it), under mpiexec on Lesson 2's
 collectives over MPI (the torch layers reach a Comm through nn/collectives.py's bridge):
 
-    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.deepseek.checks
-    .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.deepseek.checks
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.deepseek.check
+    .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.deepseek.check
 """
 import argparse
 import copy
