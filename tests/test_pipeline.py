@@ -142,7 +142,7 @@ def test_the_timeline_picture_draws_one_box_per_forward_and_backward():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from tp_from_scratch.parallelisms.figures_pipeline import draw_schedules, draw_timeline
+    from tp_from_scratch.parallelisms.figures import draw_schedules, draw_timeline
     fig, ax = plt.subplots()
     draw_timeline(ax, simulate(one_f_one_b(3, 4)), "1F1B")
     assert len(ax.patches) == 2 * 3 * 4 and ax.get_title() == "1F1B: bubble 33%"

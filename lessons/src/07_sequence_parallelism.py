@@ -61,7 +61,7 @@ from tp_from_scratch.sequence_parallel.mappings import (
     sequence_shard)
 from tp_from_scratch.sequence_parallel.layernorm import (
     sequence_parallel_layernorm_forward, sequence_parallel_layernorm_backward)
-from tp_from_scratch.sequence_parallel.pictures import draw_block_layouts, plot_activation_memory
+from tp_from_scratch.sequence_parallel.figures import draw_block_layouts, plot_activation_memory
 torch.set_num_threads(1)
 START = time.perf_counter()"""),
     new_markdown_cell(r"""## 1. Where each activation lives

@@ -62,7 +62,7 @@ from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.testing import random_array, rank_rng
 from tp_from_scratch.partial_sync import check, experiment, mappings, reference
-from tp_from_scratch.partial_sync.diagram import draw_streams
+from tp_from_scratch.partial_sync.figures import draw_streams
 torch.set_num_threads(1)"""),
     new_markdown_cell(r"""## 1. Synced and private channels
 

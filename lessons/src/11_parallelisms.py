@@ -59,8 +59,7 @@ from tp_from_scratch.gpt.inventory import parameter_count
 from tp_from_scratch.gpt.vit import embed_patches
 from tp_from_scratch.parallelisms import check, cost
 from tp_from_scratch.parallelisms.compare import table
-from tp_from_scratch.parallelisms.figures import draw_holdings
-from tp_from_scratch.parallelisms.figures_pipeline import draw_schedules, draw_timeline
+from tp_from_scratch.parallelisms.figures import draw_holdings, draw_schedules, draw_timeline
 from tp_from_scratch.parallelisms.pipeline import PipelineStage, forward_backward, stage_layers
 from tp_from_scratch.parallelisms.mesh import coordinates, groups
 from tp_from_scratch.parallelisms.schedules import bubble, bubble_formula, format_schedule, one_f_one_b, gpipe, simulate

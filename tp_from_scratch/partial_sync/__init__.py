@@ -18,5 +18,5 @@ torch (the GPT of Lesson 6):
   model.py      CAATGPT (one rank) and t_stream_forward (the single-device t-stream model)
   train.py      `.venv/bin/python -m tp_from_scratch.partial_sync.train --sync-fraction p`
   experiment.py held-out loss against bytes per step, tp in {2, 4}, p in {1, ..., 0}
-  diagram.py    the picture of synced and private channels
+  figures.py    the picture of synced and private channels
 """
