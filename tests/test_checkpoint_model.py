@@ -1,4 +1,4 @@
-"""Checkpoints say what model they hold, and every loader checks it (issue 24, cases F1, F2, F25).
+"""Checkpoints say what model they hold, and every loader checks it.
 
 A partially synchronized GPT (Lesson 8, p < 1) is another model than the GPT: its checkpoint is
 refused, naming both sides, by Lesson 6's and Lesson 7's trainers, by generate, by the
@@ -27,9 +27,11 @@ def save(root, tp=2, step=6, sync_fraction=1.0):
     records = [ckpt.write_shard(root, name, r, tp, shard_state_dict(model.state_dict(), tp, r, CONFIG),
                                 ckpt.shard_optimizer_state(ckpt.optimizer_state_by_name(model, opt), tp, r, CONFIG))
                for r in range(tp)]
-    # the metadata Lesson 8's trainer has always written (p in "sync_fraction"), from which
-    # the model description follows
-    ckpt.commit(root, name, CONFIG, tp, step, records, {"optimizer": "adamw", "sync_fraction": sync_fraction})
+    # the metadata Lesson 8's trainer writes: p in "sync_fraction" (from which an older checkpoint's
+    # model description follows) and its model description, with the command that loads it
+    from tp_from_scratch.partial_sync.train import description
+    ckpt.commit(root, name, CONFIG, tp, step, records, {"optimizer": "adamw", "sync_fraction": sync_fraction},
+                description=description(CONFIG, tp, sync_fraction))
     return root
 
 
@@ -55,9 +57,10 @@ PARTIAL = "holds a partially synchronized GPT (--arch gpt, --sync-fraction 0.5 a
 
 def test_the_description_is_in_the_metadata_and_old_checkpoints_are_described_from_sync_fraction(caat):
     _, meta = ckpt.read_metadata(caat)
-    assert meta["model"] == {"family": "gpt", "arch": "gpt", "partial_sync": {"sync_fraction": 0.5, "tp": 2}}
+    assert meta["model"] == {"family": "gpt", "arch": "gpt", "partial_sync": {"sync_fraction": 0.5, "tp": 2},
+                             "command": "python -m tp_from_scratch.partial_sync.train"}   # what loads it
     old = {k: v for k, v in meta.items() if k != "model"}   # written before descriptions existed
-    assert ckpt.description_of(old) == meta["model"]
+    assert ckpt.description_of(old) == {k: v for k, v in meta["model"].items() if k != "command"}
     assert ckpt.description_of({"tp": 4, "config": CONFIG.to_dict()})["partial_sync"] is None
 
 

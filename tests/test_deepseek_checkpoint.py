@@ -17,6 +17,7 @@ from tp_from_scratch.deepseek.model import MODEL_LAYOUTS, shard, unshard
 from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt import train as gpt_train
 from tp_from_scratch.gpt.data import global_batch
+from tp_from_scratch.gpt.step import make_optimizer, steps_on_comm, train_step
 
 STEPS = 3
 # SGD with momentum: its buffer is optimizer state to glue, and its step keeps the plain growth rule
@@ -43,11 +44,10 @@ def test_every_tensor_cut_in_any_layout_glues_back_whole(query_latent):
 def _trained_ranks(comm):
     """One rank of the trainer's run of ARGV: its model and optimizer state after STEPS steps."""
     opts = ds_train.parse(ARGV)
-    config = ds_train.model_config(opts)
-    hooks = ds_train.hooks_for(opts, config)
-    model = hooks.parallelize(ds_train.init_model(config, opts.seed, opts.torch_dtype), comm)
-    optimizer = gpt_train.make_optimizer(model.parameters(), opts)
-    list(gpt_train.steps_on_comm(opts, config, model, optimizer, hooks.after_backward))
+    hooks = ds_train.hooks_for(opts)
+    model = hooks.parallelize(ds_train.init_model(opts.model, opts.seed, opts.torch_dtype), comm)
+    optimizer = make_optimizer(model.parameters(), opts)
+    list(steps_on_comm(opts, model, optimizer, hooks.model.shape(opts.model), ds_train.sum_replicated_gradients))
     return model.state_dict(), ckpt.optimizer_state_by_name(model, optimizer)
 
 
@@ -56,10 +56,10 @@ def _single_device():
     opts = ds_train.parse(ARGV)
     config = ds_train.model_config(opts)
     model = ds_train.init_model(config, opts.seed, opts.torch_dtype)
-    optimizer = gpt_train.make_optimizer(model.parameters(), opts)
+    optimizer = make_optimizer(model.parameters(), opts)
     for step in range(STEPS):
-        x, y = global_batch(step, opts.batch_size, config.seq_len, config.vocab_size, opts.seed, opts.data)
-        gpt_train.train_step(model, optimizer, x, y)
+        x, y = global_batch(step, opts.batch_size, opts.seq_len, config.vocab_size, opts.seed, opts.data)
+        train_step(model, optimizer, x, y)
     return model, optimizer
 
 

@@ -183,7 +183,7 @@ def test_a_checkpoint_of_another_model_type_is_named(tmp_path):
 # ---- training on real text through THE training step: every step's loss equal to transformers' ----
 
 def _next_byte_loss(forward, n_tokens):
-    """run_batch for gpt.train.train_step: cross-entropy summed over these tokens / all tokens of
+    """run_batch for gpt.step.train_step: cross-entropy summed over these tokens / all tokens of
     the step, so that under expert parallelism the ranks' losses (and gradients) add up to the mean."""
     def run_batch(model, x, y):
         logits = forward(model, x)
@@ -197,7 +197,7 @@ def _next_byte_loss(forward, n_tokens):
 @pytest.mark.parametrize("layout", ["experts on all tokens", "expert parallel"])
 def test_three_training_steps_on_text_give_transformers_losses(layout):
     from tp_from_scratch.gpt.text import VOCAB_SIZE, text_batch
-    from tp_from_scratch.gpt.train import train_step
+    from tp_from_scratch.gpt.step import train_step
     t, lr = 2, 0.05
     hf = deepseek_v3(seed=60, vocab_size=VOCAB_SIZE)
     batches = [text_batch(step, 2, 8, seed=61)[0] for step in range(3)]  # (2, 9): 2 sequences of 8 + 1

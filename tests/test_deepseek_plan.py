@@ -108,8 +108,15 @@ def test_bad_flags_are_refused_in_one_line(argv, named, capsys):
     assert named in error, error
 
 
-def test_the_dense_planner_points_to_this_one(capsys):
+def test_the_dense_planner_points_to_the_course_map_which_names_this_one(capsys):
+    # Lesson 9 does not name Lesson 12: its refusal points to the course map, whose row names this planner
+    from pathlib import Path
+
     from tp_from_scratch.cost.planner import main as dense_main
+    from tp_from_scratch.gpt.options import COURSE_MAP
     with pytest.raises(SystemExit):
         dense_main(["--arch", "deepseek_v3"])
-    assert "tp_from_scratch.deepseek.planner" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert COURSE_MAP in capsys.readouterr().err.strip().splitlines()[-1]
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    course = readme[readme.index("## The course"):readme.index("## Headline figures")]
+    assert "-m tp_from_scratch.deepseek.planner" in course

@@ -1,7 +1,7 @@
-"""DeepSeek-V3's entry points (issue 27 item 4): Lesson 6's trainer on Lesson 12's model, in the
-tensor-parallel and the expert-parallel layout, every step's loss equal to one device's; greedy
-generation from a save_pretrained directory equal to transformers'; and Lesson 6's entry points
-refusing a deepseek_v3 model in one line that names Lesson 12's command."""
+"""DeepSeek-V3's entry points: Lesson 6's trainer on Lesson 12's model, in the tensor-parallel and
+the expert-parallel layout, every step's loss equal to one device's; greedy generation from a
+save_pretrained directory equal to transformers'; and Lesson 6's entry points refusing a
+deepseek_v3 model in one line that points to the course map, without naming Lesson 12."""
 import json
 
 import pytest
@@ -23,7 +23,7 @@ def test_training_on_two_simulated_ranks_equals_one_device_at_every_step(layout)
         assert len(losses) == len(expected)
         for step, (loss, ref) in enumerate(zip(losses, expected)):
             assert_matches_reference(torch.tensor(loss, dtype=torch.float64), ref, name=f"{layout} loss at step {step}",
-                                     rank=rank, tol=tolerance(opts.dtype, layers=opts.size("layers"), steps=step))
+                                     rank=rank, tol=tolerance(opts.dtype, layers=opts.model.num_hidden_layers, steps=step))
 
 
 STEPS = 2
@@ -112,14 +112,18 @@ def test_what_the_deepseek_trainer_cannot_do_is_refused_before_any_work(argv, wo
     assert message in (ds_train.validate(ds_train.parse(argv), world) or "")
 
 
+COURSE_MAP = "another model is trained and planned by its own lesson's entry point (see README.md, The course)"
+
+
 @pytest.mark.parametrize("lesson", ["gpt", "sequence_parallel", "partial_sync", "parallelisms"])
-def test_lesson_6_trainers_point_at_lesson_12_for_deepseek(capsys, lesson):
+def test_lesson_6_trainers_list_their_own_architectures_and_point_to_the_course_map(capsys, lesson):
     import importlib
     train = importlib.import_module(f"tp_from_scratch.{lesson}.train")
     with pytest.raises(SystemExit) as exit_:
         train.main(["--arch", "deepseek_v3"])
     assert exit_.value.code == 2
-    assert "error: --arch deepseek_v3 is Lesson 12's model: run" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "argument --arch: 'deepseek_v3' is not one of gpt, gpt2, llama" in err and COURSE_MAP in err
 
 
 @pytest.fixture(scope="module")
@@ -144,12 +148,13 @@ def test_generate_command_equals_transformers_greedy_generate(hf_directory, caps
     assert printed == ",".join(map(str, expected[0].tolist()))
 
 
-def test_lesson_6_generate_and_convert_point_at_lesson_12_for_a_deepseek_directory(hf_directory, capsys, tmp_path):
+def test_lesson_6_generate_and_convert_point_to_the_course_map_for_a_deepseek_directory(hf_directory, capsys):
     from tp_from_scratch.gpt import convert, generate
     _, directory = hf_directory
+    refusal = "model_type 'deepseek_v3': only 'gpt2' and 'llama' checkpoints are supported here"
     with pytest.raises(SystemExit) as exit_:
         generate.main(["--hf", str(directory), "--prompt", "1,2"])
     assert exit_.value.code == 1
-    assert "model_type 'deepseek_v3' is Lesson 12's model: run" in capsys.readouterr().err
-    with pytest.raises(convert.ConversionError, match="Lesson 12's model: run .*deepseek.generate"):
+    assert refusal in capsys.readouterr().err
+    with pytest.raises(convert.ConversionError, match=f"{refusal}.*see README.md, The course"):
         convert.load_hf(directory)

@@ -3,10 +3,12 @@
 A learner reads the package floor by floor. This test reads the imports of every module of
 the library (also those inside functions), of every exercise and of every lesson source, and
 fails when one imports a later lesson, tooling (from lesson code), or the test suite; when the
-top level grows past eight modules; or when the library's imports form a cycle.
+top level grows past eight modules; or when the library's imports form a cycle. It reads the
+words too: no module of a lesson names a later lesson, its package or its architecture.
 It also proves that the things the course writes once are defined once: the sharding plans and
-the architecture presets, the ring all-reduce's byte formula, Korthikanti's activation formula
-and the torch <-> numpy bridge.
+the architecture presets, the ring all-reduce's byte formula, Korthikanti's activation formula,
+the torch <-> numpy bridge, the training step, the mesh, the model-size flags and the start
+and end of a torch process group; and that each role has one file name (check.py, figures.py).
 """
 import ast
 import functools
@@ -34,6 +36,10 @@ LESSON = {
 }
 TOOLING = {"tools", "bench", "demos", "verify"}  # may import any lesson; no lesson imports them
 MAX_TOP_LEVEL_MODULES = 8
+LAST_LESSON = {"layers": 4}   # a package that spans lessons: its last one
+# a module that serves a later lesson than its package's counts as that lesson's (none now: each
+# lesson's code lives in its own package)
+MODULE_LESSON = {}
 
 
 # ---------------------------------------------------------------------------------------
@@ -114,7 +120,9 @@ def component(name):
 
 
 def lesson_of(name):
-    return LESSON.get(component(name), 99)
+    """The lesson of a module: its own entry in MODULE_LESSON, else its package's."""
+    module = resolve(name) or name
+    return MODULE_LESSON.get(module, LESSON.get(component(name), 99))
 
 
 # ---------------------------------------------------------------------------------------
@@ -218,6 +226,18 @@ def test_the_scan_sees_late_imports_and_cycles():
         name for name, _ in imports(PACKAGE / "cost" / "calibrate.py", module_level_only=True)}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert problems_of(PACKAGE / "cost" / "planner.py", 6, tooling_allowed=False)  # cost is Lesson 9
+    # per module: a module marked as a later lesson's is later for whoever imports it
+    MODULE_LESSON["tp_from_scratch.gpt.hooks"] = 12
+    try:
+        assert any("imports tp_from_scratch.gpt.hooks (lesson 12)" in p
+                   for p in problems_of(PACKAGE / "gpt" / "train.py", 6, tooling_allowed=False))
+    finally:
+        del MODULE_LESSON["tp_from_scratch.gpt.hooks"]
+    # the words: a later package as a module path, a later architecture, a later lesson's number
+    assert {"tp_from_scratch.deepseek", "DeepSeek", "Lesson 12"} <= set(
+        later_names_in("from tp_from_scratch.deepseek import x  # DeepSeek-V3, see Lesson 12", 6))
+    assert later_names_in("partial_sync.train and cost/planner.py; the cost of a step", 6) == ["partial_sync.t", "cost/"]
+    assert later_names_in("Lessons 3-4 and 5; Lesson 2; the sync_fraction's partial_sync key", 3) == ["Lessons 3-4 and 5"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -237,6 +257,11 @@ def definitions(name):
 
 
 ONCE = {  # what is written once, and where
+    "train_step": "tp_from_scratch.gpt.step",                  # THE training step
+    "Comparison": "tp_from_scratch.gpt.train",                 # THE --equal-steps verdict
+    "setup_mesh": "tp_from_scratch.gpt.mesh",                  # the one mesh builder (pp = 1: Lesson 6's)
+    "add_model_flags": "tp_from_scratch.gpt.options",          # the model-size flags
+    "torch_main": "tp_from_scratch.comm.launch",               # a torch entry point's start and end
     "PLANS": "tp_from_scratch.gpt.arch",                       # the sharding plan per architecture
     "ARCHS": "tp_from_scratch.gpt.arch",                       # the architecture presets
     "shard_axis": "tp_from_scratch.gpt.arch",
@@ -247,7 +272,8 @@ ONCE = {  # what is written once, and where
 }
 # names the old copies had: none may come back
 GONE = ("ARCH_FIELDS", "_COLUMN", "_ROW", "_VOCAB", "_KV", "_REPLICATED_SUFFIXES", "_to_numpy", "_from_numpy",
-        "_as_numpy")
+        "_as_numpy", "setup_mesh3d", "Mesh3D", "run_and_exit", "train_once", "differs_too_early", "FAMILIES",
+        "RUN_FIELDS")
 
 
 def test_each_plan_preset_formula_and_bridge_is_defined_once():
@@ -272,3 +298,94 @@ def test_formulas_are_not_retyped():
     crossing = [m for m, p in MODULES.items() if m != "tp_from_scratch.compare"
                 and re.search(r"bfloat16.*\.numpy\(\)|view\(torch\.int16\)", source(p))]
     assert crossing == ["tp_from_scratch.nn.collectives"], crossing
+
+
+
+# ---------------------------------------------------------------------------------------
+# Earlier lessons never name later ones
+# ---------------------------------------------------------------------------------------
+
+LATER_ARCHITECTURES = {12: "deepseek"}   # a later lesson's model, by name (deepseek_v3, DeepSeek-V3, ...)
+
+
+def later_names_in(text, lesson):
+    """What ``text`` of a module of ``lesson`` names of a later lesson: its package (as a module
+    path: tp_from_scratch.cost, cost/planner.py, partial_sync.train), its architecture, or
+    "Lesson N" itself."""
+    found = []
+    for package, n in LESSON.items():
+        if n > lesson and package not in ("__init__",):
+            found += [m.group(0) for m in re.finditer(rf"tp_from_scratch[./]{package}\b|(?<![\w.]){package}(?:\.[a-z_]|/)",
+                                                       text)]
+    for n, name in LATER_ARCHITECTURES.items():
+        if n > lesson:
+            found += [m.group(0) for m in re.finditer(name, text, re.IGNORECASE)]
+    for m in re.finditer(r"\bLessons? (\d+(?:\s*(?:-|–|,|and|or|to)\s*\d+)*)", text):
+        if any(int(k) > lesson for k in re.findall(r"\d+", m.group(1))):
+            found.append(m.group(0))
+    return found
+
+
+def test_no_module_of_a_lesson_names_a_later_lesson():
+    # the words, not only the imports: a module of Lesson 6 that says "Lesson 12" or names
+    # deepseek_v3 makes the earlier lesson depend on the later one (shared support, floor 0,
+    # serves every lesson; tooling may name any)
+    problems = []
+    for name, path in MODULES.items():
+        lesson = lesson_of(name)
+        if component(name) in TOOLING or not 1 <= lesson <= 11:
+            continue
+        last = max(lesson, LAST_LESSON.get(component(name), lesson))
+        for number, line in enumerate(source(path).splitlines(), 1):
+            named = later_names_in(line, last)
+            if named:
+                problems.append(f"{path.relative_to(ROOT)}:{number} (lesson {lesson}) names {named}: {line.strip()}")
+    assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------------------
+# Plumbing once: the torch process group, the model-size flags; one name per role
+# ---------------------------------------------------------------------------------------
+
+def calls_of(path, function):
+    """Lines where ``path`` calls ``function`` (a name or an attribute of that name)."""
+    return [node.lineno for node in ast.walk(tree_of(path)) if isinstance(node, ast.Call)
+            and getattr(node.func, "id", getattr(node.func, "attr", None)) == function]
+
+
+# where a process group may start and end: its one constructor, the torch entry point's door
+# (comm.launch.torch_main; spmd_main's finish) and the Comm door (TorchComm());
+# verify's worker is started and restarted by its supervisor, around a store of its own
+PROCESS_GROUP_DOORS = {"tp_from_scratch.comm.process_group", "tp_from_scratch.comm.launch",
+                       "tp_from_scratch.comm.torch_comm", "tp_from_scratch.verify.worker"}
+
+
+def test_a_torch_process_group_starts_and_ends_in_one_place():
+    for function in ("init_process_group", "destroy_process_group"):
+        where = sorted(m for m, p in MODULES.items() if calls_of(p, function))
+        assert set(where) <= PROCESS_GROUP_DOORS, (
+            f"{function} called in {sorted(set(where) - PROCESS_GROUP_DOORS)}: a torch entry point runs "
+            f"through tp_from_scratch.comm.launch.torch_main")
+    assert calls_of(PACKAGE / "comm" / "launch.py", "init_process_group")   # the scan sees the door
+
+
+def test_the_model_size_flags_are_declared_once():
+    from tp_from_scratch.gpt.options import MODEL_FLAGS
+    assert {"--hidden", "--layers", "--heads", "--kv-heads", "--vocab-size", "--seq-len"} <= set(MODEL_FLAGS)
+    problems = []
+    for name, path in MODULES.items():
+        for flag in MODEL_FLAGS:
+            if re.search(rf"""add_argument\(\s*["']{flag}["']""", source(path)):
+                problems.append(f"{path.relative_to(ROOT)} declares {flag}: use gpt.options.add_model_flags")
+        if "._actions" in source(path):   # argparse's private list: re-default with set_defaults
+            problems.append(f"{path.relative_to(ROOT)} edits a parser's ._actions")
+    assert not problems, "\n".join(problems)
+
+
+def test_each_role_has_one_file_name():
+    # checks in check.py, figures in figures.py, "plan" for sharding plans only
+    names = {p.relative_to(PACKAGE).as_posix() for p in library_modules()}
+    wrong = sorted(n for n in names if re.search(r"(^|/)(checks|check_\w+|figures_\w+|diagram|pictures|plan)\.py$", n))
+    assert not wrong, f"{wrong}: checks go in check.py, figures in figures.py, planners in planner.py"
+    plans = sorted(n for n in names if "plan" in n.rsplit("/", 1)[-1])
+    assert all(n.endswith(("dtensor_plan.py", "planner.py")) for n in plans), plans

@@ -11,7 +11,7 @@ from tp_from_scratch.comm import SPMDError, run_spmd
 from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
 from tp_from_scratch.gpt.model import GPTConfig
 from tp_from_scratch.parallelisms import check, cost
-from tp_from_scratch.parallelisms.mesh import coordinates, groups, rank_of
+from tp_from_scratch.gpt.mesh import coordinates, groups, rank_of
 from tp_from_scratch.parallelisms.zero import ZeroOptimizer, chunk_bounds
 
 

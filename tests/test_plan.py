@@ -152,8 +152,8 @@ def test_ring_bytes_equal_the_meter_of_every_simulated_rank(name):
         train.train_on_comm(comm, argv)
         return comm.meter.snapshot()
 
-    args = train.build_parser().parse_args(argv)
-    config = train.config_from_args(args)
+    args = train.parse(argv)
+    config = args.model
     for r, meter in enumerate(run_spmd(rank, t, timeout=60)):
         rows = cost.traffic(config, t, args.batch_size, itemsize=4, tp_rank=r)
         assert meter["by_collective"]["all_reduce"]["calls"] == STEPS * sum(x["calls"] for x in rows)
@@ -182,8 +182,8 @@ def test_dp2_tp2_trainer_reports_the_predicted_bytes():
     argv = ["--tp", "2", "--steps", str(STEPS), "--no-progress", "--collectives", "scratch"]
     out = run_command(torchrun_command(4, "tp_from_scratch.gpt.train", *argv), timeout=120)
     assert out.returncode == 0, out.stdout[-4000:]
-    args = train.build_parser().parse_args(argv)
-    rows = cost.traffic(train.config_from_args(args), 2, args.batch_size, dp=2, itemsize=4)
+    args = train.parse(argv)
+    rows = cost.traffic(args.model, 2, args.batch_size, dp=2, itemsize=4)
     dp = [r for r in rows if r["group"] == "dp"]
     tp = [r for r in rows if r["group"] == "tp"]
     counted = {(r[0], r[1]): r for r in table_rows(out.stdout, "collective               group")}

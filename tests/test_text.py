@@ -35,14 +35,21 @@ def test_tp_training_on_text_follows_one_device():
                                      rank=rank, tol=tolerance("float64", layers=layers_of(argv), steps=step))
 
 
-def test_equal_steps_fails_only_a_run_that_parts_too_early(capsys):
+def test_equal_steps_fails_only_a_run_that_parts_too_early():
     # make demo's verdict: float32 losses equal for 3 steps, then apart by 1e-2 (far above the
     # policy's bound at step 3, 1e-5 x layers x 4 x 1.7)
     losses, ref = [2.0, 1.9, 1.8, 1.71, 1.6], [2.0, 1.9, 1.8, 1.7, 1.6]
-    args = train.parse(["--steps", "5"])
-    assert train.differs_too_early(args, train.config_from_args(args), 0, losses, ref)            # default: every step must be equal
-    assert "steps 0..2 equal to one device; step 3 differs" in capsys.readouterr().out
-    args = train.parse(["--steps", "5", "--equal-steps", "3"])
-    assert not train.differs_too_early(args, train.config_from_args(args), 0, losses, ref)
-    args = train.parse(["--steps", "5", "--equal-steps", "4"])
-    assert train.differs_too_early(args, train.config_from_args(args), 0, losses, ref)
+
+    def verdict(argv):
+        args = train.parse(argv)
+        comparison = train.Comparison(((s, torch.tensor(r)) for s, r in enumerate(ref)), args.dtype,
+                                      args.model.n_layers, args.steps, args.equal_steps)
+        for step, loss in enumerate(losses):
+            comparison.check(step, torch.tensor(loss))
+        return comparison
+
+    comparison = verdict(["--steps", "5"])
+    assert comparison.failed                                      # default: every step must be equal
+    assert "steps 0..2 equal to one device; step 3 differs" in comparison.lines()[-1]
+    assert not verdict(["--steps", "5", "--equal-steps", "3"]).failed
+    assert verdict(["--steps", "5", "--equal-steps", "4"]).failed

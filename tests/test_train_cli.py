@@ -50,7 +50,7 @@ def test_loading_a_checkpoint_of_another_model_fails_clearly(tmp_path, monkeypat
 
     from tp_from_scratch.gpt import checkpoint as ckpt
     from tp_from_scratch.gpt.model import init_gpt
-    config = train.config_from_args(train.parse([]))
+    config = train.parse([]).model
     model = init_gpt(config, 0)
     name = ckpt.new_checkpoint_name(1)
     record = ckpt.write_shard(tmp_path / "ck", name, 0, 1, model.state_dict(),

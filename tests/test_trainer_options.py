@@ -81,7 +81,7 @@ def markov_first_loss(name):
 
 def first_loss(opts):
     """Step 0's loss of the single-device GPT for the settings ``opts``."""
-    return next(train.single_device_run(train.config_from_args(opts), opts))[1]
+    return next(train.single_device_run(opts.model, opts))[1]
 
 
 @pytest.mark.slow
@@ -113,7 +113,7 @@ def test_lesson_8_records_p_and_its_bytes_and_its_checkpoint_belongs_to_its_t_an
     assert "TP bytes per step on rank 0" in out and "t-stream single-device comparison: 50 of 50" in out
     losses = [r for r in records if "loss" in r]
     assert all(r["sync_fraction"] == 0.5 and r["tp_bytes"] > 0 for r in losses)
-    config = train.config_from_args(caat_train.parse(["--data", "text", *SMALL]))
+    config = caat_train.parse(["--data", "text", *SMALL]).model
     meta = ckpt.load_full(tmp / "ck", config, caat_train.description(config, 2, 0.5))["meta"]
     assert meta["sync_fraction"] == 0.5 and meta["tp"] == 2
     with pytest.raises(ckpt.CheckpointError, match="--sync-fraction 0.5 at --tp 2"):
@@ -129,7 +129,7 @@ def test_F3_lesson_8_without_a_launcher_trains_on_text(tmp_path, monkeypatch):
     assert exit_info.value.code == 0
     got = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[0])["loss"]
     text = first_loss(train.parse(["--data", "text", *run]))
-    layers = train.config_from_args(train.parse(["--data", "text", *run])).n_layers
+    layers = train.parse(["--data", "text", *run]).model.n_layers
     assert_matches_reference(torch.tensor(got, dtype=torch.float32), text, name="loss at step 0",
                              tol=tolerance("float32", layers=layers))
     markov = first_loss(train.parse(["--data", "markov", "--vocab-size", 256, *run]))
@@ -199,3 +199,33 @@ def test_every_trainer_refuses_a_shared_option_the_same_way(monkeypatch, capsys,
 ])
 def test_what_a_trainer_cannot_honour_is_refused(monkeypatch, capsys, main, argv, world, message):
     assert message in refusal(entry(main), argv, monkeypatch, capsys, world)
+
+
+# every trainer's --equal-steps verdict, in-process in a world of one: the per-step check is made
+# to fail from step 1 on, so each entry point must print where the runs part and exit 0 when the
+# first N steps are still equal (--equal-steps 1), 1 when they are not (--equal-steps 2)
+TINY_GPT = ["--hidden", 16, "--heads", 2, "--kv-heads", 1, "--layers", 1, "--seq-len", 8]
+ENTRY_POINTS = {"gpt.train": TINY_GPT, "sequence_parallel.train": TINY_GPT, "partial_sync.train": TINY_GPT,
+                "parallelisms.train": TINY_GPT, "deepseek.train": ["--seq-len", 8]}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("equal_steps, status", [(1, 0), (2, 1)])
+@pytest.mark.parametrize("name", list(ENTRY_POINTS))
+def test_every_trainer_prints_the_same_equal_steps_verdict_and_exits_by_it(monkeypatch, capsys, name,
+                                                                            equal_steps, status):
+    import importlib
+    monkeypatch.setenv("WORLD_SIZE", "1")   # Lesson 8's trainer: launched, not simulated
+    for var in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(train, "verdict", lambda loss, ref, step, tol: (step < 1, "equal" if step < 1 else "DIFFERS"))
+    main = importlib.import_module(f"tp_from_scratch.{name}").main
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in ["--steps", 3, "--compare-single", "--equal-steps", equal_steps, "--batch-size", 2,
+                               "--no-progress", *ENTRY_POINTS[name]]])
+    out = capsys.readouterr().out
+    verdict = next((line for line in out.splitlines() if line.startswith("steps 0..0 equal to one device")), None)
+    assert verdict is not None and "step 1 differs" in verdict, out[-2000:]
+    assert verdict.endswith(" (allowed by --equal-steps 1)") == (equal_steps == 1), verdict
+    assert "comparison (tolerance" in out   # the header the verdict line stands under
+    assert exit_info.value.code == status, out[-2000:]

@@ -13,7 +13,7 @@ Adding the t partial sums gives Y, but in a different summation order than one l
 dot product, so the result matches only up to rounding (see tp_from_scratch.compare).
 
 There is no communication here yet: the shards are an explicit Python list, one entry
-per device. Lesson 2 turns "concatenate" into all_gather and "add" into all_reduce.
+per device. Next, "concatenate" becomes all_gather and "add" all_reduce: collectives.
 """
 import numpy as np
 

@@ -45,7 +45,7 @@ from tp_from_scratch.gpt.model import GPT, GPTConfig, shard_axis, shard_tensor
 
 ARGV = ["--steps", "50", "--dtype", "float32"]       # the defaults of `.venv/bin/python -m tp_from_scratch.gpt.train`
 args = train.parse(ARGV)                             # the settings (train.TrainConfig)
-config = train.config_from_args(args)
+config = args.model
 print(config)"""),
     new_markdown_cell(r"""## 1. Where the weights live
 

@@ -199,7 +199,7 @@ on 3 simulated ranks (an uneven vocabulary split, so the ranks send different am
 meter of every rank agrees to the byte:"""),
     new_code_cell("""argv = ["--tp", "3", "--steps", "2", "--hidden", "48", "--heads", "6", "--kv-heads", "3"]
 args = train.build_parser().parse_args(argv)
-config = train.config_from_args(args)
+config = args.model
 
 def one_rank(comm):
     train.train_on_comm(comm, argv)

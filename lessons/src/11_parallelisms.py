@@ -33,8 +33,8 @@ rank, bytes per step, step time and bubble. Then we ask the question learners as
 *why not FSDP, and when do I add a pipeline?*
 
 Where things are:
-* `tp_from_scratch/parallelisms/mesh.py`: the dp x pp x tp mesh and its rank layout;
-* `zero.py`: ZeRO-1 and ZeRO-2 from scratch; `train.py`: the trainer
+* `tp_from_scratch/gpt/mesh.py`: the dp x pp x tp mesh and its rank layout (Lesson 6's is its pp = 1 case);
+* in `tp_from_scratch/parallelisms/`: `zero.py`: ZeRO-1 and ZeRO-2 from scratch; `train.py`: the trainer
   (`.venv/bin/python -m tp_from_scratch.parallelisms.train --dp D --pp P --tp T [--ddp] [--zero 1|2]
   [--schedule gpipe|1f1b --micro-batches M]`), which reuses Lesson 6's loop;
 * `pipeline.py`, `schedules.py`: the pipeline (GPipe and 1F1B from send/recv);
@@ -61,7 +61,7 @@ from tp_from_scratch.parallelisms import check, cost
 from tp_from_scratch.parallelisms.compare import table
 from tp_from_scratch.parallelisms.figures import draw_holdings, draw_schedules, draw_timeline
 from tp_from_scratch.parallelisms.pipeline import PipelineStage, forward_backward, stage_layers
-from tp_from_scratch.parallelisms.mesh import coordinates, groups
+from tp_from_scratch.gpt.mesh import coordinates, groups
 from tp_from_scratch.parallelisms.schedules import bubble, bubble_formula, format_schedule, one_f_one_b, gpipe, simulate
 
 MEASURED = json.loads((REPO / "lessons/measurements/parallelisms.json").read_text())

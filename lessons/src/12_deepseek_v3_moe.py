@@ -121,7 +121,7 @@ d. Everything that must happen follows:
 3. Each rank runs its experts on what arrived, then **combine** is the same all-to-all run
    backwards (counts swapped): every row returns to the rank and position it came from, where
    it is weighted by the router and summed. As an autograd function, the backward of dispatch
-   *is* combine and vice versa (`nn.mappings.AllToAll`).
+   *is* combine and vice versa (`deepseek.autograd.AllToAll`).
 
 Bytes a rank sends in one forward: its off-rank pairs go out and as many rows come back from
 others' tokens: $2\,(\text{off-rank pairs})\,H\,b$, plus $(t-1)\,E/t \times 8$ for the counts.

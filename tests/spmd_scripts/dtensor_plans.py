@@ -26,6 +26,7 @@ from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.comm.process_group import exit_now
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.dtensor_plan import loss_context, parallelize_gpt, parallelize_gpt_vocab
+from tp_from_scratch.comm.process_group import init_process_group
 from tp_from_scratch.gpt.mesh import setup_mesh
 from tp_from_scratch.gpt.model import GPTConfig, init_gpt
 from tp_from_scratch.sequence_parallel.dtensor_plan import parallelize_gpt_sp, report
@@ -75,6 +76,7 @@ def main():
     parser = argparse.ArgumentParser(prog="python -m tests.spmd_scripts.dtensor_plans")
     parser.add_argument("--write", metavar="JSON", help="Lesson 7's collective counts, written here")
     args = parser.parse_args()
+    init_process_group("cpu")   # torch_main's start, without its exit: this script exits itself
     mesh = setup_mesh(2, dtensor=True)
     failures = 0
     try:

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from tp_from_scratch.gpt import train
+from tp_from_scratch.comm.process_group import init_process_group
 from tp_from_scratch.gpt.mesh import setup_mesh
 
 STEPS = 50
@@ -35,13 +36,14 @@ def main():
     out = Path(sys.argv[1])
     status = 0
     try:
+        init_process_group("cpu", 60)   # torch_main's start, without its exit: this script exits itself
         meshes = {tp: setup_mesh(tp, timeout=60, dtensor=True) for tp in (4, 2)}
         for name, tp, flags in RUNS:
             at25 = next(iter(sorted((out / "ckpt").glob("step_00000025-*"))), None)
             argv = [f.format(dir=out, at25=at25) for f in flags]
             opts = train.parse([*argv, "--tp", str(tp), "--steps", str(STEPS), "--no-progress", "--timeout", "60",
                                 "--metrics", str(out / f"{name}.jsonl")])
-            status |= train.run(opts, train.config_from_args(opts), meshes[tp])
+            status |= train.run(opts, meshes[tp])
             if meshes[tp].rank == 0:
                 print(f"ran {name}", flush=True)
     finally:

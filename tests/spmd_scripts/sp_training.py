@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from tp_from_scratch.compare import assert_matches_reference, tolerance
 from tp_from_scratch.gpt import train as lesson6
+from tp_from_scratch.comm.process_group import init_process_group
 from tp_from_scratch.gpt.mesh import setup_mesh
 from tp_from_scratch.sequence_parallel import train as lesson7
 
@@ -58,13 +59,13 @@ def checkpoint_round_trip(root, meshes, failures):
     ]
     for i, (name, trainer, tp, extra) in enumerate(runs):
         args = trainer_args(trainer, "--tp", tp, "--metrics", root / f"metrics{i}.jsonl", *extra)
-        status = trainer.run(args, lesson6.config_from_args(args), meshes[tp])
+        status = trainer.run(args, meshes[tp])
         checked(f"float64 {name}", status, meshes[tp], failures)
     if meshes[2].rank != 0:
         return
     args = trainer_args(lesson6, "--steps", 60, "--dtype", "float64")
     expected = {step: loss.item() for step, loss in
-                lesson6.single_device_run(lesson6.config_from_args(args), args)}
+                lesson6.single_device_run(args.model, args)}
     got = {}
     for i in range(len(runs)):
         got.update(losses_from(root / f"metrics{i}.jsonl"))
@@ -74,7 +75,7 @@ def checkpoint_round_trip(root, meshes, failures):
             assert_matches_reference(torch.tensor(loss, dtype=torch.float64),
                                      torch.tensor(expected[step], dtype=torch.float64),
                                      name=f"loss at step {step} of the save/load chain",
-                                     tol=tolerance("float64", layers=lesson6.config_from_args(args).n_layers,
+                                     tol=tolerance("float64", layers=args.model.n_layers,
                                                    steps=step))
         print("check checkpoint chain against one uninterrupted single-device run: ok", flush=True)
     except AssertionError as e:
@@ -88,19 +89,20 @@ def main():
     opts = p.parse_args()
     failures = []
     try:
+        init_process_group("cpu", 60)   # torch_main's start, without its exit: this script exits itself
         meshes = {tp: setup_mesh(tp, timeout=60, dtensor=True) for tp in (4, 2)}
         args = trainer_args(lesson7, "--tp", 4, "--steps", 50, "--dtype", "float32",
                             "--recompute-attention", "--compare-single", layers=1)
         checked("float32 ours (recomputed attention), 50 steps",
-                lesson7.run(args, lesson6.config_from_args(args), meshes[4]), meshes[4], failures)
+                lesson7.run(args, meshes[4]), meshes[4], failures)
         args = trainer_args(lesson7, "--tp", 4, "--steps", 5, "--dtype", "float64", "--impl", "dtensor",
                             "--compare-single", layers=1)
-        checked("float64 dtensor, 5 steps", lesson7.run(args, lesson6.config_from_args(args), meshes[4]),
+        checked("float64 dtensor, 5 steps", lesson7.run(args, meshes[4]),
                 meshes[4], failures)
         checkpoint_round_trip(opts.checkpoint, meshes, failures)
         args = trainer_args(lesson7, "--tp", 2, "--steps", 5, "--dtype", "float32", "--impl", "dtensor",
                             "--compare-single", layers=2)
-        checked("float32 dtensor dp=2 x tp=2, 5 steps", lesson7.run(args, lesson6.config_from_args(args), meshes[2]),
+        checked("float32 dtensor dp=2 x tp=2, 5 steps", lesson7.run(args, meshes[2]),
                 meshes[2], failures)
     finally:
         dist.destroy_process_group()

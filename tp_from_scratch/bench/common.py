@@ -79,14 +79,14 @@ def write_report(comm, args, backend, rows, say):
 def timed_steps(model, optimizer, batches, context=contextlib.nullcontext, losses=None):
     """Seconds per step over ``batches`` (a barrier before and after, so all ranks agree).
 
-    Each step is Lesson 6's (gpt.train.train_step). context: what forward and backward run
+    Each step is Lesson 6's (gpt.step.train_step). context: what forward and backward run
     inside (loss_parallel for the vocab-sharded DTensor plan); losses: a list the step losses
     are appended to (read after the timing stops).
     """
     # here: the message benchmarks that share this file need neither torch nor the trainer
     import torch.distributed as dist
 
-    from tp_from_scratch.gpt.train import train_step
+    from tp_from_scratch.gpt.step import train_step
     dist.barrier()
     t0 = time.perf_counter()
     kept = [train_step(model, optimizer, x, y, context=context) for x, y in batches]

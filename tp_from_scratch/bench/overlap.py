@@ -40,6 +40,7 @@ import torch
 from tp_from_scratch import collectives
 from tp_from_scratch.bench.common import write_report
 from tp_from_scratch.comm import spmd_main
+from tp_from_scratch.gpt.options import add_model_flags
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.overlap.collective_matmul import Steps
 from tp_from_scratch.overlap.collective_matmul_nn import all_gather_linear, linear_reduce_scatter
@@ -200,7 +201,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m tp_from_scratch.bench overlap", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=1024, help="B*T rows of X")
-    parser.add_argument("--hidden", type=int, default=2048, help="input features (the all-reduced dX's width)")
+    add_model_flags(parser, title="sizes", only=("hidden",), defaults=dict(hidden=2048),
+                    helps=dict(hidden="input features H (the all-reduced dX's width)"))
     parser.add_argument("--out", type=int, default=256, help="output features over all ranks")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=20)

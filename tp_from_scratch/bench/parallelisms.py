@@ -50,10 +50,11 @@ STRATEGIES = [  # (label, trainer flags)
 
 def worker(outdir, steps, labels):
     """Under torchrun: train every strategy in ``labels`` on this world, rank 0 writing each record."""
-    from tp_from_scratch.gpt import train as lesson6
+    from tp_from_scratch.comm.launch import torch_main
+    from tp_from_scratch.gpt.mesh import setup_mesh
     from tp_from_scratch.parallelisms import train
-    from tp_from_scratch.parallelisms.mesh import setup_mesh3d
-    try:
+
+    def every_strategy():
         for label, flags in STRATEGIES:
             if label not in labels:
                 continue
@@ -62,14 +63,13 @@ def worker(outdir, steps, labels):
             problem = train.validate(args, RANKS)
             if problem:
                 raise ValueError(f"{label}: {problem}")
-            mesh = setup_mesh3d(*train.degrees(args, RANKS), args.device, args.timeout)
-            out = train.train_once(args, lesson6.config_from_args(args), mesh)
+            mesh = setup_mesh(args.tp, args.device, args.timeout, pp=args.pp)
+            measured = train.MeshRun(args, mesh)
+            train.run(args, mesh, measured)
             if mesh.rank == 0:
-                (Path(outdir) / (label.replace(" ", "_") + ".json")).write_text(json.dumps(out["record"]))
+                (Path(outdir) / (label.replace(" ", "_") + ".json")).write_text(json.dumps(measured.record))
                 print(f"  measured {label}", flush=True)
-    finally:
-        import torch.distributed as dist
-        dist.destroy_process_group()
+    torch_main(every_strategy, timeout=300)
 
 
 def measure_all(labels, steps, timeout, workdir):

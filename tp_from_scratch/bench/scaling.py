@@ -35,7 +35,9 @@ import torch.distributed as dist
 from tp_from_scratch.cost.model import load_profile, predict_step
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.inventory import parameter_count
-from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.model import gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.options import add_model_flags, model_config
+from tp_from_scratch.gpt.step import train_step
 
 @dataclass(frozen=True)
 class Launch:
@@ -61,9 +63,7 @@ def parse(argv):
     p = argparse.ArgumentParser(prog="python -m tp_from_scratch.bench scaling", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="128,256,384,512,768,1024", help="hidden sizes H, comma-separated")
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--vocab-size", type=int, default=512)
+    add_model_flags(p, only=("n_layers", "seq_len", "vocab_size"), defaults=dict(n_layers=2, seq_len=128, vocab_size=512))
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps-per-round", type=int, default=3)
@@ -81,15 +81,7 @@ def config_for(hidden, args):
     """A GPT of hidden size H with heads of about 64 (a multiple of 4 of them) and 4 KV heads,
     so that every size splits over t = 2 and t = 4."""
     heads = max(4, hidden // 64 // 4 * 4)
-    return GPTConfig(vocab_size=args.vocab_size, seq_len=args.seq_len, n_layers=args.layers,
-                     hidden=hidden, n_heads=heads, n_kv_heads=4)
-
-
-def step(model, optimizer, x, y):
-    optimizer.zero_grad(set_to_none=True)
-    _, loss = model(x, y)
-    loss.backward()
-    optimizer.step()
+    return model_config(args, hidden=hidden, n_heads=heads, n_kv_heads=4)
 
 
 def timed(model, optimizer, batches, threads, solo, barrier):
@@ -101,7 +93,7 @@ def timed(model, optimizer, batches, threads, solo, barrier):
             if not solo:
                 barrier()
             start = time.perf_counter()
-            step(model, optimizer, x, y)
+            train_step(model, optimizer, x, y)   # Lesson 6's step
             times.append(time.perf_counter() - start)
         torch.set_num_threads(1)
     barrier()  # a solo run's idle rank waits here
@@ -159,17 +151,16 @@ def main(argv=None):
                                     f".venv/bin/mpiexec -n {comm.world_size} .venv/bin/python"))
         finally:
             comm.close()
-    from tp_from_scratch.comm.process_group import init_process_group
-    init_process_group("cpu", timeout=600)
-    try:
-        if dist.get_world_size() < 2:
-            raise SystemExit("bench scaling runs on 2 (or more) processes: torchrun --standalone --nproc-per-node 2 ...")
+    from tp_from_scratch.comm.launch import torch_main
+
+    def on_torch():
         world = dist.get_world_size()
+        if world < 2:
+            raise SystemExit("bench scaling runs on 2 (or more) processes: torchrun --standalone --nproc-per-node 2 ...")
         launch = Launch(dist.get_rank(), world, dist.group.WORLD, dist.barrier, "native",
                         f".venv/bin/torchrun --standalone --nproc-per-node {world}")
         return trace(args) if args.trace else run(args, launch)
-    finally:
-        dist.destroy_process_group()
+    torch_main(on_torch, timeout=600)
 
 
 def run(args, launch):
@@ -182,7 +173,7 @@ def run(args, launch):
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the start (other "
         f"programs' work slows every run; the runs alternate so that it falls on all alike)")
-    say(f"GPT layers={args.layers} T={args.seq_len} V={args.vocab_size} B={args.batch_size}, "
+    say(f"GPT layers={args.n_layers} T={args.seq_len} V={args.vocab_size} B={args.batch_size}, "
         f"{args.rounds} rounds x {args.steps_per_round} steps, best ms per step (medians in --json); "
         f"profile: {profile['name'] if profile else 'none (run cost.planner --calibrate)'}; tp{world}'s all-reduce: "
         f"{'our ring over MPI (mpiexec)' if launch.collectives == 'mpi' else 'native gloo (torchrun)'}")
@@ -324,7 +315,7 @@ def profiled_steps(model, optimizer, batches, solo, rank):
             if not solo:
                 dist.barrier()
             with record_function("step"):
-                step(model, optimizer, x, y)
+                train_step(model, optimizer, x, y)
     if solo:
         dist.barrier()
     return prof, prof.events()
@@ -340,7 +331,7 @@ def trace(args):
     out_dir.mkdir(parents=True, exist_ok=True)
     say = print if rank == 0 else (lambda *a, **k: None)
     profile = load_profile(args.profile) if Path(args.profile).exists() else None
-    say(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; GPT layers={args.layers} "
+    say(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; GPT layers={args.n_layers} "
         f"T={args.seq_len} V={args.vocab_size} B={args.batch_size}; fastest of {args.rounds} rounds x "
         f"{args.steps_per_round} profiled steps; ms per step on rank 0")
     sizes, report = [int(h) for h in args.sizes.split(",")], []

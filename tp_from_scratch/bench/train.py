@@ -29,21 +29,18 @@ import torch
 import torch.distributed as dist
 
 from tp_from_scratch.bench.common import timed_steps
-from tp_from_scratch.comm.process_group import init_process_group
+from tp_from_scratch.comm.launch import torch_main
 from tp_from_scratch.gpt.data import global_batch
-from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt
-from tp_from_scratch.gpt.options import at_least, first_problem, greater_than_zero, parse_valid_args, positive
+from tp_from_scratch.gpt.model import gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.options import (add_model_flags, at_least, first_problem, greater_than_zero, model_config,
+                                         parse_valid_args, positive)
 
 
 def parse(argv):
     p = argparse.ArgumentParser(prog="python -m tp_from_scratch.bench train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--vocab-size", type=int, default=512)
+    add_model_flags(p, only=("hidden", "n_layers", "n_heads", "n_kv_heads", "seq_len", "vocab_size"),
+                    defaults=dict(hidden=128, n_layers=2, n_heads=8, n_kv_heads=4, seq_len=64, vocab_size=512))
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps-per-round", type=int, default=10)
@@ -56,11 +53,6 @@ def parse(argv):
                         "DTensor's SequenceParallel plan (bench/sequence_parallel.py)")
     p.add_argument("--losses", help="write {version: [loss of every step, in order]} here (rank 0)")
     return parse_valid_args(p, validate, argv)
-
-
-def model_config(args):
-    return GPTConfig(vocab_size=args.vocab_size, seq_len=args.seq_len, n_layers=args.layers,
-                     hidden=args.hidden, n_heads=args.heads, n_kv_heads=args.kv_heads)
 
 
 def validate(args, world):
@@ -78,11 +70,7 @@ def validate(args, world):
 
 def main(argv=None):
     args = parse(argv)
-    init_process_group("cpu", args.timeout)
-    try:
-        return run(args)
-    finally:
-        dist.destroy_process_group()
+    torch_main(lambda: run(args), timeout=args.timeout)
 
 
 def run(args):

@@ -29,7 +29,7 @@ from .errors import (CollectiveMismatchError, CommError, CommTimeoutError, Deadl
                      SPMDError)
 from .meter import Meter, Traffic
 from .simulated import SimulatedComm, run_spmd
-from .launch import comm_from_env, spmd_main
+from .launch import comm_from_env, spmd_main, torch_main
 
 
 def __getattr__(name):
@@ -46,7 +46,7 @@ def __getattr__(name):
 
 __all__ = [
     "Comm", "Meter", "Traffic", "SimulatedComm", "MPIComm", "TorchComm", "run_spmd",
-    "comm_from_env", "spmd_main", "SPMDError", "CommError", "DeadlockError",
+    "comm_from_env", "spmd_main", "torch_main", "SPMDError", "CommError", "DeadlockError",
     "CommTimeoutError", "CollectiveMismatchError", "Fingerprint", "timeout_from_env",
     "debug_from_env",
 ]

@@ -5,6 +5,9 @@
     spmd_main(fn)     run fn(comm) in a script; on an exception print "rank R failed: ..." and
                       bring every rank down quickly (MPI Abort, or a non-zero exit that makes
                       torchrun stop the others).
+    torch_main(run)   the same door for a torch entry point (a trainer, a check, a benchmark):
+                      start the default process group (torchrun's, or a world of one), run,
+                      one line "rank R: error: ..." for bad input, tear down, exit status.
 """
 import os
 import sys
@@ -105,3 +108,42 @@ def check_main(report, world_sizes=(1, 2, 3, 4)):
     from .simulated import run_spmd
     for t in world_sizes:
         run_spmd(report, t)
+
+
+def torch_main(run, device="cpu", timeout=None, errors=(), quick_exit=False):
+    """The main of a torch.distributed entry point: start the default process group (torchrun's,
+    or a world of one under plain ``python -m``), ``status = run()``, destroy the group, and exit
+    with the status (None counts as 0).
+
+    errors: the exception types that are bad input met once work began (a checkpoint, a model
+    file): one line ``rank R: error: <message>`` on stderr and status 1. Any other exception is
+    ``rank R failed: <traceback>`` and status 1 at once, so torchrun stops the other ranks; in
+    a world of one (no launcher) it propagates as usual. quick_exit: under torchrun, leave
+    without the interpreter's teardown (process_group.exit_now), where gloo's threads can abort
+    a job that has finished (seen with DTensor's device meshes).
+    """
+    import torch.distributed as dist
+
+    from .process_group import exit_now, init_process_group
+    init_process_group(device, timeout)
+    rank = dist.get_rank()
+    try:
+        status = run()
+    except errors as error:
+        sys.stderr.write(f"rank {rank}: error: {error}\n")
+        status = 1
+    except SystemExit:  # run's own exit status
+        dist.destroy_process_group()
+        raise
+    except BaseException:  # noqa: BLE001 - any failure must end the whole job
+        if launcher_from_env() is None:
+            dist.destroy_process_group()
+            raise
+        sys.stderr.write(f"rank {rank} failed: {traceback.format_exc()}")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(1)  # a peer may wait in a collective: no teardown that could wait for it
+    dist.destroy_process_group()
+    if quick_exit and launcher_from_env() is not None:
+        exit_now(status or 0)
+    sys.exit(status or 0)

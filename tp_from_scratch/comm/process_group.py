@@ -4,12 +4,13 @@
                                  process, LOCAL_RANK's); from torchrun's environment, or a
                                  world of one process when there is none
     new_group(ranks)             a sub-group (a TP or DP group of a mesh), same timeout
+    local_device(device)         this process's torch.device: the CPU, or LOCAL_RANK's GPU
     exit_now(code)               leave a worker whose groups are destroyed, skipping the
                                  interpreter's teardown (where gloo's threads can abort it)
 
 The timeout is the ``timeout`` argument in seconds, else TP_TIMEOUT, else 30 s: a collective
 that a peer never joins fails with an error instead of waiting forever. Used by the
-communicators, the trainer's mesh, the checks, the demos, the benchmarks and the doctor.
+communicators (comm/torch_comm.py) and every torch entry point (comm/launch.py's torch_main).
 """
 import os
 import sys
@@ -41,13 +42,20 @@ def init_process_group(device="cpu", timeout=None):
         return dist.get_backend()
     backend = backend_for(device)
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(local_device("cuda"))
     if "RANK" in os.environ:
         dist.init_process_group(backend, timeout=_timedelta(timeout))
     else:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",
                                 rank=0, world_size=1, timeout=_timedelta(timeout))
     return backend
+
+
+def local_device(device="cpu"):
+    """torch.device("cpu"), or for "cuda" the GPU of this process (torchrun's LOCAL_RANK; one per process)."""
+    if device is not None and torch.device(device).type == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
 
 
 def new_group(ranks, timeout=None):

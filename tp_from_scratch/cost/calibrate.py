@@ -164,6 +164,7 @@ def measure_step_overhead(depths=(1, 4), repeats=15):
     import torch
 
     from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+    from tp_from_scratch.gpt.step import train_step
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     seconds = []
@@ -176,10 +177,7 @@ def measure_step_overhead(depths=(1, 4), repeats=15):
             times = []
             for _ in range(repeats + 2):
                 start = time.perf_counter()
-                optimizer.zero_grad(set_to_none=True)
-                _, loss = model(x, x)
-                loss.backward()
-                optimizer.step()
+                train_step(model, optimizer, x, x)   # Lesson 6's step
                 times.append(time.perf_counter() - start)
             seconds.append(min(times[2:]))
     finally:
@@ -234,12 +232,7 @@ def calibrate_worker(out_path):
     """Run under torchrun: gloo's native all-reduce and ours over TorchComm (lockstep_fit), and
     the matmul rate of one process while the others multiply too. Under mpiexec: our ring
     all-reduce over MPI's point-to-point messages (key "mpi")."""
-    from tp_from_scratch import collectives
     from tp_from_scratch.comm.launch import launcher_from_env
-
-    def ours(comm):
-        return lambda x: collectives.all_reduce(comm, x.numpy())
-
     if launcher_from_env() == "mpi":
         from tp_from_scratch.comm.mpi import MPIComm
         comm = MPIComm(timeout=120)
@@ -251,11 +244,21 @@ def calibrate_worker(out_path):
             Path(out_path).write_text(json.dumps(result))
         return
 
+    from tp_from_scratch.comm.launch import torch_main
+    torch_main(lambda: measure_on_torch(out_path), timeout=120)
+
+
+def ours(comm):
+    """Our ring all-reduce on ``comm``, as lockstep_fit calls an all-reduce (a float32 tensor)."""
+    from tp_from_scratch import collectives
+    return lambda x: collectives.all_reduce(comm, x.numpy())
+
+
+def measure_on_torch(out_path):
+    """Under torchrun: the concurrent matmul rate and both all-reduces' fits; rank 0 writes them."""
     import torch.distributed as dist
 
     from tp_from_scratch.comm import TorchComm
-    from tp_from_scratch.comm.process_group import init_process_group
-    init_process_group("cpu", timeout=120)
     p, rank = dist.get_world_size(), dist.get_rank()
     comm = TorchComm()
     try:
@@ -269,7 +272,6 @@ def calibrate_worker(out_path):
                   "scratch": lockstep_fit(ours(comm), dist.barrier, p)}
     finally:
         comm.close()
-        dist.destroy_process_group()
     if rank == 0:
         Path(out_path).write_text(json.dumps(result))
 

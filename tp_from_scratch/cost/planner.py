@@ -12,7 +12,8 @@
     # the run the trainer would make with the same flags, on that measured profile
     .venv/bin/python -m tp_from_scratch.cost.planner --tp 2 --profile runs/profile.json
 
-The model flags are the trainer's (tp_from_scratch.gpt.train), so you plan the run you launch.
+The model flags are the trainer's (gpt/options.py declares both), so you plan the run you launch;
+--arch takes this lesson's architectures (another model's lesson has its own planner).
 What it prints, for a model of V vocab, T positions, L layers, H hidden, nh / nkv heads of
 size hs, F ffn, with t TP ranks, B sequences per DP rank:
 
@@ -29,9 +30,6 @@ size hs, F ffn, with t TP ranks, B sequences per DP rank:
   + a measured per-step overhead (fixed + per layer: Python, autograd, the optimizer's loop);
 * the TP degree at which one layer's communication takes longer than its compute.
 
-DeepSeek-V3 (--arch deepseek_v3) is planned by Lesson 12's planner, on these formulas:
-    .venv/bin/python -m tp_from_scratch.deepseek.planner
-
 The predicted time assumes no overlap of compute and communication: our trainer has none.
 """
 import argparse
@@ -45,9 +43,9 @@ from tp_from_scratch.cost.calibrate import calibrate
 from tp_from_scratch.cost.model import (ELEMENTWISE_PASSES, PRECISIONS, PRESETS, activation_bytes,  # noqa: F401
                                         crossover_tp, elementwise_elements, load_profile, memory_per_rank,
                                         predict_step, traffic, valid_tp_degrees)
-from tp_from_scratch.gpt.arch import ARCHS
 from tp_from_scratch.gpt.inventory import architecture, parameter_count, parameters, rounded  # noqa: F401
-from tp_from_scratch.gpt.options import at_least, divides, first_problem, json_file, parse_valid_args, positive
+from tp_from_scratch.gpt.options import (add_model_flags, divides, first_problem, json_file, model_config,
+                                         model_flag_problem, parse_valid_args, positive)
 
 MEASURED = "runs/profile.json"  # where --calibrate writes, and the profile used when it exists
 
@@ -55,37 +53,14 @@ MEASURED = "runs/profile.json"  # where --calibrate writes, and the profile used
 # Command line
 # ---------------------------------------------------------------------------------------
 
-def add_model_flags(parser):
-    """The trainer's model-size flags (tp_from_scratch.gpt.train), same names and defaults."""
-    from tp_from_scratch.gpt.model import GPTConfig
-    d = GPTConfig()
-    g = parser.add_argument_group("model size (the trainer's flags)")
-    g.add_argument("--vocab-size", type=int, default=d.vocab_size)
-    g.add_argument("--seq-len", type=int, default=d.seq_len)
-    g.add_argument("--layers", type=int, default=d.n_layers)
-    g.add_argument("--hidden", type=int, default=d.hidden)
-    g.add_argument("--heads", type=int, default=d.n_heads)
-    g.add_argument("--kv-heads", type=int, default=None, help=f"default {d.n_kv_heads} (gpt2: --heads)")
-    g.add_argument("--ffn", type=int, default=0, help="0: 4 x hidden")
-    g.add_argument("--untied", action="store_true", help="an LM head of its own (llama: always)")
-    g.add_argument("--gelu", choices=["erf", "tanh"], default="erf", help="accepted; no effect on any count")
-    g.add_argument("--batch-size", type=int, default=8, help="global batch B (split over dp)")
-
-
 def config_from_args(args):
-    """The GPTConfig the trainer would build from these flags, as architecture ``--arch``."""
-    from tp_from_scratch.gpt.model import GPTConfig
-    kv = args.kv_heads or (args.heads if args.arch == "gpt2" else min(GPTConfig().n_kv_heads, args.heads))
-    return GPTConfig(vocab_size=args.vocab_size, seq_len=args.seq_len, n_layers=args.layers, hidden=args.hidden,
-                     n_heads=args.heads, n_kv_heads=kv, ffn=args.ffn, arch=args.arch,
-                     **({"tie_embeddings": False} if args.untied else {}))
+    """The GPTConfig the trainer would build from these flags (gpt.options.model_config)."""
+    return model_config(args)
 
 
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m tp_from_scratch.cost.planner", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arch", choices=list(dict.fromkeys([*ARCHS, "deepseek_v3"])), default="gpt",
-                   help="gpt: this course's model (deepseek_v3: Lesson 12's planner, see below)")
     p.add_argument("--tp", type=int, default=1, help="the TP degree to predict the step time of")
     p.add_argument("--dp", type=int, default=1)
     p.add_argument("--dtype", choices=["float32", "float64", "bfloat16"], default="float32",
@@ -97,24 +72,18 @@ def build_parser():
     p.add_argument("--collectives", choices=["native", "scratch", "mpi"], default="native",
                    help="whose all-reduce: gloo's, ours over gloo, ours over MPI (from --calibrate)")
     p.add_argument("--calibrate", action="store_true", help=f"measure this machine, write --profile ({MEASURED})")
-    add_model_flags(p)
+    p.add_argument("--batch-size", type=int, default=8, help="global batch B (split over dp)")
+    # the trainer's model flags; --kv-heads not given: the architecture's (gpt2: --heads)
+    add_model_flags(p, defaults={"n_kv_heads": None}, helps={"n_kv_heads": "default: gpt2 --heads, else 4"})
     return p
-
-
-# a mixture-of-experts is planned by Lesson 12's planner, built on this one's formulas
-MOE_PLANNER = ".venv/bin/python -m tp_from_scratch.deepseek.planner"
 
 
 def validate(args, world=1):
     """The first problem with the flags, as one sentence (gpt.options' rules); None if fine."""
-    if args.arch == "deepseek_v3":
-        return f"--arch deepseek_v3: a mixture-of-experts with latent attention; plan it with {MOE_PLANNER}"
     problem = first_problem(*(positive(flag, getattr(args, name)) for flag, name in (
-        ("--tp", "tp"), ("--dp", "dp"), ("--batch-size", "batch_size"), ("--vocab-size", "vocab_size"),
-        ("--seq-len", "seq_len"), ("--layers", "layers"), ("--hidden", "hidden"), ("--heads", "heads"),
-        ("--kv-heads", "kv_heads"))),
-        divides("--dp", args.dp, args.batch_size, "the batch size"),  # as the trainer splits it
-        at_least("--ffn", args.ffn, 0))  # 0: 4 x hidden
+        ("--tp", "tp"), ("--dp", "dp"), ("--batch-size", "batch_size"))),
+        model_flag_problem(args),
+        divides("--dp", args.dp, args.batch_size, "the batch size"))  # as the trainer splits it
     if problem or args.calibrate:
         return problem
     try:

@@ -7,10 +7,11 @@
                         the inference layout (own experts on all tokens, one all-reduce),
                         expert tensor parallel (every expert split), and their traffic
     dispatch.py         expert parallelism's dispatch and combine in numpy (Exercise 12's reference)
+    autograd.py         the all-to-all with uneven counts in torch, and as an autograd Function
     mla.py              multi-head latent attention with its heads split, and the latent cache
     model.py            DeepSeek-V3 on t ranks, equal to transformers' DeepseekV3ForCausalLM;
                         state dicts and save_pretrained files in and out; greedy generation
-    plan.py             the planner: exact parameters, memory per rank under TP and EP, and TP's
+    planner.py          the planner: exact parameters, memory per rank under TP and EP, and TP's
                         bytes per token against EP's: .venv/bin/python -m tp_from_scratch.deepseek.planner
     check.py            every layout and the model against one device, on any group:
                         .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.deepseek.check

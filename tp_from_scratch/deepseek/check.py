@@ -15,14 +15,12 @@ collectives over MPI (the torch layers reach a Comm through nn/collectives.py's 
 import argparse
 import copy
 import sys
-import traceback
 from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 
-from tp_from_scratch.comm.launch import launcher_from_env, spmd_main
-from tp_from_scratch.comm.process_group import exit_now, init_process_group
+from tp_from_scratch.comm.launch import launcher_from_env, spmd_main, torch_main
 from tp_from_scratch.comm.torch_comm import TorchComm
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.testing import random_array, rank_rng
@@ -185,17 +183,15 @@ def main(argv=None):
             print(f"rank {comm.rank}: deepseek checks passed: {'; '.join(done)}", flush=True)
         spmd_main(on_mpi)
         return
-    init_process_group("cpu", args.timeout)
+    torch_main(lambda: on_torch(args.timeout), timeout=args.timeout, quick_exit=True)
+
+
+def on_torch(timeout):
+    """Every check on the world group, native and on a TorchComm over it; each rank prints a line."""
     world, rank, t = dist.group.WORLD, dist.get_rank(), dist.get_world_size()
-    try:
-        done = run_checks([("native", world), ("scratch", TorchComm(world, timeout=args.timeout))], t)
-        sys.stdout.write(f"rank {rank}: deepseek checks passed: {'; '.join(done)}\n")
-        sys.stdout.flush()
-    except BaseException:  # bring the whole job down quickly; torchrun stops the other ranks
-        print(f"rank {rank} failed: {traceback.format_exc()}", file=sys.stderr, flush=True)
-        sys.exit(1)
-    dist.destroy_process_group()
-    exit_now(0)
+    done = run_checks([("native", world), ("scratch", TorchComm(world, timeout=timeout))], t)
+    sys.stdout.write(f"rank {rank}: deepseek checks passed: {'; '.join(done)}\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -20,7 +20,10 @@ from tp_from_scratch.gpt import checkpoint as ckpt
 
 from .model import MODEL_LAYOUTS, config_from_hf, shard, unshard
 
-DESCRIPTION = {"family": "deepseek_v3", "arch": "deepseek_v3", "partial_sync": None}
+# what it holds, in words, and the commands that load it: Lesson 6's loaders quote them
+DESCRIPTION = {"family": "deepseek_v3", "arch": "deepseek_v3", "partial_sync": None, "what": "a DeepSeek-V3 model",
+               "lesson": "Lesson 12", "command": "python -m tp_from_scratch.deepseek.train, deepseek.generate "
+                                                 "--load or deepseek.convert export"}
 PREFIX = "model."   # the trainer's CausalLM holds the model as .model
 
 

@@ -16,13 +16,12 @@ flag checks and the process group are gpt/generate.py's; the model and its cache
 Greedy only, all --new-tokens (no stop at an end-of-sequence id).
 """
 import argparse
-import os
-import sys
 
 import torch
 import torch.distributed as dist
 
 from tp_from_scratch.comm import Comm
+from tp_from_scratch.comm.launch import torch_main
 from tp_from_scratch.gpt import options
 from tp_from_scratch.gpt.generate import parse_prompt, prompt_problem
 from tp_from_scratch.nn.mappings import tp_world_size
@@ -81,22 +80,11 @@ def run(args, group, rank):
 
 def main(argv=None):
     args = options.parse_valid_args(build_parser(), check_arguments, argv)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    group, rank = Comm(0, 1), 0
-    if world > 1:
-        from tp_from_scratch.comm.process_group import init_process_group
-        init_process_group("cpu")
-        group, rank = dist.group.WORLD, dist.get_rank()
-    try:
-        status = run(args, group, rank)
-    except ValueError as e:
-        print(f"rank {rank}: error: {e}", file=sys.stderr, flush=True)
-        status = 1
-    finally:
-        if world > 1:
-            dist.destroy_process_group()
-    sys.exit(status)
 
+    def on_this_rank():
+        world = dist.get_world_size()
+        return run(args, dist.group.WORLD if world > 1 else Comm(0, 1), dist.get_rank())
+    torch_main(on_this_rank, errors=(ValueError,))
 
 if __name__ == "__main__":
     main()

@@ -238,13 +238,11 @@ FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
 
 
 class DeepseekConfig(SimpleNamespace):
-    """transformers' DeepseekV3Config fields as attributes (``config.hidden_size``); a trainer
-    may add its own run settings (RUN_FIELDS), which to_dict leaves out."""
-    RUN_FIELDS = ("arch", "n_layers", "seq_len", "summary")
+    """transformers' DeepseekV3Config fields as attributes (``config.hidden_size``)."""
 
     def to_dict(self):
         """What config.json holds (and a checkpoint records and compares): the model's fields."""
-        return {k: v for k, v in vars(self).items() if k not in self.RUN_FIELDS}
+        return dict(vars(self))
 
 
 def config_from_hf(hf):

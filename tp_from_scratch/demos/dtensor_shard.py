@@ -62,29 +62,18 @@ def worker(args):
     """Under torchrun: run this rank, then rank 0 prints every rank's line in rank order."""
     import torch.distributed as dist
 
-    from tp_from_scratch.comm.process_group import init_process_group
-
-    init_process_group("cpu", args.timeout)  # no wait is unbounded
-    try:
-        try:
-            line = run_rank(args.rows, args.cols, args.axis, args.seed)
-        except Exception as e:
-            # torchrun sees the non-zero exit and stops the other ranks
-            print(f"rank {dist.get_rank()} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-            return 1
-        lines = [None] * dist.get_world_size()
-        dist.all_gather_object(lines, line)  # one clean report instead of interleaved prints
-        if dist.get_rank() == 0:
-            print(f"DTensor on a 1-D 'cpu' device mesh of {len(lines)} ranks (gloo), Shard({args.axis}):")
-            print("\n".join(lines))
-            print(f"DTensor's Shard({args.axis}) is our shard(x, t, axis={args.axis}); "
-                  "the data came from rank 0 (src_data_rank=0).")
-        # leave together: a rank tearing gloo down while a peer still talks to it can abort
-        # ("terminate called without an active exception"), seen once in a full test run
-        dist.barrier()
-        return 0
-    finally:
-        dist.destroy_process_group()
+    line = run_rank(args.rows, args.cols, args.axis, args.seed)
+    lines = [None] * dist.get_world_size()
+    dist.all_gather_object(lines, line)  # one clean report instead of interleaved prints
+    if dist.get_rank() == 0:
+        print(f"DTensor on a 1-D 'cpu' device mesh of {len(lines)} ranks (gloo), Shard({args.axis}):")
+        print("\n".join(lines))
+        print(f"DTensor's Shard({args.axis}) is our shard(x, t, axis={args.axis}); "
+              "the data came from rank 0 (src_data_rank=0).")
+    # leave together: a rank tearing gloo down while a peer still talks to it can abort
+    # ("terminate called without an active exception"), seen once in a full test run
+    dist.barrier()
+    return 0
 
 
 def launch(args, argv):
@@ -119,9 +108,9 @@ def main(argv=None):
         check_divisible(args.rows if args.axis == 0 else args.cols, t, f"dimension {args.axis} ({'rows' if args.axis == 0 else 'cols'}) of size")
     except ValueError as e:
         parser.error(str(e))
-    if under_torchrun:
-        from tp_from_scratch.comm.process_group import exit_now
-        exit_now(worker(args))  # worker() has destroyed the process group
+    if under_torchrun:   # a failing rank: "rank r failed: ...", and torchrun stops the others
+        from tp_from_scratch.comm.launch import torch_main
+        torch_main(lambda: worker(args), timeout=args.timeout, quick_exit=True)
     return launch(args, argv)
 
 

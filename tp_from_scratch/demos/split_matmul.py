@@ -9,6 +9,7 @@ import argparse
 import numpy as np
 
 from tp_from_scratch.compare import TOLERANCE, assert_matches_reference, max_error
+from tp_from_scratch.gpt.options import add_model_flags
 from tp_from_scratch.matmul import column_parallel_matmul, matmul_reference, row_parallel_matmul, sum_partials
 from tp_from_scratch.sharding import shard, unshard
 from tp_from_scratch.testing import random_array, rank_rng
@@ -18,8 +19,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tp", type=int, default=4, help="number of simulated devices")
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--ffn", type=int, default=4096)
+    add_model_flags(parser, title="sizes", only=("hidden", "ffn"), defaults=dict(hidden=1024, ffn=4096),
+                    helps=dict(hidden="H: X is (B, H)", ffn="F: W is (H, F)"))
     args = parser.parse_args(argv)
     if args.tp < 1:
         parser.error(f"--tp must be at least 1, got {args.tp}")

@@ -18,6 +18,7 @@ import sys
 import numpy as np
 
 from tp_from_scratch.collectives import all_gather
+from tp_from_scratch.gpt.options import FLAG_OF, add_model_flags
 from tp_from_scratch.layers import block, check
 from tp_from_scratch.layers import reference as ref
 from tp_from_scratch.testing import random_array, rank_rng
@@ -27,18 +28,19 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=2, help="B")
     parser.add_argument("--seq", type=int, default=8, help="T")
-    parser.add_argument("--hidden", type=int, default=64, help="H")
-    parser.add_argument("--heads", type=int, default=8, help="query heads nh")
-    parser.add_argument("--kv-heads", type=int, default=4, help="key/value heads nkv (GQA)")
-    parser.add_argument("--ffn", type=int, default=256, help="F, usually 4H")
+    add_model_flags(parser, title="block size", only=("hidden", "n_heads", "n_kv_heads", "ffn"),
+                    defaults=dict(hidden=64, n_heads=8, n_kv_heads=4, ffn=256),
+                    helps=dict(hidden="H", n_heads="query heads nh", n_kv_heads="key/value heads nkv (GQA)",
+                               ffn="F, usually 4H"))
     parser.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--simulate", type=int, metavar="T", default=None,
                         help="run T ranks as threads in this process instead of under a launcher")
     args = parser.parse_args(argv)
-    for name in ("batch", "seq", "hidden", "heads", "kv_heads", "ffn"):
+    for name in ("batch", "seq", "hidden", "n_heads", "n_kv_heads", "ffn"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+            flag = FLAG_OF.get(name, f"--{name}")
+            parser.error(f"{flag} must be at least 1, got {getattr(args, name)}")
     if args.simulate is not None and args.simulate < 1:
         parser.error(f"--simulate needs at least 1 rank, got {args.simulate}")
     return args
@@ -59,7 +61,7 @@ def run(comm, args):
     """The demo on one rank; returns this rank's verdicts (raises if any tensor mismatches)."""
     t, rank = comm.world_size, comm.rank
     dtype = np.dtype(args.dtype)
-    config = ref.BlockConfig(args.hidden, args.heads, args.kv_heads, args.ffn)
+    config = ref.BlockConfig(args.hidden, args.n_heads, args.n_kv_heads, args.ffn)
     # the same full params, x and dy on every rank: Replicated data must agree everywhere
     rng = rank_rng(args.seed)
     params = ref.init_block_params(rng, config, dtype)

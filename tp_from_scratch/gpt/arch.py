@@ -8,8 +8,8 @@
 Everything else that knows how a parameter is split is derived from the plan: the model's
 layers (gpt.model builds a block's linear as the plan's style says), ``shard_axis`` and
 ``replicas_of`` (the state-dict conversions and checkpoints), the planner's parameter inventory
-(gpt.inventory), partial sync's replicated parameters, and both DTensor plans
-(gpt.dtensor_plan, sequence_parallel.dtensor_plan).
+(gpt.inventory), partial sync's replicated parameters, and the DTensor plans (gpt.dtensor_plan,
+and a later lesson's with sequence parallelism).
 
 The styles, in the literature's words (JAX-scaling-book notation on the right):
 
@@ -20,8 +20,9 @@ The styles, in the literature's words (JAX-scaling-book notation on the right):
     VOCAB_PARALLEL  VocabParallelEmbedding / the LM head: E[V_t, H]        vocabulary rows Sharded
     REPLICATED      every rank holds all of it (norms, the position embedding)
 
-A new architecture (say DeepSeek-V3: MLA's latent down-projections REPLICATED, its up-projections
-COLWISE, MoE experts split by expert) adds a preset and a plan, and new styles where it needs them.
+A new architecture (say one with latent attention: its latent down-projections REPLICATED, its
+up-projections COLWISE, mixture-of-experts split by expert) adds a preset and a plan, and new
+styles where it needs them.
 """
 
 # ---------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from tp_from_scratch.comm.process_group import init_process_group
+from tp_from_scratch.comm.launch import torch_main
 from tp_from_scratch.comm.torch_comm import TorchComm
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.gpt.data import global_batch
@@ -107,26 +107,27 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", choices=["float32", "float64"], nargs="+", default=["float64", "float32"])
     args = parser.parse_args(argv)
-    init_process_group("cpu")
-    try:
-        world = dist.group.WORLD
-        tp = tp_world_size(world)
-        for dtype in args.dtype:
-            for config in configs_for(tp):
-                check_config(world, config, getattr(torch, dtype))
-            if dist.get_rank() == 0:
-                print(f"model checks passed (tp={tp}, {dtype}, native collectives, tied and untied "
-                      f"head, nkv=1, gpt2, llama)", flush=True)
-        check_config(TorchComm(world), BASE, torch.float64)  # the same model on the ring collectives
-        if dist.get_rank() == 0:
-            print(f"model checks passed (tp={tp}, float64, from-scratch collectives)", flush=True)
-        for config in (c for c in (BASE, LLAMA) if _valid(c, tp)):
-            check_generation(world, config, torch.float32)
-        if dist.get_rank() == 0:
-            print(f"generation checks passed (tp={tp}, float32, greedy and sampled, gpt and llama)", flush=True)
-    finally:
-        dist.destroy_process_group()
+    torch_main(lambda: check_all(args.dtype))
 
+
+def check_all(dtypes):
+    """Every check on the world group (native collectives), one on a TorchComm over it (the ring
+    collectives), then generation; rank 0 prints a line each."""
+    world = dist.group.WORLD
+    tp = tp_world_size(world)
+    for dtype in dtypes:
+        for config in configs_for(tp):
+            check_config(world, config, getattr(torch, dtype))
+        if dist.get_rank() == 0:
+            print(f"model checks passed (tp={tp}, {dtype}, native collectives, tied and untied "
+                  f"head, nkv=1, gpt2, llama)", flush=True)
+    check_config(TorchComm(world), BASE, torch.float64)  # the same model on the ring collectives
+    if dist.get_rank() == 0:
+        print(f"model checks passed (tp={tp}, float64, from-scratch collectives)", flush=True)
+    for config in (c for c in (BASE, LLAMA) if _valid(c, tp)):
+        check_generation(world, config, torch.float32)
+    if dist.get_rank() == 0:
+        print(f"generation checks passed (tp={tp}, float32, greedy and sampled, gpt and llama)", flush=True)
 
 if __name__ == "__main__":
     main()

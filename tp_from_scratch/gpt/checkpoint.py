@@ -15,19 +15,19 @@ written to a temporary name, flushed to disk and renamed (``os.replace`` is atom
 A process killed at any moment leaves ``latest`` pointing at the previous complete
 checkpoint. Loading verifies the config and every shard's size and checksum.
 
-A checkpoint says what model it holds (``model_description``): the architecture, and for
-Lesson 8's partially synchronized GPT (p < 1) its sync fraction p and TP degree t, since its
-weights mean another model than the GPT's (each rank's private channels are one stream's).
-Sequence parallelism (Lesson 7) is not in it: it leaves every weight's meaning alone, so a
-checkpoint moves freely between the two trainers. Every loader (the trainers, generate, the
+A checkpoint says what model it holds (``model_description``): the architecture, and for a
+partially synchronized GPT (p < 1) its sync fraction p and TP degree t, since its weights mean
+another model than the GPT's (each rank's private channels are one stream's); and the command
+that loads it, which a loader that cannot quotes. Sequence parallelism is not in it: it leaves
+every weight's meaning alone, so a checkpoint moves freely between the trainers with and without it. Every loader (the trainers, generate, the
 export here, convert) states the description it expects and a mismatch is refused naming
 both sides; a loader that knows only the GPT expects ``GPT`` (the default).
 
 Resharding: a checkpoint saved at tp=a is loaded at tp=b by gluing the a shards into
 full tensors and cutting b new ones (``model.shard_state_dict``); the optimizer state is
 cut the same way, since AdamW's moments have their parameter's shape. How a model is cut
-and glued is a Sharding (the GPT's by default); Lesson 12's DeepSeek-V3 passes its own
-(deepseek/checkpoint.py), and the rest of this file serves both. Every rank reads
+and glued is a Sharding (the GPT's by default); a later lesson's model passes its own, and
+the rest of this file serves both. Every rank reads
 all shards, which is fine for this course's sizes; a large model would read only the
 slices it needs. All ranks must see the same filesystem (one machine, or a shared disk).
 """
@@ -109,7 +109,7 @@ def _to_bytes(obj):
 
 class GPTSharding:
     """The GPT's (gpt.model's plan). A later lesson's model passes an object with the same
-    three methods to the functions below (Lesson 12: deepseek.checkpoint.DeepSeekSharding)."""
+    three methods to the functions below."""
 
     def config_of(self, meta_config):
         """The config saved in a checkpoint (fields added since then take their defaults)."""
@@ -131,23 +131,26 @@ GPT_SHARDING = GPTSharding()
 # What model a checkpoint holds
 # ---------------------------------------------------------------------------------------
 
-# what a loader that knows only the GPT expects (any architecture): not Lesson 12's model
+# what a loader that knows only the GPT expects (any architecture); a description's "command"
+# (and "what", "lesson") say who can load a checkpoint, not what it holds
 GPT = {"family": "gpt", "partial_sync": None}
-FAMILIES = {"deepseek_v3": "a DeepSeek-V3 model (Lesson 12: python -m tp_from_scratch.deepseek.train, "
-                           "deepseek.generate --load or deepseek.convert export can load it)"}
+IDENTITY = ("family", "arch", "partial_sync")
+GPT_COMMAND = "python -m tp_from_scratch.gpt.train --load, gpt.generate --load or gpt.convert export"
 
 
-def model_description(config, tp=None, sync_fraction=1.0):
-    """The model a checkpoint of ``config`` holds: {"family", "arch", "partial_sync"}; partial_sync
-    is {"sync_fraction": p, "tp": t} for Lesson 8's model with p < 1 (a function of t), else None."""
+def model_description(config, tp=None, sync_fraction=1.0, command=None):
+    """The model a checkpoint of ``config`` holds: {"family", "arch", "partial_sync", "command"};
+    partial_sync is {"sync_fraction": p, "tp": t} for a partially synchronized GPT, p < 1 (a function
+    of t), else None; command: what loads it (default, for the ordinary GPT: Lesson 6's commands)."""
     partial = {"sync_fraction": float(sync_fraction), "tp": int(tp)} if sync_fraction < 1.0 else None
-    return {"family": "gpt", "arch": config.arch, "partial_sync": partial}
+    command = command or (GPT_COMMAND if partial is None else None)
+    return {"family": "gpt", "arch": config.arch, "partial_sync": partial, **({"command": command} if command else {})}
 
 
 def description_of(meta):
     """The description in ``meta``; a checkpoint written before descriptions existed is
-    described from its sync_fraction (Lesson 8 recorded it) and tp, and one written before
-    Lesson 12 holds a GPT."""
+    described from its sync_fraction (the partial-sync trainer recorded it) and tp, and one written before
+    another family existed holds a GPT."""
     if "model" in meta:
         return {"family": "gpt", **meta["model"]}
     p = float(meta.get("sync_fraction", 1.0))
@@ -157,9 +160,13 @@ def description_of(meta):
 
 def describe(description):
     """``an ordinary GPT (--arch gpt2, ...)`` / ``a partially synchronized GPT (--sync-fraction 0.5 at --tp 2)``
-    / another family's words (FAMILIES)."""
+    / another family's own words and the command that loads it, as its checkpoint records them."""
     if description.get("family", "gpt") != "gpt":
-        return FAMILIES.get(description["family"], f"a {description['family']} model")
+        what = description.get("what", f"a {description['family']} model")
+        if "command" not in description:
+            return what
+        lesson = f"{description['lesson']}: " if "lesson" in description else ""
+        return f"{what} ({lesson}{description['command']} can load it)"
     partial = description.get("partial_sync")
     arch = f"--arch {description['arch']}, " if "arch" in description else ""
     if partial is None:
@@ -169,16 +176,20 @@ def describe(description):
 
 
 def check_description(meta, expected, where):
-    """Raise a CheckpointError unless the model in ``meta`` is ``expected`` (every key of it)."""
+    """Raise a CheckpointError unless the model in ``meta`` is ``expected`` (every key of it that
+    says what the model is: IDENTITY)."""
     saved = description_of(meta)
-    if all(saved.get(k) == v for k, v in expected.items()):
+    if all(saved.get(k) == v for k, v in expected.items() if k in IDENTITY):
         return
     partial = saved.get("partial_sync")
     hint = ""
     if partial is not None:
-        hint = (f": its ranks' private channels belong to {partial['tp']} streams, so only "
-                f"python -m tp_from_scratch.partial_sync.train --tp {partial['tp']} --sync-fraction "
-                f"{partial['sync_fraction']} can load it (only p = 1 checkpoints reshard)")
+        # an older checkpoint records no command: the loader of partially synchronized models knows its own
+        command = saved.get("command") or (expected.get("command") if expected.get("partial_sync") else None)
+        who = f"{command} --tp {partial['tp']} --sync-fraction {partial['sync_fraction']}" if command else \
+            f"a run at --tp {partial['tp']} --sync-fraction {partial['sync_fraction']}"
+        hint = (f": its ranks' private channels belong to {partial['tp']} streams, so only {who} can load it "
+                f"(only p = 1 checkpoints reshard)")
     raise CheckpointError(f"checkpoint {where} holds {describe(saved)}, but this run expects "
                           f"{describe(expected)}{hint}")
 

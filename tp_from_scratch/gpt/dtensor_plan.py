@@ -49,7 +49,7 @@ def parallelize_gpt(gpt, tp_mesh):
 
 
 # ---------------------------------------------------------------------------------------
-# The same vocabulary sharding as ours (Lesson 9's fair race): embedding and LM head split by V
+# The same vocabulary sharding as ours (bench train's fair race): embedding and LM head split by V
 # ---------------------------------------------------------------------------------------
 
 def vocab_plan(config):

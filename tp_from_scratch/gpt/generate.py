@@ -27,18 +27,16 @@ scores as transformers' generate with torch.manual_seed(seed), see choose).
 """
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 
+from tp_from_scratch.comm.launch import torch_main
 from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt import convert, options
-from tp_from_scratch.gpt.arch import ARCHS
-from tp_from_scratch.gpt.model import GPT, GPTConfig, KVCache, TensorParallelGPT, gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.model import GPT, KVCache, TensorParallelGPT, gpt_to_tp, init_gpt
 from tp_from_scratch.nn import gather_from_tp_region
 
 
@@ -210,8 +208,7 @@ def run_generate(args, group, rank, tp):
 
 def run_bench(args, group, rank, tp):
     """Median prefill time and per-token decode time of a random model, at this world's t."""
-    config = GPTConfig(arch=args.arch, vocab_size=args.vocab_size, seq_len=args.prompt_len + args.new_tokens,
-                       n_layers=args.layers, hidden=args.hidden, n_heads=args.heads, n_kv_heads=args.kv_heads)
+    config = options.model_config(args, seq_len=args.prompt_len + args.new_tokens)
     full = init_gpt(config, 0, getattr(torch, args.dtype)).state_dict()
     model = (gpt_to_tp(group, full, config) if tp > 1 else single_device(config, full)).eval()
     prompt = torch.randint(config.vocab_size, (args.batch_size, args.prompt_len),
@@ -225,12 +222,13 @@ def run_bench(args, group, rank, tp):
             decode.append(statistics.median(timings["decode_s"]))
     result = {"arch": args.arch, "tp": tp, "threads": torch.get_num_threads(), "dtype": args.dtype,
               "batch": args.batch_size, "prompt": args.prompt_len, "new_tokens": args.new_tokens,
-              "layers": args.layers, "hidden": args.hidden, "heads": args.heads, "kv_heads": args.kv_heads,
+              "layers": config.n_layers, "hidden": config.hidden, "heads": config.n_heads,
+              "kv_heads": config.n_kv_heads,
               "prefill_ms": 1e3 * statistics.median(prefill), "decode_ms_per_token": 1e3 * statistics.median(decode)}
     if rank == 0:
         print(f"tp={tp} ({torch.get_num_threads()} thread(s) per rank): prefill {result['prefill_ms']:.2f} ms "
               f"({args.prompt_len} tokens), decode {result['decode_ms_per_token']:.3f} ms/token "
-              f"({config.arch}, {args.layers} layers, H={args.hidden}, B={args.batch_size}, {args.dtype})",
+              f"({config.arch}, {config.n_layers} layers, H={config.hidden}, B={args.batch_size}, {args.dtype})",
               flush=True)
         if args.json:
             with open(args.json, "a") as f:
@@ -259,13 +257,9 @@ def build_parser():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--compare-single", action="store_true", help="rank 0 also generates on one device")
-    b = p.add_argument_group("bench (a random model)")
-    b.add_argument("--arch", choices=list(ARCHS), default="llama")
-    b.add_argument("--layers", type=int, default=4)
-    b.add_argument("--hidden", type=int, default=512)
-    b.add_argument("--heads", type=int, default=8)
-    b.add_argument("--kv-heads", type=int, default=4)
-    b.add_argument("--vocab-size", type=int, default=4096)
+    b = options.add_model_flags(p, title="bench (a random model)", only=(
+        "arch", "n_layers", "hidden", "n_heads", "n_kv_heads", "vocab_size"), defaults=dict(
+        arch="llama", n_layers=4, hidden=512, n_heads=8, n_kv_heads=4, vocab_size=4096))
     b.add_argument("--batch-size", type=int, default=1)
     b.add_argument("--prompt-len", type=int, default=64)
     b.add_argument("--repeats", type=int, default=5)
@@ -277,9 +271,10 @@ def check_arguments(args, world):
     """The first problem with the command line (a sentence), or None: checked on every rank
     before the process group starts or a file is read."""
     if args.mode == "bench":
-        sizes = ("layers", "hidden", "heads", "kv_heads", "vocab_size", "batch_size", "prompt_len", "repeats")
+        sizes = ("n_layers", "hidden", "n_heads", "n_kv_heads", "vocab_size", "batch_size", "prompt_len", "repeats")
         return options.first_problem(
-            *(options.positive("--" + name.replace("_", "-"), getattr(args, name)) for name in sizes),
+            *(options.positive(options.FLAG_OF.get(name, "--" + name.replace("_", "-")), getattr(args, name))
+              for name in sizes),
             # the prefill is one step: the decode time needs a second
             options.at_least("--new-tokens", args.new_tokens, 2))
     if not (args.load or args.hf):
@@ -309,23 +304,13 @@ def prompt_problem(text):
 
 def main(argv=None):
     args = options.parse_valid_args(build_parser(), check_arguments, argv)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    group, rank = None, 0
-    if world > 1:
-        from tp_from_scratch.comm.process_group import init_process_group
-        init_process_group("cpu")
-        group, rank = dist.group.WORLD, dist.get_rank()
-    try:
+
+    def generate_or_bench():
+        world, rank = dist.get_world_size(), dist.get_rank()
         run = run_bench if args.mode == "bench" else run_generate
         with convert.warnings_as_lines(prefix=f"rank {rank}: "):
-            status = run(args, group, rank, world)
-    except (ValueError, ckpt.CheckpointError) as e:
-        print(f"rank {rank}: error: {e}", file=sys.stderr, flush=True)
-        status = 1
-    finally:
-        if world > 1:
-            dist.destroy_process_group()
-    sys.exit(status)
+            return run(args, dist.group.WORLD if world > 1 else None, rank, world)
+    torch_main(generate_or_bench, errors=(ValueError, ckpt.CheckpointError))
 
 
 if __name__ == "__main__":

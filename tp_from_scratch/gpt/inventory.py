@@ -1,7 +1,7 @@
 """What one rank of the tensor-parallel GPT holds and sends: its parameters, and the collectives
 of one training step. Counted from the architecture (gpt.arch), not from a built model, so a
-model too large to build can be counted too (Lesson 9's planner, tp_from_scratch.cost, reads
-both; Lesson 6's step ledger, gpt.step, reads the collectives).
+model too large to build can be counted too (a planner reads both; this lesson's step ledger,
+gpt.step, reads the collectives).
 
     parameters(config)                  [Tensor(name, rows, cols, split, copies, matmul, pieces)]
     parameter_count(config, t=, rank=)  the exact count of the model, or of one TP rank's shard

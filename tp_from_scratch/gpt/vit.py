@@ -40,8 +40,6 @@ download), pixel values / 16, a fixed seeded split of 360 test images.
 """
 import argparse
 import math
-import os
-import sys
 from pathlib import Path
 
 import torch
@@ -50,7 +48,8 @@ import torch.nn.functional as F
 
 from tp_from_scratch.gpt.model import (Block, GPTConfig, _linear, gather_state_dict, init_weights,
                                        make_norm, shard_state_dict, tp_layer_factories)
-from tp_from_scratch.gpt.options import at_least, divides, first_problem, parse_valid_args, positive
+from tp_from_scratch.gpt.options import divides, first_problem, parse_valid_args, positive
+from tp_from_scratch.gpt.step import train_step
 from tp_from_scratch.nn.mappings import tp_rank, tp_world_size
 
 N_CLASSES = 10
@@ -164,16 +163,13 @@ def make_optimizer(model, lr=LR, weight_decay=0.0):
 
 
 def vit_step(model, optimizer, step, steps, data, batch_size=64, lr=LR, seed=0):
-    """One AdamW step of a ``steps``-step run (warm-up, then cosine decay); returns the loss."""
+    """Lesson 6's training step (gpt.step.train_step) at step ``step`` of a ``steps``-step run
+    (the learning rate warms up, then decays as a cosine); returns the loss."""
     x_train, y_train, _, _ = data
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(step, steps, lr)
     idx = batch(step, batch_size, len(y_train), seed)
-    optimizer.zero_grad(set_to_none=True)
-    _, loss = model(x_train[idx].to(next(model.parameters()).dtype), y_train[idx])
-    loss.backward()
-    optimizer.step()
-    return loss.item()
+    return train_step(model, optimizer, x_train[idx].to(next(model.parameters()).dtype), y_train[idx]).item()
 
 
 def train_vit(model, steps, data, batch_size=64, lr=LR, seed=0, weight_decay=0.0):
@@ -251,7 +247,7 @@ def write_drift(path, steps, dtype, seed):
 def validate(args, world):
     """The first problem with the command line for ``world`` processes, as a sentence; None if fine."""
     heads = vit_config().n_heads
-    problem = first_problem(positive("--steps", args.steps), at_least("--check-steps", args.check_steps, 0),
+    problem = first_problem(positive("--steps", args.steps), positive("--equal-steps", args.equal_steps),
                             divides("the world size", world, heads, "the ViT's heads"))
     if problem is None and args.compare_single and world == 1 and not args.drift:
         problem = "--compare-single compares TP with one device: launch 2 or more processes with torchrun"
@@ -265,49 +261,45 @@ def main(argv=None):
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compare-single", action="store_true", help="rank 0 also trains on one device")
-    p.add_argument("--check-steps", type=int, default=50,
-                   help="exit 1 if a loss among the first N steps differs from one device's")
+    p.add_argument("--equal-steps", type=int, default=50, metavar="N",
+                   help="with --compare-single: exit 1 only if one of the first N steps differs from one device's")
     p.add_argument("--drift", metavar="JSON", help="measure where TP (t=2, simulated ranks) and one device "
                    "part, against a one-ulp perturbation of the weights (see drift); write the rows here")
     args = parse_valid_args(p, validate, argv)
-    dtype = getattr(torch, args.dtype)
     if args.drift:
-        return write_drift(args.drift, args.steps, dtype, args.seed)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    group, rank = None, 0
-    if world > 1:
-        import torch.distributed as dist
-        from tp_from_scratch.comm.process_group import init_process_group
-        init_process_group("cpu")
-        group, rank = dist.group.WORLD, dist.get_rank()
-    data = digits(args.seed)
-    config = vit_config()
+        return write_drift(args.drift, args.steps, getattr(torch, args.dtype), args.seed)
+    from tp_from_scratch.comm.launch import torch_main
+    torch_main(lambda: train_and_compare(args))
+
+
+def train_and_compare(args):
+    """Train on this world's ranks (t = the world size); with --compare-single rank 0 trains one
+    device too and prints the trainers' verdict (gpt.train.Comparison); returns the exit status."""
+    import torch.distributed as dist
+    world, rank, dtype = dist.get_world_size(), dist.get_rank(), getattr(torch, args.dtype)
+    group = dist.group.WORLD if world > 1 else None
+    data, config = digits(args.seed), vit_config()
     single = init_vit(config, args.seed, dtype)
     model = single if group is None else vit_to_tp(group, init_vit(config, args.seed, dtype))
     losses = train_vit(model, args.steps, data, seed=args.seed)
     acc = accuracy(model, data[2], data[3])
-    status = 0
-    if rank == 0:
-        print(f"ViT tp={world}: {args.steps} steps, final loss {losses[-1]:.4f}, test accuracy {acc:.2%} "
-              f"({len(data[3])} images)", flush=True)
-        if args.compare_single and group is not None:
-            from tp_from_scratch.compare import TOLERANCE, tolerance
-            ref = train_vit(single, args.steps, data, seed=args.seed)
-            diffs = [abs(a - b) / max(1.0, abs(b)) for a, b in zip(losses, ref)]
-            # the policy's bound for the loss after i steps of an n_layers-deep model
-            beyond = [i for i, d in enumerate(diffs)
-                      if d > tolerance(args.dtype, layers=config.n_layers, steps=i)]
-            print(f"single device: final loss {ref[-1]:.4f}, test accuracy {accuracy(single, data[2], data[3]):.2%}; "
-                  f"every step's loss equal (tolerance {TOLERANCE[args.dtype]:.0e} x {config.n_layers} layers "
-                  f"x (1 + step)) up to step "
-                  f"{beyond[0] - 1 if beyond else args.steps - 1}; largest relative difference {max(diffs):.1e}",
-                  flush=True)
-            status = 0 if not beyond or beyond[0] >= args.check_steps else 1
-    if group is not None:
-        import torch.distributed as dist
-        dist.destroy_process_group()
-    sys.exit(status)
-
+    if rank != 0:
+        return 0
+    print(f"ViT tp={world}: {args.steps} steps, final loss {losses[-1]:.4f}, test accuracy {acc:.2%} "
+          f"({len(data[3])} images)", flush=True)
+    if not (args.compare_single and group is not None):
+        return 0
+    from tp_from_scratch.gpt.train import Comparison
+    ref = train_vit(single, args.steps, data, seed=args.seed)
+    comparison = Comparison(enumerate(torch.tensor(r, dtype=dtype) for r in ref), args.dtype, config.n_layers,
+                            args.steps, args.equal_steps)
+    for step, loss in enumerate(losses):
+        comparison.check(step, torch.tensor(loss, dtype=dtype))
+    largest = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(losses, ref))
+    print(f"single device: final loss {ref[-1]:.4f}, test accuracy {accuracy(single, data[2], data[3]):.2%}; "
+          f"largest relative difference of a step's loss {largest:.1e}", flush=True)
+    print("\n".join(comparison.lines()), flush=True)
+    return 1 if comparison.failed else 0
 
 if __name__ == "__main__":
     main()

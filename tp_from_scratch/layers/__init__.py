@@ -14,7 +14,7 @@ code runs on the simulator (run_spmd), under mpiexec (MPIComm) and under torchru
 The parallel versions are named parallel_mlp_forward(comm, x, params_local) and so on; the
 single-device ones in reference.py keep the plain names, e.g. mlp_forward(x, params).
 
-One vocabulary with the torch code of Lessons 5 and 6: parameter names are those of the torch
+One vocabulary with the torch code of the later lessons: parameter names are those of the torch
 GPT's Block (ln1.weight, attn.q.weight, attn.o.bias, mlp.fc.weight, mlp.proj.bias, ...), with
 the same bias choices (no attn.k.bias). One difference, on purpose: numpy keeps the math
 layout W (in, out) and computes y = x @ W + b, while torch's nn.Linear stores weight (out, in)

@@ -6,7 +6,7 @@ functions are themselves checked against finite differences (tests/test_layers_r
 Conventions
   * Weights follow the math convention Y = X @ W + b, with W of shape (in, out). torch's
     nn.Linear stores the transpose, weight (out, in) = W^T, and computes x @ weight.T + bias.
-  * Parameter names are those of the torch GPT (tp_from_scratch.gpt.model.Block), so one dict
+  * Parameter names are those of the later lessons' torch GPT Block, so one dict
     of names fits both: ln1.weight, ln1.bias, attn.{q,k,v,o}.weight and .bias (no
     attn.k.bias, see attention_forward), ln2.weight, ln2.bias, mlp.{fc,proj}.weight and .bias.
     params_from_torch / params_to_torch convert a state_dict by transposing the 2-D weights.
@@ -59,8 +59,8 @@ _GELU_A = 0.044715
 def gelu_forward(x):
     """GeLU with the tanh approximation, element-wise; returns (y, cache).
 
-    This is GPT-2's "gelu_new", torch's F.gelu(x, approximate="tanh"). The torch GPT of
-    Lesson 6 uses torch's default, the exact erf form 0.5 x (1 + erf(x / sqrt 2)); the two
+    This is GPT-2's "gelu_new", torch's F.gelu(x, approximate="tanh"). torch's default is
+    the exact erf form 0.5 x (1 + erf(x / sqrt 2)); the two
     differ by up to 4.7e-4 (near |x| = 2.7), so compare a numpy block with a torch block
     only when both use the same form.
     """
@@ -357,7 +357,7 @@ def init_block_params(rng, config, dtype=np.float64):
 def params_from_torch(state_dict):
     """numpy params (W (in, out)) from a torch state_dict (weight (out, in) = W^T), same names.
 
-    Meant for the layers of this package (a gpt.model Block's state_dict gives the params of
+    Meant for the layers of this package (the torch GPT Block's state_dict gives the params of
     block_forward), where every 2-D tensor is a linear weight: it comes back transposed, and
     1-D ones (biases, LayerNorm weights) as they are. An embedding table (V, H) is not a
     linear weight and would be transposed wrongly. Fresh C-contiguous arrays: nothing aliases.

@@ -16,9 +16,7 @@ and prints one line per rank.
 """
 import argparse
 import contextlib
-import os
 import sys
-import traceback
 
 import torch
 import torch.distributed as dist
@@ -28,7 +26,8 @@ from torch.nn import functional as F
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.nn.cross_entropy import vocab_parallel_cross_entropy
 from tp_from_scratch.nn.embedding import VocabParallelEmbedding
-from tp_from_scratch.comm.process_group import init_process_group, new_group
+from tp_from_scratch.comm.launch import torch_main
+from tp_from_scratch.comm.process_group import local_device, new_group
 from tp_from_scratch.comm.torch_comm import TorchComm
 from tp_from_scratch.nn.linear import ColumnParallelLinear, RowParallelLinear
 from tp_from_scratch.nn.mappings import all_gather, all_reduce, tp_rank, tp_world_size
@@ -446,34 +445,30 @@ def main(argv=None):
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any collective may wait")
     args = parser.parse_args(argv)
-    init_process_group(args.device, args.timeout)
-    device = torch.device(args.device)
-    if args.device == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch_main(lambda: check_all(local_device(args.device), args.timeout), args.device, args.timeout)
+
+
+def check_all(device, timeout):
+    """Every check on the world group, native and from scratch (a TorchComm over it), and on a
+    sub-group of 2; each rank prints one line."""
     rank, size = dist.get_rank(), dist.get_world_size()
     world = dist.group.WORLD
-    try:
-        counts = {}
-        scratch = TorchComm(world, device=device if args.device == "cuda" else None, timeout=args.timeout)
-        check_native_equals_scratch(world, scratch, device=device)
-        check_default_init(world, device=device)
-        counts[f"native, world group of {size}"] = run_all_checks(world, device=device)
-        # one dtype: the scratch path moves the same bytes
-        counts[f"scratch, world group of {size}"] = run_all_checks(scratch, (torch.float64,), device=device)
-        pair = _pairs(size) if size > 2 else None
-        if pair is not None:
-            pair_scratch = TorchComm(pair, timeout=args.timeout)
-            for name, group in (("native", pair), ("scratch", pair_scratch)):
-                counts[f"{name}, sub-group of 2"] = run_all_checks(group, (torch.float32,), device=device)
-        # one write per rank, so the ranks' lines do not interleave in a shared pipe
-        sys.stdout.write(f"rank {rank}: all checks passed: native equals scratch; default init equals "
-                         f"nn.Linear; " + "; ".join(f"{n} checks ({where})" for where, n in counts.items()) + "\n")
-        sys.stdout.flush()
-    except BaseException:  # bring the whole job down quickly; torchrun kills the other ranks
-        print(f"rank {rank} failed: {traceback.format_exc()}", file=sys.stderr, flush=True)
-        sys.exit(1)
-    dist.destroy_process_group()
-
+    counts = {}
+    scratch = TorchComm(world, device=device, timeout=timeout)
+    check_native_equals_scratch(world, scratch, device=device)
+    check_default_init(world, device=device)
+    counts[f"native, world group of {size}"] = run_all_checks(world, device=device)
+    # one dtype: the scratch path moves the same bytes
+    counts[f"scratch, world group of {size}"] = run_all_checks(scratch, (torch.float64,), device=device)
+    pair = _pairs(size) if size > 2 else None
+    if pair is not None:
+        pair_scratch = TorchComm(pair, timeout=timeout)
+        for name, group in (("native", pair), ("scratch", pair_scratch)):
+            counts[f"{name}, sub-group of 2"] = run_all_checks(group, (torch.float32,), device=device)
+    # one write per rank, so the ranks' lines do not interleave in a shared pipe
+    sys.stdout.write(f"rank {rank}: all checks passed: native equals scratch; default init equals "
+                     f"nn.Linear; " + "; ".join(f"{n} checks ({where})" for where, n in counts.items()) + "\n")
+    sys.stdout.flush()
 
 if __name__ == "__main__":
     main()

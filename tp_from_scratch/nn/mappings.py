@@ -38,8 +38,8 @@ import torch.distributed as dist
 
 from tp_from_scratch.comm import Comm
 # tier 1, the collectives on a group (nn/collectives.py); importable from here too
-from tp_from_scratch.nn.collectives import (all_gather, all_reduce, all_to_all_v, check_group, exchange_counts,  # noqa: F401
-                                            split, tp_rank, tp_world_size)
+from tp_from_scratch.nn.collectives import (all_gather, all_reduce, check_group, split,  # noqa: F401
+                                            tp_rank, tp_world_size)
 from tp_from_scratch.sharding import shard_sizes
 
 # ---------------------------------------------------------------------------------------
@@ -186,32 +186,3 @@ __all__ = ["check_group", "tp_rank", "tp_world_size", "all_reduce", "all_gather"
            "sum_over_replicas", "copy_to_tp_region", "reduce_from_tp_region", "reduce_from_tp_region_",
            "scatter_to_tp_region",
            "gather_from_tp_region", "f", "g"]
-
-
-# =======================================================================================
-# Lesson 12: the all-to-all of expert parallelism (token dispatch and combine) as a Function;
-# its tier-1 collectives (exchange_counts, all_to_all_v) are in nn/collectives.py
-# =======================================================================================
-
-class AllToAll(torch.autograd.Function):
-    """forward: all-to-all with counts (send_counts -> recv_counts);
-    backward: the same all-to-all run backwards (recv_counts -> send_counts): each row's
-    gradient goes home to the rank it came from, so dispatch and combine are each other's adjoint."""
-
-    @staticmethod
-    def forward(ctx, group, x, send_counts, recv_counts):
-        ctx.group, ctx.counts = group, (send_counts, recv_counts)
-        return all_to_all_v(group, x, send_counts, recv_counts)
-
-    @staticmethod
-    def backward(ctx, grad):
-        send_counts, recv_counts = ctx.counts
-        return None, all_to_all_v(ctx.group, grad, recv_counts, send_counts), None, None
-
-
-def all_to_all(group, x, send_counts, recv_counts):
-    """Differentiable all-to-all with uneven counts: see ``all_to_all_v`` and ``AllToAll``."""
-    return AllToAll.apply(check_group(group), x, list(send_counts), list(recv_counts))
-
-
-__all__ += ["exchange_counts", "all_to_all_v", "AllToAll", "all_to_all"]

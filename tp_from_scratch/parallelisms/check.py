@@ -31,20 +31,22 @@ A mismatch raises on that rank (assert_matches_reference) and ends the job.
 """
 import argparse
 import os
+from functools import partial
 
 import torch
 
+from tp_from_scratch.comm.launch import torch_main
 from tp_from_scratch.compare import assert_matches_reference, tolerance
-from tp_from_scratch.gpt import train as lesson6
+from tp_from_scratch.gpt.mesh import coordinates, setup_mesh
 from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt, shard_tensor
+from tp_from_scratch.gpt.step import forward_backward, train_step
 from tp_from_scratch.gpt.vit import N_CLASSES, init_vit, vit_config, vit_to_tp
 from tp_from_scratch.nn import mappings
 from tp_from_scratch.nn.mappings import all_gather
 from tp_from_scratch.testing import rank_rng, random_array
 
 from . import cost, train
-from .mesh import coordinates, setup_mesh3d
-from .pipeline import PipelineStage, measured_bubble, train_step
+from .pipeline import PipelineStage, measured_bubble, pipeline_step
 from .schedules import bubble_formula
 from .zero import ZeroOptimizer, chunk_bounds, optimizer_state_bytes
 
@@ -85,13 +87,13 @@ def single_device_training(config, batches, lr=LR, kind="gpt"):
     """Losses and gradients of every step on one device, and the parameters after the last."""
     model = new_model(config, kind)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    steps = []
-    for idx, targets in batches:
-        optimizer.zero_grad(set_to_none=True)
-        _, loss = model(idx, targets)
-        loss.backward()
-        steps.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-        optimizer.step()
+    grads = []
+
+    def keep_gradients(model):   # between backward and the optimizer step
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+
+    steps = [(train_step(model, optimizer, idx, targets, after_backward=keep_gradients), grads[-1])
+             for idx, targets in batches]
     return steps, dict(model.named_parameters())
 
 
@@ -114,7 +116,7 @@ def check_pipeline_training(comm, reference, batches, n_micro, schedule, tp_grou
     where = f"stage {comm.rank} tp rank {tp_rank} ({schedule}, m={n_micro})"
     steps, final = reference
     for k, (idx, targets) in enumerate(batches):
-        result = train_step(stage, optimizer, idx, targets, n_micro, schedule)
+        result = pipeline_step(stage, optimizer, idx, targets, n_micro, schedule)
         loss, grads = steps[k]
         # the pipeline's loss is the weighted sum of micro-batch losses: the batch mean
         # the policy's growth rule: step k's loss and gradients went through n_layers blocks and k steps
@@ -153,7 +155,7 @@ def split_comm(comm, tp):
         raise ValueError(f"rank {comm.rank}: tp={tp} needs processes (torchrun or mpiexec), "
                          f"not {type(comm).__name__}")
     from tp_from_scratch.comm import TorchComm
-    mesh = setup_mesh3d(1, n_stages, tp, timeout=comm.timeout)
+    mesh = setup_mesh(tp, timeout=comm.timeout, pp=n_stages)
     return TorchComm(group=mesh.pp_group), mesh.tp_group
 
 
@@ -209,12 +211,19 @@ def zero_reference(dp, steps=ZERO_STEPS):
     opt = adamw(model.parameters())
     after = []
     for s in range(steps):
-        opt.zero_grad()
-        loss = sum(torch.nn.functional.mse_loss(model(x), y) for x, y in (zero_batch(r, s) for r in range(dp))) / dp
-        loss.backward()
-        opt.step()
+        # Lesson 6's step, its batch every rank's rows: the mean loss over all of them
+        train_step(model, opt, s, dp, run_batch=partial(forward_backward, loss_fn=every_ranks_loss))
         after.append([(name, p.detach().clone()) for name, p in model.named_parameters()])
     return after, opt
+
+
+def every_ranks_loss(model, step, dp):
+    """The mean squared error over the rows of all ``dp`` ranks at ``step``."""
+    return sum(torch.nn.functional.mse_loss(model(x), y) for x, y in (zero_batch(r, step) for r in range(dp))) / dp
+
+
+def squared_error(model, x, y):
+    return torch.nn.functional.mse_loss(model(x), y)
 
 
 def zero_run(comm, stage, steps=ZERO_STEPS, gradient_reduce="reduce_scatter"):
@@ -225,10 +234,8 @@ def zero_run(comm, stage, steps=ZERO_STEPS, gradient_reduce="reduce_scatter"):
     opt = ZeroOptimizer(comm, model.parameters(), stage, adamw, gradient_reduce)
     after = []
     for s in range(steps):
-        x, y = zero_batch(comm.rank, s)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
+        # Lesson 6's step on this rank's rows; ZeroOptimizer.step averages the gradients itself
+        train_step(model, opt, *zero_batch(comm.rank, s), run_batch=partial(forward_backward, loss_fn=squared_error))
         after.append([p.detach().clone() for p in model.parameters()])
     return after, opt.state_bytes(), opt.gradient_bytes()
 
@@ -282,24 +289,26 @@ def zero_shards_add_up(record):
     return problems
 
 
-def mesh_check(variants, config, mesh):
-    """Run every (args, mesh) variant; returns 1 if any check fails (decided on rank 0)."""
+def mesh_check(variants):
+    """Run every (args, mesh) variant with Lesson 11's trainer; returns 1 if any check fails
+    (decided on rank 0)."""
     failures, first_losses = 0, None
     for args, mesh in variants:
-        out = train.train_once(args, config, mesh)
+        mesh_run = train.MeshRun(args, mesh)
+        status = train.run(args, mesh, mesh_run)
         if mesh.rank != 0:
             continue
-        record = out["record"]
+        record, config = mesh_run.record, args.model
         problems = cost.differences(record) + zero_shards_add_up(record)
-        if out["bad"]:
-            problems.append(f"{out['bad']} of {args.steps} steps differ from the single-device loss")
+        if status:
+            problems.append("a step differs from the single-device loss (the lines above say which)")
         if first_losses is None:
-            first_losses = out["losses"]
+            first_losses = record["losses"]
         else:
             try:
                 dtype = getattr(torch, args.dtype)   # the run's precision sets the tolerance
                 # every step's loss at once: the bound of the last step (the policy's growth rule)
-                assert_matches_reference(torch.tensor(out["losses"], dtype=dtype),
+                assert_matches_reference(torch.tensor(record["losses"], dtype=dtype),
                                          torch.tensor(first_losses, dtype=dtype),
                                          name="losses against the first variant",
                                          tol=tolerance(dtype, layers=config.n_layers, steps=args.steps - 1))
@@ -324,8 +333,10 @@ def mesh_main(ours, parser):
         if problem:
             parser.error(f"variant {v!r}: {problem}")
         parsed.append(args)
-    meshes = [setup_mesh3d(*train.degrees(args, world), args.device, args.timeout) for args in parsed]
-    lesson6.run_and_exit(mesh_check, list(zip(parsed, meshes)), lesson6.config_from_args(parsed[0]), meshes[0])
+    def check_all():
+        meshes = [setup_mesh(args.tp, args.device, args.timeout, pp=args.pp) for args in parsed]
+        return mesh_check(list(zip(parsed, meshes)))
+    torch_main(check_all, parsed[0].device, parsed[0].timeout)
 
 
 def build_parser():

@@ -26,7 +26,7 @@ from matplotlib.patches import Rectangle
 
 from tp_from_scratch.gpt.inventory import parameters
 from tp_from_scratch.parallelisms.cost import stage_blocks
-from tp_from_scratch.parallelisms.mesh import rank_of
+from tp_from_scratch.gpt.mesh import rank_of
 from tp_from_scratch.parallelisms.schedules import bubble, bubble_formula, gpipe, in_flight, one_f_one_b, simulate
 from tp_from_scratch.parallelisms.zero import chunk_bounds
 from tp_from_scratch.plots import EMPTY_COLOR, device_color

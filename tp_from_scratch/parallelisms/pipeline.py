@@ -47,6 +47,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tp_from_scratch.gpt.model import GPT, TensorParallelGPT, embed
+from tp_from_scratch.gpt.step import train_step
 from tp_from_scratch.gpt.vit import ViT, classify, embed_patches
 from tp_from_scratch.nn import copy_to_tp_region, vocab_parallel_cross_entropy
 from tp_from_scratch.nn.collectives import numpy_to_tensor, tensor_to_numpy  # bfloat16 travels as float32
@@ -267,12 +268,17 @@ def share_loss(stage, loss):
     return float(stage.comm.recv(last))
 
 
-def train_step(stage, optimizer, idx, targets, n_micro, schedule="1f1b"):
-    """zero_grad, forward_backward, optimizer.step: one training step; returns the StepResult."""
-    optimizer.zero_grad(set_to_none=True)
-    result = forward_backward(stage, idx, targets, n_micro, schedule)
-    optimizer.step()
-    return result
+def pipeline_step(stage, optimizer, idx, targets, n_micro, schedule="1f1b"):
+    """Lesson 6's training step (gpt.step.train_step) with this stage's pipelined forward and
+    backward of every micro-batch as its run_batch; returns the StepResult."""
+    results = []
+
+    def run_batch(stage, idx, targets):
+        results.append(forward_backward(stage, idx, targets, n_micro, schedule))
+        return torch.tensor(results[-1].loss)
+
+    train_step(stage, optimizer, idx, targets, run_batch=run_batch)
+    return results[0]
 
 
 def gather_timelines(comm, timeline):

@@ -15,7 +15,7 @@ size, optimizer, batch, data, --compare-single, --metrics, --plot ...) plus the 
 synchronises:
 
     --dp D --pp P --tp T     D * P * T = the number of processes; rank layout in
-                             tp_from_scratch/parallelisms/mesh.py (TP innermost)
+                             tp_from_scratch/gpt/mesh.py (TP innermost)
     DP gradient sync         default: Lesson 6's hand-written average (one all-reduce of the
                              flattened gradients after backward); --ddp: PyTorch's
                              DistributedDataParallel (bucketed all-reduces, started during
@@ -24,9 +24,10 @@ synchronises:
     --sp                     sequence parallelism inside the TP group (Lesson 7), pp = 1
     --measure PATH           rank 0 writes every rank's memory, bytes and step times (JSON)
 
-The training step, loop, data, optimizer and report are Lesson 6's (gpt/train.py): this
-script builds the model and optimizer for the mesh and changes parts of the one step
-(gpt.train.train_step: the pipeline's forward and backward, DDP's and ZeRO's own averaging).
+This is Lesson 6's run (gpt/train.py: its loop, data, report, single-device verdict and exit
+status) with Lesson 11's hooks (MeshRun): it builds the model and optimizer for the mesh and
+changes parts of the one step (gpt.step.train_step: the pipeline's forward and backward, DDP's
+and ZeRO's own averaging).
 Refused, as this trainer cannot honour them: --save / --load, --impl dtensor, and
 --eval-every with pp > 1 (each stage holds only its blocks).
 """
@@ -39,12 +40,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from tp_from_scratch.comm.launch import torch_main
 from tp_from_scratch.gpt import train
+from tp_from_scratch.gpt.hooks import Hooks
+from tp_from_scratch.gpt.mesh import setup_mesh
 from tp_from_scratch.gpt.model import gpt_to_tp, init_gpt
-from tp_from_scratch.gpt.options import at_least, first_problem, positive
-from tp_from_scratch.gpt.traffic import CollectiveCounter
+from tp_from_scratch.gpt.options import at_least, first_problem, positive, train_flag_problem
+from tp_from_scratch.gpt.step import make_optimizer, train_step
 from tp_from_scratch.parallelisms.memory import SavedActivations, memory_snapshot
-from tp_from_scratch.parallelisms.mesh import setup_mesh3d
 from tp_from_scratch.parallelisms.zero import ZeroOptimizer
 
 
@@ -90,7 +93,7 @@ def degrees(opts, world):
 
 def validate(opts, world):
     """The first problem with the arguments, as a sentence; None if fine."""
-    problem = first_problem(train.flag_problem(opts), positive("--pp", opts.pp), at_least("--dp", opts.dp, 0),
+    problem = first_problem(train_flag_problem(opts), positive("--pp", opts.pp), at_least("--dp", opts.dp, 0),
                             positive("--micro-batches", opts.micro_batches))
     if problem:
         return problem
@@ -107,8 +110,8 @@ def validate(opts, world):
     if pp > 1 and opts.eval_every:
         return ("--eval-every evaluates the whole model on every rank, but with --pp > 1 each rank "
                 "holds only its stage's blocks: run it with pp = 1")
-    if pp > opts.layers:
-        return f"pp={pp} stages for {opts.layers} layers: every stage needs at least one block"
+    if pp > opts.model.n_layers:
+        return f"pp={pp} stages for {opts.model.n_layers} layers: every stage needs at least one block"
     if opts.micro_batches < 1 or (opts.batch_size // dp) < opts.micro_batches:
         return (f"--micro-batches {opts.micro_batches}: each DP rank has {opts.batch_size // max(dp, 1)} "
                 f"sequences to split")
@@ -127,45 +130,44 @@ def ddp_hook_in_python(dp_group):
     return lambda state, bucket: allreduce_hook(dp_group, bucket)
 
 
-def build(opts, config, mesh, group):
-    """(module to train, optimizer, pipeline comm or None) on this rank; ``group``: the TP layers'.
+class MeshRun:
+    """Lesson 11's parts of Lesson 6's run (gpt.hooks.Hooks), for one dp x pp x tp mesh: the
+    model and optimizer for the mesh (build), Lesson 6's one step with the mesh's parts (step),
+    and every rank's measurements gathered at the end (finish): memory held, bytes per step,
+    step times, the pipeline's timelines; rank 0 then holds them as ``record``."""
 
-    tp = 1 trains the single-device GPT itself (no TP layers, so no TP collectives at all)."""
-    full = init_gpt(config, opts.seed, opts.torch_dtype)  # the same weights on every rank
-    model = full if mesh.tp == 1 else gpt_to_tp(group, full)
-    if opts.sp:
-        from tp_from_scratch.sequence_parallel.model import SequenceParallelGPT
-        model = SequenceParallelGPT(model)
-    model = model.to(mesh.device)
-    pp_comm = None
-    if mesh.pp > 1:
-        from tp_from_scratch.comm.torch_comm import TorchComm
-        from tp_from_scratch.parallelisms.pipeline import PipelineStage
-        pp_comm = TorchComm(mesh.pp_group, device=mesh.device if mesh.device.type == "cuda" else None,
-                            timeout=opts.timeout)
-        model = PipelineStage(pp_comm, model)
-    params = list(model.parameters())
-    if opts.ddp:
-        from torch.nn.parallel import DistributedDataParallel
-        model = DistributedDataParallel(model, process_group=mesh.dp_group, gradient_as_bucket_view=True)
-        model.register_comm_hook(None, ddp_hook_in_python(mesh.dp_group))
-    if opts.zero:
-        optimizer = ZeroOptimizer(mesh.dp_group, params, opts.zero, lambda ps: train.make_optimizer(ps, opts))
-    else:
-        optimizer = train.make_optimizer(params, opts)
-    return model, optimizer, pp_comm
-
-
-class Step:
-    """Lesson 6's one training step (gpt.train.train_step) with this mesh's parts, in the shape
-    train_loop calls it, recording what the comparison needs: step time, memory held, the
-    pipeline's timeline."""
-
-    def __init__(self, opts, mesh, model, optimizer):
-        self.opts, self.mesh, self.model, self.optimizer = opts, mesh, model, optimizer
-        self.module = getattr(model, "module", model)   # inside DDP
-        self.activations = SavedActivations(self.module.parameters())
+    def __init__(self, opts, mesh):
+        self.opts, self.mesh = opts, mesh
+        self.pp_comm, self.record, self.losses = None, None, []
         self.times, self.memory, self.timelines, self.peak = [], None, [], 0
+
+    def hooks(self):
+        return Hooks(build=self.build, step=self.step, finish=self.finish)
+
+    def build(self, opts, mesh, group):
+        """(module to train, optimizer) on this rank; ``group``: the TP layers'.
+
+        tp = 1 trains the single-device GPT itself (no TP layers, so no TP collectives at all)."""
+        full = init_gpt(opts.model, opts.seed, opts.torch_dtype)  # the same weights on every rank
+        model = full if mesh.tp == 1 else gpt_to_tp(group, full)
+        if opts.sp:
+            from tp_from_scratch.sequence_parallel.model import SequenceParallelGPT
+            model = SequenceParallelGPT(model)
+        model = model.to(mesh.device)
+        if mesh.pp > 1:
+            from tp_from_scratch.comm.torch_comm import TorchComm
+            from tp_from_scratch.parallelisms.pipeline import PipelineStage
+            self.pp_comm = TorchComm(mesh.pp_group, device=mesh.device, timeout=opts.timeout)
+            model = PipelineStage(self.pp_comm, model)
+        params = list(model.parameters())
+        self.module, self.activations = model, SavedActivations(params)
+        if opts.ddp:
+            from torch.nn.parallel import DistributedDataParallel
+            model = DistributedDataParallel(model, process_group=mesh.dp_group, gradient_as_bucket_view=True)
+            model.register_comm_hook(None, ddp_hook_in_python(mesh.dp_group))
+        if opts.zero:
+            return model, ZeroOptimizer(mesh.dp_group, params, opts.zero, lambda ps: make_optimizer(ps, opts))
+        return model, make_optimizer(params, opts)
 
     def pipeline_batch(self, model, x, y):
         """The pipeline's forward and backward of every micro-batch (train_step's run_batch)."""
@@ -184,15 +186,40 @@ class Step:
         self.peak = self.activations.peak
         return loss
 
-    def __call__(self, model, optimizer, x, y, dp_group, dp):
+    def step(self, model, optimizer, x, y, dp_group, dp):
+        """Lesson 6's one training step (gpt.step.train_step) with this mesh's parts, recording
+        what the comparison needs: step time, memory held, the pipeline's timeline."""
         start = time.perf_counter()
         run_batch = self.pipeline_batch if self.mesh.pp > 1 else self.tracked_batch
         # DDP and ZeRO average the gradients themselves; otherwise Lesson 6's hand-written average
-        loss = train.train_step(model, optimizer, x, y, dp_group, dp, run_batch=run_batch,
-                                average=not (self.opts.ddp or self.opts.zero))
+        loss = train_step(model, optimizer, x, y, dp_group, dp, run_batch=run_batch,
+                          average=not (self.opts.ddp or self.opts.zero))
         self.memory = memory_snapshot(self.module, optimizer, self.peak)   # what the step leaves held
         self.times.append(time.perf_counter() - start)
+        self.losses.append(loss.item())
         return loss
+
+    def finish(self, mesh, group, counter, n_steps):
+        """Gather every rank's measurements on rank 0 (collective over the world) as ``record``;
+        write it to --measure; print the pipeline's point-to-point bytes."""
+        everyone = [None] * mesh.world
+        dist.all_gather_object(everyone, measurements(mesh, self, counter, self.pp_comm, n_steps))
+        if self.pp_comm is not None:
+            self.pp_comm.close()   # waits for its last sends (a TorchComm over a subgroup must be closed)
+        if mesh.rank != 0:
+            return
+        opts = self.opts
+        self.record = {"strategy": strategy_name(opts, mesh), "dp": mesh.dp, "pp": mesh.pp, "tp": mesh.tp,
+                       "zero": opts.zero, "ddp": opts.ddp, "sp": opts.sp, "schedule": opts.schedule,
+                       "micro_batches": opts.micro_batches, "config": opts.model.to_dict(),
+                       "batch_size": opts.batch_size, "dtype": opts.dtype, "steps": opts.steps,
+                       "losses": self.losses, "ranks": everyone}
+        if opts.measure:
+            Path(opts.measure).parent.mkdir(parents=True, exist_ok=True)
+            Path(opts.measure).write_text(json.dumps(self.record))
+        if self.pp_comm is not None:
+            print(f"pipeline point-to-point: {self.pp_comm.meter.bytes_sent / max(opts.steps, 1):,.0f} "
+                  f"bytes sent per step by rank 0")
 
 
 def strategy_name(opts, mesh):
@@ -206,7 +233,7 @@ def strategy_name(opts, mesh):
     return label + (" sp" if opts.sp else "")
 
 
-def measurements(opts, mesh, step, counter, pp_comm, n_steps, warmup=1):
+def measurements(mesh, step, counter, pp_comm, n_steps, warmup=1):
     """This rank's figures: memory (bytes), payload bytes per step by (collective, group),
     point-to-point bytes per step, step times after ``warmup`` steps, the pipeline timelines."""
     p2p = pp_comm.meter.bytes_sent / max(n_steps, 1) if pp_comm is not None else 0
@@ -215,55 +242,19 @@ def measurements(opts, mesh, step, counter, pp_comm, n_steps, warmup=1):
             "step_s": step.times[warmup:] or step.times, "timelines": step.timelines[warmup:]}
 
 
-def train_once(opts, config, mesh):
-    """Build, train with Lesson 6's loop; a dict of what happened (the record on rank 0 only:
-    every rank's measurements, gathered; collective over the world)."""
-    counter = CollectiveCounter({mesh.tp_group: "tp", mesh.dp_group: "dp", mesh.pp_group: "pp"})
-    group = train.tp_group_for(opts, mesh)
-    model, optimizer, pp_comm = build(opts, config, mesh, group)
-    step = Step(opts, mesh, model, optimizer)
-    reference = train.single_device_run(config, opts) if opts.compares and mesh.rank == 0 else None
-    start = time.perf_counter()
-    losses, ref_losses, bad = train.train_loop(opts, config, mesh, model, optimizer, 0, reference, counter,
-                                               step_fn=step)
-    elapsed = time.perf_counter() - start
-    everyone = [None] * mesh.world
-    dist.all_gather_object(everyone, measurements(opts, mesh, step, counter, pp_comm, opts.steps))
-    if pp_comm is not None:
-        pp_comm.close()   # waits for its last sends (a TorchComm over a subgroup must be closed)
-    record = {"strategy": strategy_name(opts, mesh), "dp": mesh.dp, "pp": mesh.pp, "tp": mesh.tp,
-              "zero": opts.zero, "ddp": opts.ddp, "sp": opts.sp, "schedule": opts.schedule,
-              "micro_batches": opts.micro_batches, "config": config.to_dict(),
-              "batch_size": opts.batch_size, "dtype": opts.dtype, "steps": opts.steps,
-              "losses": losses, "ranks": everyone}
-    return {"losses": losses, "ref_losses": ref_losses, "bad": bad, "elapsed": elapsed, "group": group,
-            "counter": counter, "pp_comm": pp_comm, "record": record}
-
-
-def run(opts, config, mesh):
-    """Train and report; returns 1 if a step differs from one device."""
+def run(opts, mesh, mesh_run=None):
+    """Lesson 6's run on this mesh with Lesson 11's hooks; returns its exit status (1 if a step
+    differs from one device). ``mesh_run``: the MeshRun to fill (its record: rank 0's)."""
     if mesh.rank == 0:
         print(f"mesh dp={mesh.dp} x pp={mesh.pp} x tp={mesh.tp} ({strategy_name(opts, mesh)}); "
               f"rank = (pp_index * dp + dp_index) * tp + tp_index", flush=True)
-    out = train_once(opts, config, mesh)
-    if mesh.rank == 0:
-        if opts.measure:
-            Path(opts.measure).parent.mkdir(parents=True, exist_ok=True)
-            Path(opts.measure).write_text(json.dumps(out["record"]))
-        train.report(opts, config, mesh, out["group"], out["counter"], 0, out["losses"], out["ref_losses"],
-                     out["bad"], out["elapsed"])
-        if out["pp_comm"] is not None:
-            print(f"pipeline point-to-point: {out['pp_comm'].meter.bytes_sent / max(opts.steps, 1):,.0f} "
-                  f"bytes sent per step by rank 0")
-    return 1 if out["bad"] else 0
+    return train.run(opts, mesh, (mesh_run or MeshRun(opts, mesh)).hooks())
 
 
 def main(argv=None):
     opts = train.parse_config(build_parser(), validate, argv, MeshTrainConfig)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    dp, pp, tp = degrees(opts, world)
-    mesh = setup_mesh3d(dp, pp, tp, opts.device, opts.timeout)
-    train.run_and_exit(run, opts, train.config_from_args(opts), mesh)
+    dp, pp, tp = degrees(opts, int(os.environ.get("WORLD_SIZE", "1")))
+    torch_main(lambda: run(opts, setup_mesh(tp, opts.device, opts.timeout, pp=pp)), opts.device, opts.timeout)
 
 
 if __name__ == "__main__":

@@ -25,12 +25,14 @@ import math
 import platform
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from tp_from_scratch.gpt.data import entropy_rate, global_batch
 from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+from tp_from_scratch.gpt.step import forward_backward, train_step
 from tp_from_scratch.partial_sync.mappings import synced_channels
 from tp_from_scratch.partial_sync.model import t_stream_forward
 
@@ -58,14 +60,11 @@ def train_streams(config, t, p, seed, steps, batch_size, lr=3e-3, scale_private=
     """Train the t-stream model from init seed ``seed``; returns (trained GPT, train losses)."""
     gpt = init_gpt(config, seed)
     optimizer = torch.optim.AdamW(gpt.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0, foreach=False)
+    streams = partial(forward_backward, loss_fn=lambda gpt, x, y: t_stream_forward(gpt, x, y, t, p, scale_private)[1])
     losses = []
     for step in range(steps):
         x, y = global_batch(step, batch_size, config.seq_len, config.vocab_size, DATA_SEED)
-        optimizer.zero_grad(set_to_none=True)
-        _, loss = t_stream_forward(gpt, x, y, t, p, scale_private)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+        losses.append(train_step(gpt, optimizer, x, y, run_batch=streams).item())   # Lesson 6's step
     return gpt, losses
 
 

@@ -8,8 +8,8 @@
     .venv/bin/python -m tp_from_scratch.partial_sync.train --tp 2 --sync-fraction 0.5
 
 This is Lesson 6's trainer (tp_from_scratch.gpt.train: its step, loop, data, checkpoints,
-metrics and report, so every one of its options works the same) with four hooks
-(gpt.train.Hooks): the model is CAATGPT; between backward and the DP average the gradients
+metrics and report, so every one of its options works the same) with its hooks
+(gpt.hooks.Hooks): the model is CAATGPT; between backward and the DP average the gradients
 of the parameters the streams share are summed over the TP group (all_reduce_replicated_grads);
 the single-device reference is the t-stream model; checkpoints and metrics record p (and
 each step's TP bytes). Plus --sync-fraction p (default 1.0: ordinary TP). Without a launcher
@@ -26,13 +26,18 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 
+from tp_from_scratch.comm.launch import torch_main
 from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt import train as gpt_train
+from tp_from_scratch.gpt.hooks import Hooks, ModelKind
 from tp_from_scratch.gpt.model import init_gpt
+from tp_from_scratch.gpt.options import train_flag_problem
+from tp_from_scratch.gpt.step import make_optimizer, single_device_run, steps_on_comm, train_step
 from tp_from_scratch.partial_sync.autograd import all_reduce_replicated_grads
 from tp_from_scratch.partial_sync.mappings import synced_channels
 from tp_from_scratch.partial_sync.model import caat_from_gpt, t_stream_forward
@@ -60,11 +65,10 @@ def validate(opts, world_size):
         return f"--sync-fraction must be in [0, 1], got {opts.sync_fraction}"
     if opts.impl != "scratch":
         return "--impl dtensor has no partial reduce: use --impl scratch"
-    problem = gpt_train.flag_problem(opts)   # before the GPTConfig (e.g. an --arch of a later lesson)
+    problem = train_flag_problem(opts)
     if problem:
         return problem
-    config = gpt_train.config_from_args(opts)
-    return gpt_train.validate(opts, world_size, description(config, opts.tp, opts.sync_fraction))
+    return gpt_train.validate(opts, world_size, description(opts.model, opts.tp, opts.sync_fraction))
 
 
 def validate_simulated(opts, world_size):
@@ -79,8 +83,10 @@ def validate_simulated(opts, world_size):
 
 
 def description(config, tp, sync_fraction):
-    """The model a checkpoint of this run holds: at p < 1 a function of t (gpt/checkpoint.py)."""
-    return ckpt.model_description(config, tp, sync_fraction)
+    """The model a checkpoint of this run holds: at p < 1 a function of t that only this trainer
+    loads (gpt/checkpoint.py); at p = 1 the ordinary GPT."""
+    command = "python -m tp_from_scratch.partial_sync.train" if sync_fraction < 1.0 else None
+    return ckpt.model_description(config, tp, sync_fraction, command=command)
 
 
 def t_stream_loss(tp, sync_fraction):
@@ -90,7 +96,7 @@ def t_stream_loss(tp, sync_fraction):
 
 def t_stream_run(config, opts, tp, start=None):
     """The single-device reference: the t-stream model trained on every step's global batch."""
-    return gpt_train.single_device_run(config, opts, start, loss_fn=t_stream_loss(tp, opts.sync_fraction))
+    return single_device_run(config, opts, start, loss_fn=t_stream_loss(tp, opts.sync_fraction))
 
 
 def parse(argv=()):
@@ -100,7 +106,7 @@ def parse(argv=()):
 def t_stream_losses(argv):
     """[loss per step] of the single-device t-stream model for the command line ``argv``."""
     opts = parse(argv)
-    return [loss.item() for _, loss in t_stream_run(gpt_train.config_from_args(opts), opts, opts.tp)]
+    return [loss.item() for _, loss in t_stream_run(opts.model, opts, opts.tp)]
 
 
 def activation_bytes_per_step(config, batch, tp, sync_fraction, itemsize):
@@ -122,12 +128,13 @@ def train_on_comm(comm, argv=()):
     Returns {"losses": [...], "bytes_sent": [per step], "time_s": [per step]} for this rank.
     """
     opts = parse(argv)
-    config = gpt_train.config_from_args(opts)
+    config = opts.model
     model = caat_from_gpt(comm, init_gpt(config, opts.seed, opts.torch_dtype), opts.sync_fraction)
-    optimizer = gpt_train.make_optimizer(model.parameters(), opts)
+    optimizer = make_optimizer(model.parameters(), opts)
     out = {"losses": [], "bytes_sent": [], "time_s": []}
     before, t0 = comm.meter.bytes_sent, time.perf_counter()
-    for _, loss in gpt_train.steps_on_comm(opts, config, model, optimizer, after_backward=sum_shared_gradients):
+    shape = (config.seq_len, config.vocab_size)
+    for _, loss in steps_on_comm(opts, model, optimizer, shape, after_backward=sum_shared_gradients):
         out["losses"].append(loss.item())
         out["time_s"].append(time.perf_counter() - t0)
         out["bytes_sent"].append(comm.meter.bytes_sent - before)
@@ -142,15 +149,19 @@ def tp_bytes(opts, group, counter):
     return sum(b for (_, label), b in counter.bytes.items() if label == "tp")
 
 
-def hooks(opts, config, mesh):
-    """What Lesson 8 changes in Lesson 6's run (gpt.train.Hooks)."""
-    p = opts.sync_fraction
+def hooks(opts, mesh):
+    """What Lesson 8 changes in Lesson 6's run (gpt.hooks.Hooks): its model (CAATGPT, whose
+    checkpoints belong to t and p), the shared gradients summed after backward, the t-stream
+    reference, each step's TP bytes, and a summary of what p saved."""
+    p, config = opts.sync_fraction, opts.model
 
     def step_metrics(group, counter):
         before = tp_bytes(opts, group, counter)
         return lambda: {"sync_fraction": p, "tp_bytes": tp_bytes(opts, group, counter) - before}
 
-    def summary(group, counter, n_steps):
+    def summary(mesh, group, counter, n_steps):
+        if mesh.rank != 0:
+            return
         n = max(n_steps, 1)
         itemsize = torch.finfo(opts.torch_dtype).bits // 8
         batch = opts.batch_size // mesh.dp
@@ -160,17 +171,16 @@ def hooks(opts, config, mesh):
               f" the partial reduces' payload {activation_bytes_per_step(config, batch, mesh.tp, p, itemsize):,} "
               f"(at p = 1: {activation_bytes_per_step(config, batch, mesh.tp, 1.0, itemsize):,})")
 
-    return gpt_train.Hooks(
-        parallelize=lambda full, group: caat_from_gpt(group, full, p),
-        after_backward=sum_shared_gradients,
-        reference_loss=t_stream_loss(mesh.tp, p), reference_name="t-stream single-device",
-        description=description(config, mesh.tp, p), checkpoint_meta={"sync_fraction": p},
-        step_metrics=step_metrics, summary=summary)
+    return Hooks(model=ModelKind(description=description(config, mesh.tp, p), meta={"sync_fraction": p}),
+                 parallelize=lambda full, group: caat_from_gpt(group, full, p),
+                 step=partial(train_step, after_backward=sum_shared_gradients),
+                 reference=("t-stream single-device", t_stream_loss(mesh.tp, p)),
+                 metrics=step_metrics, finish=summary)
 
 
-def run(opts, config, mesh):
+def run(opts, mesh):
     """Lesson 6's run with Lesson 8's hooks, on torchrun; returns the exit status."""
-    return gpt_train.run(opts, config, mesh, hooks(opts, config, mesh))
+    return gpt_train.run(opts, mesh, hooks(opts, mesh))
 
 
 def simulated_main(opts, argv):
@@ -200,8 +210,8 @@ def main(argv=None):
     if not launched:
         sys.exit(simulated_main(opts, argv))
     from tp_from_scratch.gpt.mesh import setup_mesh
-    mesh = setup_mesh(opts.tp, opts.device, opts.timeout)
-    gpt_train.run_and_exit(run, opts, gpt_train.config_from_args(opts), mesh)
+    torch_main(lambda: run(opts, setup_mesh(opts.tp, opts.device, opts.timeout)), opts.device, opts.timeout,
+               errors=(ckpt.CheckpointError,))
 
 
 if __name__ == "__main__":

@@ -81,9 +81,12 @@ def compare_with_single_device(mesh, steps=5, seed=0, vocab_parallel=False):
     default GPT and batches); return the largest |loss difference| over ``steps`` steps."""
     import copy
 
+    from functools import partial
+
     from tp_from_scratch.gpt.data import global_batch
     from tp_from_scratch.gpt.dtensor_plan import loss_context
     from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+    from tp_from_scratch.gpt.step import train_step
 
     config = GPTConfig()
     single = init_gpt(config, seed, torch.float64)
@@ -94,11 +97,8 @@ def compare_with_single_device(mesh, steps=5, seed=0, vocab_parallel=False):
         x, y = global_batch(step, 8, config.seq_len, config.vocab_size, seed)
         losses = []
         for model, optimizer in zip((single, parallel), optimizers):
-            optimizer.zero_grad()
-            with loss_context(vocab_parallel and model is parallel):
-                _, loss = model(x, y)
-                loss.backward()
-            optimizer.step()
+            # Lesson 6's step; the vocab-sharded plan's forward and backward run inside loss_parallel
+            loss = train_step(model, optimizer, x, y, context=partial(loss_context, vocab_parallel and model is parallel))
             losses.append(loss.full_tensor().item() if hasattr(loss, "full_tensor") else loss.item())
         worst = max(worst, abs(losses[0] - losses[1]))
     return worst
@@ -196,19 +196,14 @@ def main(argv=None):
     import argparse
     import os
 
-    import torch.distributed as dist
-
+    from tp_from_scratch.comm.launch import torch_main
     from tp_from_scratch.gpt.mesh import setup_mesh
 
     parser = argparse.ArgumentParser(prog="python -m tp_from_scratch.sequence_parallel.dtensor_plan")
     parser.add_argument("--write", metavar="JSON", help="also write the collective counts to this file")
     args = parser.parse_args(argv)
-    mesh = setup_mesh(int(os.environ["WORLD_SIZE"]), dtensor=True)  # every rank in one TP group
-    try:
-        report(mesh, args.write)
-    finally:
-        dist.destroy_process_group()
-
+    # every rank in one TP group
+    torch_main(lambda: report(setup_mesh(int(os.environ["WORLD_SIZE"]), dtensor=True), args.write))
 
 if __name__ == "__main__":
     main()

@@ -24,6 +24,8 @@ freely between the two trainers and any tp); --impl dtensor applies PyTorch's pl
 
 from dataclasses import dataclass
 
+from tp_from_scratch.comm.launch import torch_main
+from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt import train
 from tp_from_scratch.gpt.mesh import setup_mesh
 from tp_from_scratch.gpt.model import gpt_to_tp
@@ -64,18 +66,18 @@ def sequence_parallelizer(opts, mesh):
                                                    recompute_attention=opts.recompute_attention)
 
 
-def run(opts, config, mesh):
+def run(opts, mesh):
     """Lesson 6's run with the sequence-parallel model; 1 if a step differs from one device."""
     if mesh.rank == 0:
         print(f"sequence parallel over tp={mesh.tp} ({opts.impl})"
               + (", attention core recomputed in backward" if opts.recompute_attention else ""), flush=True)
-    return train.run(opts, config, mesh, train.Hooks(parallelize=sequence_parallelizer(opts, mesh)))
+    return train.run(opts, mesh, train.Hooks(parallelize=sequence_parallelizer(opts, mesh)))
 
 
 def main(argv=None):
     opts = train.parse_config(build_parser(), validate, argv, SPTrainConfig)
-    mesh = setup_mesh(opts.tp, opts.device, opts.timeout, dtensor=opts.impl == "dtensor")
-    train.run_and_exit(run, opts, train.config_from_args(opts), mesh)
+    torch_main(lambda: run(opts, setup_mesh(opts.tp, opts.device, opts.timeout, dtensor=opts.impl == "dtensor")),
+               opts.device, opts.timeout, errors=(ckpt.CheckpointError,))
 
 
 if __name__ == "__main__":

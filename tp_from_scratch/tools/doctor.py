@@ -196,15 +196,13 @@ def _gloo_worker():
     import torch
     import torch.distributed as dist
 
-    from tp_from_scratch.comm.process_group import init_process_group
+    from tp_from_scratch.comm.launch import torch_main
 
-    init_process_group("cpu", timeout=30)  # env:// from torchrun, gloo
-    try:
+    def all_reduce():
         x = torch.tensor([dist.get_rank() + 1.0])
         dist.all_reduce(x)  # 1 + 2 on 2 ranks
         print(f"[rank {dist.get_rank()}: all_reduce gave {x.item():g}]", flush=True)
-    finally:
-        dist.destroy_process_group()
+    torch_main(all_reduce, timeout=30)  # env:// from torchrun, gloo
 
 
 def _mpi_worker():
