@@ -42,10 +42,11 @@ from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.compare import TOLERANCE, assert_matches_reference
 from tp_from_scratch.gpt.data import entropy_rate
 from tp_from_scratch.gpt.model import GPT, GPTConfig, shard_axis, shard_tensor
+from tp_from_scratch.gpt.step import single_device_run
 
 ARGV = ["--steps", "50", "--dtype", "float32"]       # the defaults of `.venv/bin/python -m tp_from_scratch.gpt.train`
 args = train.parse(ARGV)                             # the settings (train.TrainConfig)
-config = args.model
+config = args.model                                  # the model's sizes: a GPTConfig
 print(config)"""),
     new_markdown_cell(r"""## 1. Where the weights live
 
@@ -94,12 +95,13 @@ replicated part is small and each doubling of t nearly halves the memory.
 `train.train_on_comm` is one TP rank's run: the GPT built from the same seed as the
 single-device one and converted to this rank's shard (`model.gpt_to_tp`), the same batches
 (a seeded Markov chain, `tp_from_scratch.gpt.data`), AdamW. `run_spmd` runs it on 2 threads
-that talk through the from-scratch collectives. `train.single_device_run` trains the plain
-`GPT` on the same batches. The Markov chain's entropy rate is the best loss any model can reach."""),
+that talk through the from-scratch collectives. `gpt.step.single_device_run` trains the plain
+`GPT` on the same batches with the same step (`gpt.step.train_step`, the one every trainer
+runs). The Markov chain's entropy rate is the best loss any model can reach."""),
     new_code_cell("""t0 = time.perf_counter()
 per_rank = run_spmd(train.train_on_comm, 2, ARGV, timeout=300)
 tp_losses = per_rank[0]
-single = [loss.item() for _, loss in train.single_device_run(config, args)]
+single = [loss.item() for _, loss in single_device_run(config, args)]
 print(f"trained 2 ranks x {args.steps} steps and the single-device model in {time.perf_counter() - t0:.1f} s")
 
 # the loss is replicated: both ranks must report the same bits

@@ -198,7 +198,7 @@ default 2-layer model) and the bytes the from-scratch ring sends for each. Train
 on 3 simulated ranks (an uneven vocabulary split, so the ranks send different amounts), the
 meter of every rank agrees to the byte:"""),
     new_code_cell("""argv = ["--tp", "3", "--steps", "2", "--hidden", "48", "--heads", "6", "--kv-heads", "3"]
-args = train.build_parser().parse_args(argv)
+args = train.parse(argv)                  # the trainer's settings; args.model is its GPTConfig
 config = args.model
 
 def one_rank(comm):
