@@ -1,4 +1,4 @@
-"""Bad input to Hugging Face import/export and to generation (issue 24, F6-F19; issue 25 item 6).
+"""Bad input to Hugging Face import/export and to generation.
 
 Each case is one of ../shared/reviews/new-features-bad-input.md's, run in-process through the
 command's own ``main``: it must be refused before any work, in one line naming the flag, file,
@@ -70,10 +70,10 @@ def listing(directory):
 
 
 # ---------------------------------------------------------------------------------------
-# Import: configs and files that cannot be mapped exactly (F6, F8-F11, a missing tensor)
+# Import: configs and files that cannot be mapped exactly (a missing tensor too)
 # ---------------------------------------------------------------------------------------
 
-def test_untied_config_without_lm_head_is_refused_naming_both(fixtures, tmp_path, capsys):  # F6
+def test_untied_config_without_lm_head_is_refused_naming_both(fixtures, tmp_path, capsys):
     hf = copy_of(fixtures, "gpt2", tmp_path)       # tied: the file holds no lm_head.weight
     edit_config(hf, tie_word_embeddings=False)
     line = refusal(convert.main, ["import", hf, "--out", tmp_path / "out"], capsys)
@@ -81,7 +81,7 @@ def test_untied_config_without_lm_head_is_refused_naming_both(fixtures, tmp_path
     assert not (tmp_path / "out").exists()
 
 
-def test_truncated_safetensors_is_refused_naming_the_file(fixtures, tmp_path, capsys):  # F8
+def test_truncated_safetensors_is_refused_naming_the_file(fixtures, tmp_path, capsys):
     hf = copy_of(fixtures, "gpt2", tmp_path)
     data = (hf / "model.safetensors").read_bytes()
     (hf / "model.safetensors").write_bytes(data[:len(data) // 2])
@@ -90,7 +90,7 @@ def test_truncated_safetensors_is_refused_naming_the_file(fixtures, tmp_path, ca
     assert not (tmp_path / "out").exists()
 
 
-def test_config_that_is_not_json_is_refused_naming_the_file(fixtures, tmp_path, capsys):  # F9
+def test_config_that_is_not_json_is_refused_naming_the_file(fixtures, tmp_path, capsys):
     hf = copy_of(fixtures, "gpt2", tmp_path)
     (hf / "config.json").write_text('{"model_type": "gpt2", \n')
     line = refusal(convert.main, ["import", hf, "--out", tmp_path / "out"], capsys)
@@ -104,7 +104,7 @@ SIZES = {"gpt2": ("vocab_size", "n_positions", "n_layer", "n_embd", "n_head"),
 
 
 @pytest.mark.parametrize("arch, key", [(arch, key) for arch, keys in SIZES.items() for key in keys])
-def test_config_without_a_required_key_is_refused_naming_key_and_file(arch, key, fixtures, tmp_path, capsys):  # F10
+def test_config_without_a_required_key_is_refused_naming_key_and_file(arch, key, fixtures, tmp_path, capsys):
     hf = copy_of(fixtures, arch, tmp_path)
     edit_config(hf, **{key: None})
     line = refusal(convert.main, ["import", hf, "--out", tmp_path / "out"], capsys)
@@ -112,7 +112,7 @@ def test_config_without_a_required_key_is_refused_naming_key_and_file(arch, key,
     assert not (tmp_path / "out").exists()
 
 
-def test_pickled_code_in_pytorch_model_bin_never_runs_and_is_named(fixtures, tmp_path, capsys):  # F11
+def test_pickled_code_in_pytorch_model_bin_never_runs_and_is_named(fixtures, tmp_path, capsys):
     evil = tmp_path / "evil"
     evil.mkdir()
     shutil.copy(fixtures["gpt2"] / "config.json", evil)
@@ -127,7 +127,7 @@ def test_pickled_code_in_pytorch_model_bin_never_runs_and_is_named(fixtures, tmp
     assert not marker.exists() and not (tmp_path / "out").exists()
 
 
-def test_a_missing_tensor_is_refused_naming_it(fixtures, tmp_path, capsys):  # issue 25 item 6
+def test_a_missing_tensor_is_refused_naming_it(fixtures, tmp_path, capsys):
     from safetensors.torch import load_file, save_file
     hf = copy_of(fixtures, "llama", tmp_path)
     tensors = load_file(hf / "model.safetensors")
@@ -153,17 +153,17 @@ def test_a_tensor_of_another_shape_is_refused_naming_it(fixtures, tmp_path, caps
     assert not (tmp_path / "x.pt").exists()
 
 
-def test_linear_rope_scaling_is_refused_naming_that_type():  # issue 25 item 6
+def test_linear_rope_scaling_is_refused_naming_that_type():
     with pytest.raises(convert.ConversionError) as e:
         convert.config_from_hf({"model_type": "llama", "rope_scaling": {"type": "linear", "factor": 2.0}})
     assert "'linear'" in str(e.value) and "Llama 3" not in str(e.value), e.value
 
 
 # ---------------------------------------------------------------------------------------
-# Import: a tied config whose file holds a head of its own (F7): transformers' reading
+# Import: a tied config whose file holds a head of its own: transformers' reading
 # ---------------------------------------------------------------------------------------
 
-def test_tied_config_with_a_distinct_head_is_kept_untied_with_a_warning(fixtures, tmp_path, capsys):  # F7
+def test_tied_config_with_a_distinct_head_is_kept_untied_with_a_warning(fixtures, tmp_path, capsys):
     hf = copy_of(fixtures, "llama", tmp_path)      # untied: the file holds its own lm_head.weight
     edit_config(hf, tie_word_embeddings=True)
     assert convert.main(["import", str(hf), "--single", str(tmp_path / "tied.pt")]) is None
@@ -190,10 +190,10 @@ def test_tied_config_with_an_equal_head_stays_tied(fixtures, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------
-# Import: where it writes (F12)
+# Import: where it writes
 # ---------------------------------------------------------------------------------------
 
-def test_import_single_onto_a_directory_is_refused_before_writing(fixtures, tmp_path, capsys):  # F12
+def test_import_single_onto_a_directory_is_refused_before_writing(fixtures, tmp_path, capsys):
     target = tmp_path / "adir"
     target.mkdir()
     before = listing(tmp_path)
@@ -221,17 +221,17 @@ def test_outputs_that_cannot_be_written_are_refused_before_reading(fixtures, tmp
 
 
 # ---------------------------------------------------------------------------------------
-# Generate (F13-F19): refused before the model is loaded
+# Generate: refused before the model is loaded
 # ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("flags, words", [
-    (["--prompt", ""], "--prompt is empty"),                                              # F13
-    (["--text", ""], "--text is empty"),                                                  # F14
-    (["--prompt", "1,2,3", "--new-tokens", "0"], "--new-tokens must be at least 1, got 0"),   # F15
-    (["--prompt", "1,2,3", "--new-tokens", "-3"], "--new-tokens must be at least 1, got -3"),  # F16
-    (["--prompt", "1,2,3", "--sample", "--temperature", "0"], "--temperature must be greater than 0"),  # F17
-    (["--prompt", "1,2,3", "--sample", "--temperature", "-1"], "--temperature must be greater than 0"),  # F18
-    (["--prompt", "1,2,3", "--sample", "--top-k", "-1"], "--top-k must be at least 1, got -1"),  # F19
+    (["--prompt", ""], "--prompt is empty"),                                            
+    (["--text", ""], "--text is empty"),                                                
+    (["--prompt", "1,2,3", "--new-tokens", "0"], "--new-tokens must be at least 1, got 0"), 
+    (["--prompt", "1,2,3", "--new-tokens", "-3"], "--new-tokens must be at least 1, got -3"),
+    (["--prompt", "1,2,3", "--sample", "--temperature", "0"], "--temperature must be greater than 0"),
+    (["--prompt", "1,2,3", "--sample", "--temperature", "-1"], "--temperature must be greater than 0"),
+    (["--prompt", "1,2,3", "--sample", "--top-k", "-1"], "--top-k must be at least 1, got -1"),
     (["--prompt", "1,,3"], "--prompt must be comma-separated token ids"),
     (["--prompt", "1,2,3", "--temperature", "0.7"], "--temperature and --top-k shape sampling: add --sample"),
     (["--prompt", "1,2,3", "--top-k", "5"], "--temperature and --top-k shape sampling: add --sample"),

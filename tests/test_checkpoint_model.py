@@ -65,7 +65,7 @@ def test_the_description_is_in_the_metadata_and_old_checkpoints_are_described_fr
 
 
 @pytest.mark.parametrize("trainer", ["gpt", "sequence_parallel"])
-def test_F1_lesson_6_and_7_trainers_refuse_a_partial_sync_checkpoint(caat, trainer, monkeypatch, capsys):
+def test_lesson_6_and_7_trainers_refuse_a_partial_sync_checkpoint(caat, trainer, monkeypatch, capsys):
     import importlib
     main = importlib.import_module(f"tp_from_scratch.{trainer}.train").main
     out = refused(main, ["--tp", 2, "--steps", 8, "--load", caat, *SIZE], monkeypatch, capsys)
@@ -73,7 +73,7 @@ def test_F1_lesson_6_and_7_trainers_refuse_a_partial_sync_checkpoint(caat, train
     assert "python -m tp_from_scratch.partial_sync.train --tp 2 --sync-fraction 0.5 can load it" in out
 
 
-def test_F1_lesson_8_trainer_takes_it_at_its_own_t_and_p_only(caat, monkeypatch, capsys):
+def test_lesson_8_trainer_takes_it_at_its_own_t_and_p_only(caat, monkeypatch, capsys):
     from tp_from_scratch.partial_sync import train as caat_train
     ok = caat_train.parse(["--tp", 2, "--sync-fraction", 0.5, "--steps", 8, "--load", caat, *SIZE])
     assert caat_train.validate(ok, 2) is None
@@ -91,7 +91,7 @@ def test_F1_lesson_8_trainer_takes_it_at_its_own_t_and_p_only(caat, monkeypatch,
     assert caat_train.validate(caat_train.parse(["--tp", 4, "--steps", 8, "--load", plain, *SIZE]), 4) is None
 
 
-def test_F1_the_load_functions_refuse_it_too(caat):
+def test_the_load_functions_refuse_it_too(caat):
     # what a trainer's run reads after validation, and what every other loader calls
     with pytest.raises(ckpt.CheckpointError, match=r"but this run expects an ordinary GPT"):
         ckpt.load_full(caat)
@@ -101,7 +101,7 @@ def test_F1_the_load_functions_refuse_it_too(caat):
     assert ckpt.load_full(caat, CONFIG, expected)["step"] == 6
 
 
-def test_F1_checkpoint_export_refuses_it(caat, tmp_path, capsys):
+def test_checkpoint_export_refuses_it(caat, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         ckpt.main(["export", str(caat), str(tmp_path / "out.pt")])
     assert exit_info.value.code == 1 and PARTIAL in capsys.readouterr().err
@@ -113,7 +113,7 @@ def test_checkpoint_info_shows_any_model_and_says_which(caat, capsys):
     assert "holds a partially synchronized GPT (--arch gpt, --sync-fraction 0.5 at --tp 2)" in capsys.readouterr().out
 
 
-def test_F1_convert_export_refuses_it(caat, tmp_path, capsys):
+def test_convert_export_refuses_it(caat, tmp_path, capsys):
     from tp_from_scratch.gpt import convert
     with pytest.raises(SystemExit) as exit_info:
         convert.main(["export", str(caat), "--out", str(tmp_path / "hf")])
@@ -121,7 +121,7 @@ def test_F1_convert_export_refuses_it(caat, tmp_path, capsys):
     assert not (tmp_path / "hf").exists()
 
 
-def test_F2_generate_refuses_it(caat, monkeypatch, capsys):
+def test_generate_refuses_it(caat, monkeypatch, capsys):
     from tp_from_scratch.gpt import generate
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(SystemExit) as exit_info:
@@ -132,7 +132,7 @@ def test_F2_generate_refuses_it(caat, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("trainer", ["gpt", "sequence_parallel"])
-def test_F25_steps_below_the_checkpoints_step_are_refused(tmp_path, trainer, monkeypatch, capsys):
+def test_steps_below_the_checkpoints_step_are_refused(tmp_path, trainer, monkeypatch, capsys):
     import importlib
     main = importlib.import_module(f"tp_from_scratch.{trainer}.train").main
     root = save(tmp_path / "ck", tp=1, step=6)
@@ -144,7 +144,7 @@ def test_F25_steps_below_the_checkpoints_step_are_refused(tmp_path, trainer, mon
     assert train.validate(train.parse(["--steps", 6, "--load", root, *SIZE]), 1) is None
 
 
-def test_F25_the_run_itself_refuses_to_go_back(tmp_path):
+def test_the_run_itself_refuses_to_go_back(tmp_path):
     # a run started without validate (a script calling train.run) reads the same rule on load
     root = save(tmp_path / "ck", tp=1, step=6)
     _, meta = ckpt.read_metadata(root)

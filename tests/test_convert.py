@@ -152,7 +152,7 @@ def test_a_gpt2model_file_as_on_the_hub_imports(tmp_path):
 
 
 def test_a_tied_config_with_a_distinct_head_imports_as_transformers_loads_it(tmp_path):
-    # issue 24 F7: config.json says tied, the file holds an lm_head.weight of its own;
+    # config.json says tied, the file holds an lm_head.weight of its own;
     # from_pretrained keeps the two apart (and warns), so must the import: the same logits
     from transformers import LlamaForCausalLM
     hf_models.llama(seed=6, dtype=torch.float32).save_pretrained(tmp_path)   # untied

@@ -1,4 +1,4 @@
-"""DeepSeek-V3's checkpoints (issue 27 item 4): Lesson 6's files with Lesson 12's cut.
+"""DeepSeek-V3's checkpoints: Lesson 6's files with Lesson 12's cut.
 
 A checkpoint written by t ranks in one layout, glued back, is the single-device model trained
 the same steps, optimizer state included, and cuts again for any other t and layout; Lesson 6's

@@ -309,8 +309,8 @@ def test_planner_says_which_precision_its_memory_assumes(capsys, monkeypatch, tm
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--batch-size", "-8"], "--batch-size must be at least 1, got -8"),           # F20
-    (["--dp", "0"], "--dp must be at least 1, got 0"),                              # F21
+    (["--batch-size", "-8"], "--batch-size must be at least 1, got -8"),         
+    (["--dp", "0"], "--dp must be at least 1, got 0"),                            
     (["--dp", "-1"], "--dp must be at least 1, got -1"),
     (["--dp", "3"], "--dp 3 does not divide the batch size (8)"),                   # as the trainer demands
     (["--tp", "0"], "--tp must be at least 1, got 0"),
@@ -324,7 +324,7 @@ def test_planner_refuses_bad_sizes_in_one_line(capsys, flags, message):
     assert err.err.strip().splitlines()[-1].endswith(message)
 
 
-def test_planner_refuses_a_profile_that_is_not_json_naming_the_file(capsys, tmp_path):  # F22
+def test_planner_refuses_a_profile_that_is_not_json_naming_the_file(capsys, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"name": ')
     for profile, problem in ((bad, "not a readable JSON file"), (tmp_path / "none.json", "no such file")):

@@ -1,5 +1,5 @@
-"""Every trainer entry point honours every shared option, or refuses it with a message (issue 23
-item 1; issue 24 cases F3, F4, F5).
+"""Every trainer entry point honours every shared option, or refuses it with a message, and gives
+the same single-device verdict and exit status for --equal-steps.
 
 The trainers are one trainer (gpt/train.py) with each later lesson's hooks, so each shared
 option must act the same in all of them. One torchrun launch per trainer, 2 processes, a tiny
@@ -93,7 +93,7 @@ def test_every_shared_option_has_its_effect(launched, name):
     losses = [r for r in records if "loss" in r]
     assert [r["step"] for r in losses] == list(range(steps))                        # --metrics
     # --data text: the trainer's loss equals one device's on text (--compare-single), and is not
-    # the Markov chain's (F3: Lesson 8's trainer trained on the chain whatever --data said)
+    # the Markov chain's (Lesson 8's trainer once trained on the chain whatever --data said)
     assert f"comparison: {steps} of {steps} steps equal" in out, out[-3000:]
     assert abs(losses[0]["loss"] - float(markov_first_loss(name))) > 1e-3
     every = steps // 2
@@ -101,7 +101,7 @@ def test_every_shared_option_has_its_effect(launched, name):
     assert evals == [every - 1, steps - 1] and f"step {every - 1:4d}  validation loss" in out
     assert (tmp / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"                # --plot
     assert "only steps 0..1 must be (--equal-steps 2)" in out                        # --equal-steps
-    if saves:                                                                         # --save-every (F4)
+    if saves:                                                                         # --save-every
         saved = sorted(ckpt.read_metadata(d)[1]["step"] for d in (tmp / "ck").glob("step_*"))
         assert saved == [every, steps]
 
@@ -120,7 +120,7 @@ def test_lesson_8_records_p_and_its_bytes_and_its_checkpoint_belongs_to_its_t_an
         ckpt.load_full(tmp / "ck", config, caat_train.description(config, 4, 0.5))
 
 
-def test_F3_lesson_8_without_a_launcher_trains_on_text(tmp_path, monkeypatch):
+def test_lesson_8_without_a_launcher_trains_on_text(tmp_path, monkeypatch):
     # at p = 1, t = 1 the CAAT model IS the GPT: its first loss on text is the GPT's on text
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     run = ["--steps", 1, "--seed", 3, *TINY]
@@ -182,7 +182,7 @@ def test_every_trainer_refuses_a_shared_option_the_same_way(monkeypatch, capsys,
 
 
 @pytest.mark.parametrize("main, argv, world, message", [
-    # F5: the pipeline cannot evaluate the whole model on one rank
+    # the pipeline cannot evaluate the whole model on one rank
     ("parallelisms.train", ["--pp", 2, "--eval-every", 2], 2, "--eval-every evaluates the whole model"),
     ("parallelisms.train", ["--save", "x"], 2, "parallelisms.train runs --impl scratch without --save / --load"),
     # Lesson 8 without torchrun: simulated ranks only train and meter

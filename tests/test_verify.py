@@ -10,7 +10,7 @@
   subgroup, random shapes, t = 3), one per input variant of the sequence-parallel checks
   (uneven T, non-contiguous, 4-D, two passes), and the picotron bug patterns;
 * an adapter that deadlocks, raises on one rank, skips a collective on one rank or fails to
-  import on one rank (F24) costs one named row, while every other adapter of the same
+  import on one rank costs one named row, while every other adapter of the same
   launch keeps its full results;
 * a correct cross-entropy that fuses two all-reduces passes the collectives check;
 * the exit status tells all-pass (0), some FAIL (1), could-not-run (2), nothing checked (3).
@@ -395,7 +395,7 @@ def test_a_rank_that_hangs_raises_or_skips_costs_one_named_row(launched):
         "ERROR: ValueError: rank 1 cannot take a 4-D input (at tests/verify_adapters.py:")
     skipped = [r for r in at3 if r["adapter"] == "bug: g skipped on rank 1" and r["status"] == "ERROR"]
     assert {r["check"] for r in skipped} == {"4-D input", "ranks in step"}, table(skipped)
-    # F24: the rank-1 import error, at once, and the adapter's checks skipped on every rank
+    # the rank-1 import error, at once, and the adapter's checks skipped on every rank
     load = [r for r in rows if r["adapter"] == "tests/verify_rank1_import.py:ADAPTER"]
     assert {(r["check"], r["status"]) for r in load} == {("load", "ERROR")}, table(load)
     assert "rank 1: ERROR: RuntimeError: adapter import failed on rank 1 only (at " in load[0]["detail"]

@@ -66,7 +66,7 @@ def test_the_full_runs_first_50_steps_equal_one_device_in_float32():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--steps", "0"], "--steps must be at least 1, got 0"),      # F23: was an IndexError
+    (["--steps", "0"], "--steps must be at least 1, got 0"),      # was an IndexError
     (["--steps", "-5"], "--steps must be at least 1, got -5"),
     (["--equal-steps", "0"], "--equal-steps must be at least 1, got 0"),   # the trainers' flag and rule
     (["--compare-single"], "--compare-single compares TP with one device: launch 2 or more processes"),

@@ -10,7 +10,7 @@ check aimed at it. Written here from the description of each pattern, not copied
     GLOBAL_PADDING_IDX  a vocab-parallel embedding that applies the global padding_idx to its
                         local rows, so rank r > 0 zeroes the gradient of row start_r + padding_idx
 
-A second set, one per kind of input the suite now feeds (issue 26), each passing every
+A second set, one per kind of input the suite now feeds, each passing every
 check it passed before and failing only the new one aimed at it:
 
     ROW_VIEW            flattens with .view(): fails on a non-contiguous input
@@ -40,7 +40,7 @@ and the ones that misbehave across ranks; each must cost one named row, never th
     HANGS_ON_RANK_1     g's rank 1 blocks forever (the 2-D input case, t = 3 only): a deadlock
     RAISES_ON_RANK_1    the row layer raises on rank 1 only, after its all-reduce (4-D input)
     SKIPS_COLLECTIVE    g's rank 1 skips the all-reduce (4-D input, t = 3 only); rank 0 waits
-    tests/verify_rank1_import.py:ADAPTER   an adapter file that fails to import on rank 1 (F24)
+    tests/verify_rank1_import.py:ADAPTER   an adapter file that fails to import on rank 1
 
 They call torch.distributed directly, as picotron does, so they run in processes only.
 ``exercise_adapter(module)`` describes an Exercise 5 implementation (a known-wrong one, say).
@@ -134,7 +134,7 @@ TARGETS = {
 }
 
 
-# --- the inputs of issue 26 ------------------------------------------------------------
+# --- the inputs the suite feeds ------------------------------------------------------------
 
 class _RowView(RowParallelLinear):
     def forward(self, x):

@@ -1,4 +1,4 @@
-"""An adapter file that fails to import on rank 1 only (case F24 of the bad-input review):
+"""An adapter file that fails to import on rank 1 only:
 the suite must show rank 1's own error at once, not a collective timeout."""
 import os
 

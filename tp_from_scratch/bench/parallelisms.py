@@ -6,7 +6,7 @@
     .venv/bin/python -m tp_from_scratch.bench parallelisms --markdown lessons/measurements/parallelisms.json  # docs/measured.md's table
 
 One torchrun launch of 4 CPU processes (gloo) trains every strategy in turn with Lesson 11's
-trainer (tp_from_scratch.parallelisms.train.train_once), each on its own dp x pp x tp groups
+trainer (tp_from_scratch.parallelisms.train.run with a MeshRun), each on its own dp x pp x tp groups
 (--worker: what each process runs). Per strategy, the rank holding the most:
 
 * memory per rank (KiB): weights, gradients and optimizer state after a step (counted tensor

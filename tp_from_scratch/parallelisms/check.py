@@ -270,25 +270,6 @@ def zero_report(comm):
     return True
 
 
-def zero_shards_add_up(record):
-    """Sentences where a ZeRO record's optimizer bytes over a DP group differ from unsharded AdamW's."""
-    if not record["zero"]:
-        return []
-    config, problems = GPTConfig(**record["config"]), []
-    itemsize = {"float32": 4, "float64": 8}[record["dtype"]]
-    for rank in record["ranks"]:
-        if rank["dp_rank"] != 0:
-            continue
-        group = [r for r in record["ranks"] if (r["pp_rank"], r["tp_rank"]) == (rank["pp_rank"], rank["tp_rank"])]
-        total = sum(r["memory"]["optimizer"] for r in group)
-        whole = cost.memory(config, pp=record["pp"], t=record["tp"], itemsize=itemsize, stage=rank["pp_rank"],
-                            tp_rank=rank["tp_rank"])["optimizer"]
-        if total != whole:
-            problems.append(f"ZeRO optimizer state over the DP group of rank {rank['rank']}: {total:,} bytes, "
-                            f"unsharded AdamW holds {whole:,}")
-    return problems
-
-
 def mesh_check(variants):
     """Run every (args, mesh) variant with Lesson 11's trainer; returns 1 if any check fails
     (decided on rank 0)."""
@@ -299,7 +280,7 @@ def mesh_check(variants):
         if mesh.rank != 0:
             continue
         record, config = mesh_run.record, args.model
-        problems = cost.differences(record) + zero_shards_add_up(record)
+        problems = cost.differences(record) + cost.zero_shards_add_up(record)
         if status:
             problems.append("a step differs from the single-device loss (the lines above say which)")
         if first_losses is None:

@@ -205,6 +205,26 @@ def differences(record):
     return problems
 
 
+def zero_shards_add_up(record):
+    """Sentences where a ZeRO record's optimizer bytes over a DP group differ from unsharded AdamW's."""
+    if not record["zero"]:
+        return []
+    from tp_from_scratch.gpt.model import GPTConfig
+    config, problems = GPTConfig(**record["config"]), []
+    itemsize = {"float32": 4, "float64": 8}[record["dtype"]]
+    for rank in record["ranks"]:
+        if rank["dp_rank"] != 0:
+            continue
+        group = [r for r in record["ranks"] if (r["pp_rank"], r["tp_rank"]) == (rank["pp_rank"], rank["tp_rank"])]
+        total = sum(r["memory"]["optimizer"] for r in group)
+        whole = memory(config, pp=record["pp"], t=record["tp"], itemsize=itemsize, stage=rank["pp_rank"],
+                            tp_rank=rank["tp_rank"])["optimizer"]
+        if total != whole:
+            problems.append(f"ZeRO optimizer state over the DP group of rank {rank['rank']}: {total:,} bytes, "
+                            f"unsharded AdamW holds {whole:,}")
+    return problems
+
+
 def zero_model_state_bytes(n_params, dp, stage, precision="mixed"):
     """Bytes of weights + gradients + optimizer state per rank for ZeRO stage 0 (plain DP) to 3.
 

@@ -16,7 +16,7 @@
 The command line is Lesson 6's (``.venv/bin/python -m tp_from_scratch.gpt.train --help``) plus
 --recompute-attention, and running it means ``--sequence-parallel``: Lesson 6's run (data,
 optimizer, checkpoints, metrics, report; every option works the same) with one hook
-(gpt.train.Hooks.parallelize): the model built sequence-parallel. --impl scratch wraps
+(gpt.hooks.Hooks.parallelize): the model built sequence-parallel. --impl scratch wraps
 the TP model in SequenceParallelGPT (same modules, same state dict, so checkpoints move
 freely between the two trainers and any tp); --impl dtensor applies PyTorch's plan
 (sequence_parallel/dtensor_plan.py; every --arch, no --save / --load, as in Lesson 6).
@@ -59,7 +59,7 @@ def validate(opts, world_size):
 
 
 def sequence_parallelizer(opts, mesh):
-    """parallelize(full, group) for gpt.train.Hooks: this rank's sequence-parallel model."""
+    """parallelize(full, group) for gpt.hooks.Hooks: this rank's sequence-parallel model."""
     if opts.impl == "dtensor":
         return lambda full, group: parallelize_gpt_sp(full, mesh.device_mesh["tp"])
     return lambda full, group: SequenceParallelGPT(gpt_to_tp(group, full),
