@@ -118,25 +118,31 @@ def expected_dispatch(xs, scores, bias, k, n_experts, p, r):
 PLAN_FIELDS = ("experts", "order", "send_counts", "recv_counts")
 
 
+def require(condition, message):
+    """An AssertionError with ``message`` alone (no pytest rewrite of the condition)."""
+    if not condition:
+        raise AssertionError(message)
+
+
 def check_dispatched(rank, x, rows, local, plan, k, n_experts, p):
     """What the experts and combine rely on: integer ids and counts, local_expert in range."""
     ids = [("local_expert", local)] + [(f"plan.{f}", getattr(plan, f)) for f in PLAN_FIELDS]
     for name, value in ids:
         dtype = np.asarray(value).dtype
-        assert np.issubdtype(dtype, np.integer), (
-            f"rank {rank}: {name} has dtype {dtype}: expert ids, positions and counts must be "
-            "integer arrays (a float count cannot size a buffer, nor a float id index a row)")
+        require(np.issubdtype(dtype, np.integer),
+                f"rank {rank}: {name} has dtype {dtype}: expert ids, positions and counts must be "
+                "integer arrays (a float count cannot size a buffer, nor a float id index a row)")
     N, per_rank = len(x), n_experts // p
     local, order = np.asarray(local), np.asarray(plan.order)
-    assert local.shape == (len(rows),), (
-        f"rank {rank}: local_expert has shape {local.shape}; one id per received row: ({len(rows)},)")
+    require(local.shape == (len(rows),),
+            f"rank {rank}: local_expert has shape {local.shape}; one id per received row: ({len(rows)},)")
     if len(local):
-        assert local.min() >= 0 and local.max() < per_rank, (
-            f"rank {rank}: local_expert must be in [0, E/t) = [0, {per_rank}), got {local.min()}..{local.max()}: "
-            f"it is the expert id minus r E/t (rank {rank} owns experts {rank * per_rank} to "
-            f"{(rank + 1) * per_rank - 1})")
-    assert order.shape == (N * k,) and (np.sort(order) == np.arange(N * k)).all(), (
-        f"rank {rank}: plan.order must be a permutation of the N k = {N * k} pairs (the pairs' send order)")
+        require(local.min() >= 0 and local.max() < per_rank,
+                f"rank {rank}: local_expert must be in [0, E/t) = [0, {per_rank}), got {local.min()}..{local.max()}: "
+                f"it is the expert id minus r E/t (rank {rank} owns experts {rank * per_rank} to "
+                f"{(rank + 1) * per_rank - 1})")
+    require(order.shape == (N * k,) and (np.sort(order) == np.arange(N * k)).all(),
+            f"rank {rank}: plan.order must be a permutation of the N k = {N * k} pairs (the pairs' send order)")
     assert_not_aliased(rows, [x], "dispatched rows", rank)
 
 
@@ -207,7 +213,7 @@ def test_combine_returns_each_row_to_its_token_with_weights_that_sum_to_one(impl
     W = np.broadcast_to(np.eye(xs[0].shape[1]), (n_experts, *xs[0].shape[1:] * 2))
     for r, (_, _, y) in enumerate(ep_forward(impl, xs, scores, bias, W, k, p)):
         x = xs[r]
-        assert y.shape == x.shape, f"rank {r}: combine returned shape {y.shape}, expected {x.shape} (N, H)"
+        require(y.shape == x.shape, f"rank {r}: combine returned shape {y.shape}, expected {x.shape} (N, H)")
         bad = [n for n in range(len(x)) if not np.allclose(y[n], x[n], rtol=1e-12, atol=1e-12)]
         if not bad:
             continue
