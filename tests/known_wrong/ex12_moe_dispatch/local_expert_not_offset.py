@@ -1,7 +1,6 @@
 """Known-wrong: local_expert is the global expert id, not the id minus r E/t, so rank r > 0
 names experts it does not hold (out of [0, E/t)).
 """
-import numpy as np
 
 from tp_from_scratch.deepseek.dispatch import DispatchPlan, all_to_all_v, combine  # noqa: F401 (graded names; right: only dispatch is wrong)
 from tp_from_scratch.deepseek.dispatch import dispatch as _library
