@@ -188,7 +188,7 @@ class Divergence:
     bound: float = 0.0
 
     def line(self):
-        return f"first divergence: {self.name} ({self.kind}): {self.pattern}; {self.detail}"
+        return f"first divergence: {self.name}: {self.pattern}; {self.detail}"
 
 
 def bound_for(reference, dtype, layers, precision=None):
@@ -242,7 +242,7 @@ def compare_event(group, event, expected, *, layout_of, dtype, layers, precision
     flags = all_gather(group, torch.tensor([problem is not None], dtype=torch.long), dim=0)
     if flags.any():
         ranks = ", ".join(str(r) for r, f in enumerate(flags.tolist()) if f)
-        return Divergence(event.kind, event.name, "a head or expert split wrongly",
+        return Divergence(event.kind, f"{event.name} ({event.kind})", "a head or expert split wrongly",
                           problem or f"rank(s) {ranks} hold a piece their plan does not give them")
     full = to_full(group, local, layout)
     bound = bound_for(expected, dtype, layers, precision)
@@ -252,12 +252,13 @@ def compare_event(group, event, expected, *, layout_of, dtype, layers, precision
         return None
     pieces = gather_pieces(group, _local(local)) if not isinstance(local, DTensor) else None
     pattern, detail = diagnose(full, expected, pieces, layout, bound, tp_world_size(group), head)
-    where = event.name
     if event.kind == "input" and previous is not None and not previous.name.startswith(event.name):
         parent = _owner(event.name)
         detail += (f"; {previous.name}'s {previous.kind} was still equal, so the difference comes from "
                    f"{parent}'s own code between them")
-        where = f"{parent} (before {event.name})"
+        where = f"{parent}, in its own code before {event.name}"
+    else:
+        where = f"{event.name} ({event.kind})"
     return Divergence(event.kind, where, pattern, detail, max_error(full, expected) if
                       full.shape == expected.shape else float("inf"), bound)
 
@@ -293,7 +294,8 @@ def diagnose(full, expected, pieces, layout, bound, t, head=None):
         if _close(total, expected, bound * t):
             return ("Partial where Replicate was expected (a missing all-reduce)",
                     f"the ranks hold different values whose sum is the reference; {detail}")
-    blocks = _permutation(full, expected, bound, head or (full.shape[-1] // t if full.shape[-1] % t == 0 else 0))
+    blocks = full.dim() and _permutation(full, expected, bound,
+                                         head or (full.shape[-1] // t if full.shape[-1] % t == 0 else 0))
     if blocks:
         return "rows permuted (heads or experts split wrongly)", f"blocks of the last dim in the order {blocks}; {detail}"
     if pieces and layout.sharded:

@@ -71,8 +71,11 @@ def check_configuration(build, ctx, dtype, seed=0, phase_seen=None):
     try:
         _run(pair, ctx, dtype, seed, out, seen)
     except Crash as crash:
-        out.update(verdict=CRASHED, phase=crash.phase, where=crash.where, message=str(crash),
-                   divergence=getattr(crash, "hint", ""))
+        if out["divergence"]:   # it already differed: the verdict stays, the crash is told after
+            out.update(verdict=DIFFERS, message=f"then crashed in {crash.phase}: {crash}")
+        else:
+            out.update(verdict=CRASHED, phase=crash.phase, where=crash.where, message=str(crash),
+                       divergence=getattr(crash, "hint", ""))
     except Exception as error:  # noqa: BLE001 - outside the TP model's phases (the reference)
         out.update(verdict=CRASHED, phase="reference", message=describe(error))
     return out
@@ -176,8 +179,9 @@ def _locate(pair, ctx, dtype, precision, tp_rec, ref_rec, layout_of):
     if found is None:
         backward = [e for e in tp_rec.events if e.kind == "output gradient"]
         found = first_divergence(pair.group, backward, ref_rec.events, kinds=("output gradient",), **kw)
-        if found is not None:
-            found.detail += f"; the gradient reached {found.name}'s output from {_consumer(tp_rec, found.name)}"
+        if found is not None:   # named by the module whose backward sent that gradient
+            module = found.name.rsplit(" (", 1)[0]
+            found.name = f"{_consumer(tp_rec, module)} (backward: the gradient it sends to {module}'s output)"
     return found.line() if found else ""
 
 
