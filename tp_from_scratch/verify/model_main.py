@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from tp_from_scratch.comm.launchers import free_port, subprocess_env
-from tp_from_scratch.verify.worker import FINISHED
+from tp_from_scratch.verify.worker import FINISHED, RESTART
 
 COULD_NOT_RUN, NOTHING_CHECKED, SOME_FAIL, ALL_EQUAL = 2, 3, 1, 0
 SCHEMA = "tp_from_scratch.verify.model/1"
@@ -201,7 +201,7 @@ def _spawn(world, items_file, store_port, launch, after, args, logs):
         env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         cmd = [sys.executable, "-m", "tp_from_scratch.verify.model_worker", "--store", f"127.0.0.1:{store_port}",
-               "--launch", launch, "--items", items_file, "--after", str(after), "--seed", str(args.seed),
+               "--launch", launch, "--items", items_file, "--shared", str(logs / "shared"), "--after", str(after), "--seed", str(args.seed),
                "--timeout", str(args.timeout)]
         log = open(logs / f"{launch.replace('/', '_')}_rank{rank}.log", "w")
         procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
@@ -267,6 +267,9 @@ def run_world(world, items, args):
             stuck = max(done, default=after) + 1
             if stuck >= len(items):   # every item has its records; the exit was after the last
                 return results
+            if done and all(c == RESTART for c in codes):   # out of step after a complete item
+                after = max(done)
+                continue
             if not done and after == -1 and not any(store.check([f"{launch}/at/{r}"]) for r in range(world)):
                 tails = "; ".join(f"rank {r}: {_tail(logs, launch, r)}" for r in range(world))
                 raise Refused(f"the {world} worker processes never started a configuration: {tails}")

@@ -36,6 +36,7 @@ def _arguments(argv):
     parser.add_argument("--launch", required=True)
     parser.add_argument("--items", required=True, help="JSON file: [{source, group, dtype}]")
     parser.add_argument("--after", type=int, default=-1)
+    parser.add_argument("--shared", required=True, help="a folder every rank sees")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--collective-timeout", type=float, default=30.0)
@@ -64,14 +65,16 @@ class Groups:
             self.by_size[g] = (dist.group.WORLD if g == world else
                                blocks[mine] if mine < len(blocks) else None, mine)
 
-    def context(self, g, tmp):
+    def context(self, g, tmp, shared):
         group, index = self.by_size[g]
         if group is None:
             return None, index
         if g not in self.meshes:
             from torch.distributed.device_mesh import DeviceMesh
             self.meshes[g] = DeviceMesh.from_group(group, "cpu")
-        return Context(group, self.meshes[g], g, dist.get_rank(group), tmp), index
+        shared = os.path.join(shared, str(index))
+        os.makedirs(shared, exist_ok=True)
+        return Context(group, self.meshes[g], g, dist.get_rank(group), tmp, shared), index
 
 
 def main(argv=None):
@@ -90,7 +93,7 @@ def main(argv=None):
             continue
         fence.at(i, "start")
         with tempfile.TemporaryDirectory(prefix=f"verify_model_rank{rank}_") as tmp:
-            ctx, index = groups.context(item["group"], tmp)
+            ctx, index = groups.context(item["group"], tmp, os.path.join(args.shared, str(i)))
             if ctx is None:   # this rank is outside every group of this size
                 rec = dict(verdict="idle", phase="", message="", where="", divergence="", checks=[])
             else:

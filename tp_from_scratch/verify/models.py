@@ -33,12 +33,13 @@ from tp_from_scratch.verify.ours_layout import deepseek_layout, gpt_layout, gpt_
 class Context:
     """Where a configuration runs: the TP group (a ProcessGroup, or a Comm on simulated
     ranks), its 1-D DeviceMesh (None on simulated ranks), t, this rank in the group, a folder
-    of this rank's own."""
+    of this rank's own and one its whole TP group shares."""
     group: object
     mesh: object
     t: int
     rank: int
     tmp: str
+    shared: str = ""
 
 
 def _local(x):
@@ -197,8 +198,10 @@ def build_hf(directory, plan, ctx, dtype, seed=0):
                               min_new_tokens=n, do_sample=False, pad_token_id=pad)
 
     def round_trip(model):
-        saved = os.path.join(ctx.tmp, "saved")
-        model.save_pretrained(saved)
+        import torch.distributed as dist
+        saved = os.path.join(ctx.shared or ctx.tmp, "saved")
+        model.save_pretrained(saved)          # every rank gathers; rank 0 alone writes the files
+        dist.barrier(group=ctx.group)
         back = AutoModelForCausalLM.from_pretrained(saved, dtype=dtype)
         mine = dict(back.named_parameters())
         return [(n, full_parameter(n, p), mine[n]) for n, p in model.named_parameters()]

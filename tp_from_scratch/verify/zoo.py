@@ -41,6 +41,7 @@ def write(directory, seed=0):
 
     from tp_from_scratch.verify.models import randomize
     logging.set_verbosity_error()
+    logging.disable_progress_bar()
     out = []
     for i, (name, (_, changes)) in enumerate(ZOO.items()):
         path = os.path.join(directory, name)
