@@ -62,7 +62,7 @@ class Block(nn.Module):
 
 
 class TinyLM(nn.Module):
-    def __init__(self, vocab=96, hidden=48, heads=6, kv_heads=6, ffn=96, layers=2):
+    def __init__(self, vocab=96, hidden=48, heads=12, kv_heads=12, ffn=96, layers=2):
         super().__init__()
         self.embed = nn.Embedding(vocab, hidden)
         self.layers = nn.ModuleList(Block(hidden, heads, kv_heads, ffn) for _ in range(layers))

@@ -40,7 +40,11 @@ VERDICTS = ("equal", "differs", "crashed", "refused at load", "stuck", "not offe
 
 
 class Refused(Exception):
-    """Bad input: one line, exit 2, before any process starts."""
+    """Bad input: one line, exit 2 (3 for t = 1: nothing to check), before any process starts."""
+
+    def __init__(self, message, code=COULD_NOT_RUN):
+        super().__init__(message)
+        self.code = code
 
 
 def parser():
@@ -134,8 +138,8 @@ def plan_configurations(args):
     """[(label, source)] and [(world, group)], validated; Refused on bad input."""
     launches, explicit = _launches(args.t)
     if any(g == 1 for _, g in launches):
-        raise SystemExit(_refuse(NOTHING_CHECKED, f"--t {args.t}: nothing checked at t = 1 (one rank has no "
-                                 "collective and no shard); use t >= 2"))
+        raise Refused(f"--t {args.t}: nothing checked at t = 1 (one rank has no collective and no shard); "
+                      "use t >= 2", NOTHING_CHECKED)
     dtypes = args.dtypes.split(",")
     bad = [d for d in dtypes if not isinstance(getattr(torch, d, None), torch.dtype)]
     if bad:
@@ -392,7 +396,7 @@ def main(argv=None):
         if not sources:
             raise Refused("nothing to check: give --hf DIR, --entry MODULE:FUNCTION, --ours NAMES or --zoo")
     except Refused as refused:
-        return _refuse(COULD_NOT_RUN, str(refused))
+        return _refuse(refused.code, str(refused))
     items, skipped = configurations(sources, launches, dtypes)
     print(f"verify model: {len(sources)} source(s), t = {args.t or ','.join(str(g) if w == g else f'{g}of{w}' for w, g in launches)}; "
           f"dtypes {', '.join(dtypes)}; seed {args.seed} (--seed {args.seed} reproduces)", flush=True)

@@ -33,8 +33,8 @@ ZOO = {
 }
 
 
-def write(directory, seed=0):
-    """Save every zoo config with random weights under ``directory``; [(name, path)]."""
+def write(directory, seed=0, names=None):
+    """Save the zoo configs (all, or ``names``) with random weights under ``directory``; [(name, path)]."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging
@@ -44,6 +44,8 @@ def write(directory, seed=0):
     logging.disable_progress_bar()
     out = []
     for i, (name, (_, changes)) in enumerate(ZOO.items()):
+        if names is not None and name not in names:
+            continue
         path = os.path.join(directory, name)
         model = randomize(LlamaForCausalLM(LlamaConfig(**{**BASE, **changes})), seed + i)
         model.save_pretrained(path)
