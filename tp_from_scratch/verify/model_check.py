@@ -104,9 +104,8 @@ def _run(pair, ctx, dtype, seed, out, seen):
     ref_logits, ref_loss = pair.run(pair.reference, ids, targets)
     tp_rec = record(pair.parallel)
     try:
-        with _phase("forward", seen, tp_rec):
-            with pair.loss_context():
-                logits, loss = pair.run(pair.parallel, ids, targets)
+        with _phase("forward", seen, tp_rec):   # run() enters loss_parallel itself where it needs it
+            logits, loss = pair.run(pair.parallel, ids, targets)
     except Crash as crash:
         crash.hint = crash_hint(pair, tp_rec, ref_rec, crash.where)
         raise
@@ -216,8 +215,7 @@ def _adamw(pair, dtype, ids, targets, bound, checks):
         checks.append(_worst("weights after AdamW", weights))
     with torch.no_grad():
         ref_loss = pair.run(pair.reference, ids, targets)[1]
-        with pair.loss_context():
-            loss = pair.run(pair.parallel, ids, targets)[1]
+        loss = pair.run(pair.parallel, ids, targets)[1]
     loss = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
     checks.append(_check("loss after AdamW", loss, ref_loss, bound(ref_loss, steps=1)))
 
