@@ -12,7 +12,8 @@ one simulated rank (the same code with the whole of every tensor):
   in bfloat16 (added in float32, rounded once);
 * check_layers: the invariant column (also with a KV head on several ranks), row, LM-head and
   cross-entropy outputs and every gradient.
-Started by plain ``python -m tp_from_scratch.numerics.check``, it runs on 1, 2, 4 and 8 simulated ranks.
+Started without a launcher, `.venv/bin/python -m tp_from_scratch.numerics.check`, it runs on 1, 2, 4
+and 8 simulated ranks.
 """
 import functools
 import sys

@@ -4,7 +4,7 @@ A BLAS matmul picks its kernel, its blocking and its order of accumulation from 
 is handed. Slice the output's rows or columns (a column-parallel layer at t ranks computes
 out/t columns) and an element may come out in other bits than the same element of the whole
 product (Lesson 13 measures where: on this machine F.linear is not slice-invariant below 16
-columns or at 1 and 2 rows). Two ways out, each used where it fits:
+columns, nor at 1 or 2 rows, and at some other row counts with two threads). Two ways out, each used where it fits:
 
     invariant_linear(x, w)       F.linear(x, w) as a product then a sum over the contiguous
                                  last axis: every output element is its own reduction of K

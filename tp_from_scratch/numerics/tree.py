@@ -3,9 +3,9 @@
 Floating-point addition is not associative, so a sum split across t ranks comes out in other
 bits when t changes: the row-parallel matmul adds t partial sums where one device adds one
 long sum, and the ring all-reduce adds them in an order that depends on the rank (Lesson 2:
-chunk c starts at rank c+1). The cure (TBIK, arXiv 2511.17826, abstract: "align intra- and
-inter-GPU reduction orders through a unified hierarchical binary tree") fixes the order
-once, for every t:
+chunk c starts at rank c+1). The cure (TBIK, arXiv 2511.17826, abstract of v1: "align intra-
+and inter-GPU reduction orders through a unified hierarchical binary tree structure") fixes the
+order once, for every t:
 
     the reduced axis is cut into L leaves (L a power of two, 8 by default), and the sum
     over them is the complete binary tree over leaves 0 .. L-1:
