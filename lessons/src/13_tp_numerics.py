@@ -301,7 +301,7 @@ for arch, nkv in (("gpt2", 4), ("llama", 1)):
     print(f"{arch:<6} {truth:>19.15f} {results[0][0].item():>19.15f} {results[0][1].item():>15.4f} {local:>36}")"""),
     new_markdown_cell(r"""The right norm equals one device's to float64's roundoff (the order of the squares' sum
 differs); the gradients clipped by it equal one device's clipped gradients
-(`tests/test_numerics_clip.py` checks every one, at t = 1, 2, 4, for the 2-norm and the max-norm,
+(`tests/test_numerics_clip.py` checks every one, at t = 1, 2 and 4, the max-norm too,
 and on a dp x tp mesh under torchrun). The first wrong norm is too large, the second too small and
 different on every rank.
 
