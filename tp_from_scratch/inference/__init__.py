@@ -1,0 +1,1 @@
+"""Lesson 14: tensor parallelism at inference time."""
