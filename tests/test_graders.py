@@ -36,6 +36,7 @@ EXPECTED_TESTS = {
     "ex10": 38,
     "ex11": 67,
     "ex12": 23,
+    "ex14": 55,
 }
 
 # known-wrong implementations whose first failure must carry a targeted hint (a substring of it)
@@ -56,6 +57,7 @@ EXPECTED_HINTS = {
     ("ex10", "keeps_the_wrong_half_then_indexes_past_the_end"): "the rank whose bit is 0 keeps the LOWER half",
     ("ex11", "sends_activation_after_the_backward"): "a send placed too late",
     ("ex07", "g_forward_no_shard_check"): "the array_split rule gives 2 and 2",
+    ("ex14", "gathers_the_logits"): "are the logits gathered?",
 }
 
 WRONG_CASES = sorted(

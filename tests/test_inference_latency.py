@@ -93,6 +93,11 @@ def test_compression_buys_nothing_where_alpha_is_everything():
                       all_reduce_by_world_size={})
     q = decode_step(LLAMA_70B, free_bytes, 8, 64, 1024, bits=4, group_size=128)
     assert q["all_reduce_s"] == pytest.approx(decode_step(LLAMA_70B, free_bytes, 8, 64, 1024)["all_reduce_s"])
+    # CAAT-Net's partial sync (Lesson 8) likewise: fewer channels, as many calls; p = 0 leaves the embedding's
+    assert decode_step(LLAMA_70B, free_bytes, 8, 64, 1024, synced_fraction=0.25)["all_reduce_s"] == \
+        pytest.approx(q["all_reduce_s"])
+    assert decode_step(LLAMA_70B, free_bytes, 8, 64, 1024, synced_fraction=0.0)["all_reduce_s"] == \
+        pytest.approx(q["all_reduce_s"] / 161)
     pcie = load_profile("h100-pcie")
     assert decode_step(LLAMA_70B, pcie, 8, 64, 1024, bits=4)["all_reduce_s"] < \
         decode_step(LLAMA_70B, pcie, 8, 64, 1024)["all_reduce_s"]

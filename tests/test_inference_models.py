@@ -127,3 +127,13 @@ def test_bad_blocks_and_settings_are_named():
     # the ordinary model is built in one place, and inference_gpt starts from it
     names = run_spmd(lambda comm: sorted(tensor_parallel_gpt(comm, gpt).state_dict()), 2)[0]
     assert names == sorted(run_spmd(lambda comm: inference_gpt(comm, gpt, (0,), 4).state_dict(), 2)[0])
+
+
+@pytest.mark.slow  # one launch: the native gloo collectives behind the same code
+@pytest.mark.timeout(300)
+def test_sampling_quantized_reduces_and_spd_on_gloo_under_torchrun():
+    from tp_from_scratch.comm.launchers import run_command, torchrun_command
+    result = run_command(torchrun_command(2, "tp_from_scratch.inference.checks"), timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:]
+    for check in ("check_sampling", "check_model", "check_quantized"):
+        assert f"{check}: ok at t=2 (gloo)" in result.stdout, result.stdout[-3000:]

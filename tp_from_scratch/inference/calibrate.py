@@ -25,20 +25,23 @@ from tp_from_scratch.comm.launchers import run_command, torchrun_command
 from tp_from_scratch.cost.calibrate import fit_line, measure_matmul_flops
 
 
-def _fastest(run, repeats):
+def _median_time(run, repeats):
+    """The median of ``repeats`` timed runs after a warm-up: the statistic gpt.generate bench
+    reports (the median step), so that a prediction and its measurement are read alike."""
     run()  # warm up
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
-    return min(times)  # the run least disturbed by other programs
+    return statistics.median(times)
 
 
 def measure_memory_bandwidth(total_bytes=64 * 2 ** 20, shape=(1024, 1024), repeats=9):
     """Bytes/s one process with one thread reads float32 weights at, as decoding reads them:
     one token (1, in) times each of total_bytes / 4 MiB matrices (out, in) in turn, twice the
-    last-level cache of this machine (32 MiB), so every step streams them from memory."""
+    last-level cache of this machine (32 MiB), so every step streams them from memory; the
+    median of ``repeats`` passes."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -48,7 +51,7 @@ def measure_memory_bandwidth(total_bytes=64 * 2 ** 20, shape=(1024, 1024), repea
         def run():
             for w in weights:
                 torch.nn.functional.linear(x, w)
-        return len(weights) * weights[0].numel() * 4 / _fastest(run, repeats)
+        return len(weights) * weights[0].numel() * 4 / _median_time(run, repeats)
     finally:
         torch.set_num_threads(before)
 
@@ -57,7 +60,7 @@ def measure_decode_overhead(depths=(1, 4), steps=16, repeats=7):
     """{"fixed_s", "per_layer_s"}: one decode step's time that is not arithmetic, one thread.
 
     Times decode steps (one new token against a KV cache, no gradient) of GPTs with H = 16 at
-    two depths, the median step of the fastest of ``repeats`` runs, and fits
+    two depths, the median step over ``repeats`` runs, and fits
     time = fixed + per_layer L: the Python and dispatch of each block's dozen small ops.
     """
     from tp_from_scratch.gpt.generate import generate
@@ -71,12 +74,12 @@ def measure_decode_overhead(depths=(1, 4), steps=16, repeats=7):
                                n_heads=4, n_kv_heads=2)
             model = init_gpt(config, 0).eval()
             prompt = torch.zeros(1, 4, dtype=torch.long)
-            best = []
+            steps_s = []
             for _ in range(repeats):
                 timings = {}
                 generate(model, prompt, steps, timings=timings)
-                best.append(statistics.median(timings["decode_s"]))
-            seconds.append(min(best))
+                steps_s += timings["decode_s"]
+            seconds.append(statistics.median(steps_s))
     finally:
         torch.set_num_threads(before)
     fixed, per_layer = fit_line(list(depths), seconds)

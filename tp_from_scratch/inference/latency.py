@@ -12,14 +12,19 @@ What a decode step costs TP rank 0 (the largest shard), no overlap (our code has
     compute     2 B (its matmul weights) + 4 B context hs (nh/t) L FLOPs / FLOP/s
                 (the two are one roofline: the larger of them is the step's arithmetic)
     all-reduce  2L + 1 of (B, H): the embedding's g, and g after attention and after the MLP in
-                every block, each alpha-beta (cost.model.all_reduce_seconds); an SPD block has one
+                every block, each alpha-beta (cost.model.all_reduce_seconds); an SPD block has one;
+                quantized ones send fewer bytes in as many messages; CAAT-Net's p H channels
     sampling    gpt.generate all-gathers the (B, V/t) logits; sampling.sample_from_shards
                 all-gathers (B, 2) candidates (and (B, k) scores for top-k) instead
     overhead    this CPU's per-step Python cost, fixed + per layer (--calibrate); 0 on a GPU
                 profile (CUDA graphs assumed: no launch cost)
 
 In decode the all-reduces carry B H numbers (16 KiB for B = 1, H = 8192 in bf16): alpha, the
-latency of a call, dominates them, not bytes. The parameters and shapes come from Lesson 6's
+latency of a call, dominates them, not bytes. Every collective is counted as Lesson 2's ring
+counts it: 2(t-1) messages for an all-reduce (and for the two-step quantized one), t-1 for an
+all-gather; a GPU profile sets alpha per message from a published per-call all-reduce latency.
+A library's one-shot kernel does either in one step, so there an all-gather costs about what an
+all-reduce costs, not half: the ring's count is this model's assumption, said so. The parameters and shapes come from Lesson 6's
 inventory (through cost.model), the link prices from Lesson 9's profiles.
 """
 import json
@@ -30,6 +35,7 @@ from tp_from_scratch.collectives import ring_messages
 from tp_from_scratch.cost.model import PRESETS, all_reduce_seconds, architecture, parameters
 from tp_from_scratch.inference.quantized import UNQUANTIZED, reduce_bytes, reduce_messages
 from tp_from_scratch.inference.sampling import exchanges, sharded_sampling_bytes
+from tp_from_scratch.partial_sync.mappings import synced_channels
 from tp_from_scratch.sharding import shard_sizes
 
 # ---------------------------------------------------------------------------------------
@@ -163,14 +169,26 @@ def _overhead(profile, config):
     return cost["fixed_s"] + cost["per_layer_s"] * config.n_layers if cost else 0.0
 
 
+def all_reduces_seconds(config, profile, t, tokens, itemsize, spd_blocks=0, bits=UNQUANTIZED, group_size=128,
+                        scheme="two_step", synced_fraction=1.0, collectives="native"):
+    """A forward's all-reduces over ``tokens`` positions: the embedding's exact one of (tokens, H),
+    and 2L - spd_blocks row-parallel reduces of (tokens, floor(p H)), quantized at bits < 16."""
+    n = tokens * synced_channels(config.hidden, synced_fraction)
+    reduces = 2 * config.n_layers - spd_blocks
+    per_reduce = reduce_seconds(profile, t, n, itemsize, bits, group_size, scheme, collectives) if n else 0.0
+    return all_reduce_seconds(profile, collectives, tokens * config.hidden * itemsize, t) + reduces * per_reduce
+
+
 def decode_step(config, profile, t, batch, context, itemsize=2, arch=None, sampling="gathered", top_k=0,
-                spd_blocks=0, bits=UNQUANTIZED, group_size=128, scheme="two_step", collectives="native"):
+                collectives="native", **syncs):
     """{"memory_s", "compute_s", "all_reduce_s", "sampling_s", "overhead_s", "step_s", ...} of one
     decode step of ``batch`` sequences, each with ``context`` tokens cached, on TP rank 0.
 
     step = max(memory, compute) + all-reduces + sampling + overhead (nothing overlapped).
-    spd_blocks: how many blocks drop their attention all-reduce; bits < 16: the row-parallel
-    reduces quantized (quantized.reduce_bytes' messages and bytes).
+    ``syncs`` (all_reduces_seconds): spd_blocks, how many blocks drop their attention all-reduce;
+    bits < 16 (group_size, scheme), the row-parallel reduces quantized (quantized.reduce_bytes'
+    messages and bytes); synced_fraction p < 1, CAAT-Net's partial sync (Lesson 8): each block
+    all-reduce carries floor(p H) channels.
     """
     rate, bandwidth, stretch = _rates(profile, t)
     weights = matmul_weights(config, t, 0, arch)
@@ -178,10 +196,7 @@ def decode_step(config, profile, t, batch, context, itemsize=2, arch=None, sampl
     flops = 2 * batch * weights + 4 * batch * context * config.head_size * (config.n_heads // t) * config.n_layers
     memory = (weights * itemsize + kv) / bandwidth * stretch
     compute = flops / rate * stretch
-    n = batch * config.hidden
-    reduces = 2 * config.n_layers - spd_blocks
-    all_reduce = all_reduce_seconds(profile, collectives, n * itemsize, t) \
-        + reduces * reduce_seconds(profile, t, n, itemsize, bits, group_size, scheme, collectives)
+    all_reduce = all_reduces_seconds(config, profile, t, batch, itemsize, collectives=collectives, **syncs)
     choose = sampling_seconds(profile, t, batch, config.vocab_size, itemsize, sampling, top_k, collectives)
     overhead = _overhead(profile, config) * stretch
     step = max(memory, compute) + all_reduce + choose + overhead
@@ -191,18 +206,18 @@ def decode_step(config, profile, t, batch, context, itemsize=2, arch=None, sampl
 
 
 def prefill(config, profile, t, batch, prompt, itemsize=2, arch=None, sampling="gathered", top_k=0,
-            collectives="native"):
+            collectives="native", **syncs):
     """{"compute_s", "memory_s", "all_reduce_s", "sampling_s", "overhead_s", "step_s"}: the
     prompt's forward (B x prompt tokens) and the first token's choice: time to first token.
-    Attention over the full prompt x prompt square, as our code computes it."""
+    Attention over the full prompt x prompt square, as our code computes it; ``syncs`` as for
+    decode_step."""
     rate, bandwidth, stretch = _rates(profile, t)
     weights = matmul_weights(config, t, 0, arch)
     tokens = batch * prompt
     flops = 2 * tokens * weights + 4 * batch * prompt ** 2 * config.head_size * (config.n_heads // t) * config.n_layers
     memory = (weights * itemsize + kv_cache_bytes(config, t, batch, prompt, itemsize)) / bandwidth * stretch
     compute = flops / rate * stretch
-    all_reduce = (2 * config.n_layers + 1) * all_reduce_seconds(profile, collectives,
-                                                                tokens * config.hidden * itemsize, t)
+    all_reduce = all_reduces_seconds(config, profile, t, tokens, itemsize, collectives=collectives, **syncs)
     choose = sampling_seconds(profile, t, batch, config.vocab_size, itemsize, sampling, top_k, collectives)
     overhead = _overhead(profile, config) * stretch
     return {"flops": flops, "compute_s": compute, "memory_s": memory, "all_reduce_s": all_reduce,

@@ -131,7 +131,7 @@ def report(args, config, profile, say=print):
     for t in ts:
         m = memory_per_rank(config, t, B, context, itemsize)
         d = decode_step(config, profile, t, B, context, itemsize, **options)
-        p = prefill(config, profile, t, B, prompt, itemsize, sampling=args.sampling, top_k=args.top_k)
+        p = prefill(config, profile, t, B, prompt, itemsize, **options)
         base = base or d["step_s"]
         say(f"{t:>3} {m['weights'] / 1e9:>10.2f} {m['kv_cache'] / 1e9:>8.2f} "
             f"{'yes' if fits(config, profile, t, B, context, itemsize) else 'NO':>5} {d['memory_s'] * 1e3:>8.3f} "
