@@ -3,7 +3,7 @@
     # a Llama-3-70B-like model on one 8-GPU NVLink node: one decode step by t, and the sweep
     # over batch and context that says where t = 8 pays, and by how much
     .venv/bin/python -m tp_from_scratch.inference.planner --arch llama --vocab-size 128256 --layers 80 \\
-        --hidden 8192 --heads 64 --kv-heads 8 --ffn 28672 --untied --batch-size 1 --context 8192 --sweep
+        --hidden 8192 --heads 64 --kv-heads 8 --ffn 28672 --batch-size 1 --context 8192 --sweep
     # the same across PCIe, or across two nodes
     ... --profile h100-pcie        ... --profile h100-infiniband
     # this machine: measure it (memory bandwidth, decode overhead, gloo's all-reduce), then plan
