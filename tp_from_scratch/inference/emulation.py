@@ -41,7 +41,7 @@ def _linear(pieces, name, x, bias=True):
     return F.linear(x, w, b if bias else None)
 
 
-def _attention_partial(block, pieces, a, config, start):
+def _attention_partial(pieces, a, config, start=0):
     """Y_r: rank r's heads of attention on a = ln1(x) (B, T, H), through its columns of W_o."""
     q, k, v = (_linear(pieces, f"attn.{n}", a) for n in "qkv")
     rope = None
@@ -75,7 +75,7 @@ def partitioned_block(block, i, x, t, config, spd=False, reduce=plain_sum):
         return y if b is None else y + b
 
     a = block.ln1(x)
-    ys = [_attention_partial(block, p, a, config, 0) for p in ranks]
+    ys = [_attention_partial(p, a, config) for p in ranks]
     if spd:  # rank r's MLP sees x + Y_r only; one reduce carries Y_r + Z_r
         zs = [_mlp_partial(p, block.ln2(plus(x + y, b_o)), config) for p, y in zip(ranks, ys)]
         return plus(plus(x + reduce([y + z for y, z in zip(ys, zs)]), b_o), b_mlp)
