@@ -136,3 +136,17 @@ def test_planner_command_line(capsys):
             planner.main(argv + bad)
         assert stop.value.code == 2 and needle in capsys.readouterr().err
     assert set(PROFILES) == {"h100-nvlink", "h100-pcie", "h100-infiniband"}
+
+
+def test_flops_are_lesson_9s_forward_flops():
+    # a decode step of B sequences with one cached token is Lesson 9's forward of B one-token
+    # sequences (its attention counts the full T x T square: 1 x 1 here); a prefill is its forward
+    from dataclasses import replace
+
+    from tp_from_scratch.cost.model import forward_flops
+    nvlink = load_profile("h100-nvlink")
+    for t in (1, 2, 8):
+        one = replace(LLAMA_70B, seq_len=1)
+        assert decode_step(LLAMA_70B, nvlink, t, 4, 1)["flops"] == forward_flops(one, "llama", 4, t)
+        assert prefill(LLAMA_70B, nvlink, t, 2, 512)["flops"] == forward_flops(replace(LLAMA_70B, seq_len=512),
+                                                                                "llama", 2, t)
