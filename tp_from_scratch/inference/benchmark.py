@@ -99,8 +99,10 @@ def main(argv=None):
     profile = load_profile(args.profile)
     ratios = report(rows, profile)
     if args.out:
-        record = {"command": "python -m tp_from_scratch.inference.benchmark", "date": time.strftime("%Y-%m-%dT%H:%MZ",
-                  time.gmtime()), "cores": os.cpu_count(), "load_average": os.getloadavg(), "profile": profile,
+        command = " ".join([".venv/bin/python -m tp_from_scratch.inference.benchmark",
+                            *(["--calibrate"] if args.calibrate else []), f"--out {args.out}"])
+        record = {"command": command, "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
+                  "cores": os.cpu_count(), "load_average": os.getloadavg(), "profile": profile,
                   "rows": rows, "ratios": ratios, "median_ratio": statistics.median(ratios)}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(record, indent=1))
