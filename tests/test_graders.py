@@ -37,6 +37,7 @@ EXPECTED_TESTS = {
     "ex11": 67,
     "ex12": 33,
     "ex13": 55,
+    "ex14": 55,
 }
 
 # known-wrong implementations whose first failure must carry a targeted hint (a substring of it)
@@ -70,6 +71,7 @@ EXPECTED_HINTS = {
     ("ex12", "combine_weights_the_outputs_in_place_at_t1"): "outputs after combine (must be untouched)",
     ("ex12", "combine_crashes_with_no_tokens"): "test_a_rank_with_no_tokens_still_takes_part",
     ("ex12", "pairing_table_up_to_five_ranks"): "[6-12-4]",
+    ("ex14", "gathers_the_logits"): "are the logits gathered?",
 }
 
 WRONG_CASES = sorted(
