@@ -33,6 +33,8 @@ LESSON = {
     "overlap": 10,                              # Lesson 10: hiding and shrinking communication
     "parallelisms": 11,                         # Lesson 11: TP beside DDP, ZeRO and pipelines
     "deepseek": 12,                             # Lesson 12: DeepSeek-V3, TP meets mixture-of-experts
+    "numerics": 13,                             # Lesson 13: bitwise at every t, clipping, the doubling backward
+    "inference": 14,                            # Lesson 14: TP at inference time
 }
 TOOLING = {"tools", "bench", "demos", "verify"}  # may import any lesson; no lesson imports them
 MAX_TOP_LEVEL_MODULES = 8
@@ -333,7 +335,7 @@ def test_no_module_of_a_lesson_names_a_later_lesson():
     problems = []
     for name, path in MODULES.items():
         lesson = lesson_of(name)
-        if component(name) in TOOLING or not 1 <= lesson <= 11:
+        if component(name) in TOOLING or not 1 <= lesson < max(LESSON.values()):
             continue
         last = max(lesson, LAST_LESSON.get(component(name), lesson))
         for number, line in enumerate(source(path).splitlines(), 1):
@@ -355,9 +357,10 @@ def calls_of(path, function):
 
 # where a process group may start and end: its one constructor, the torch entry point's door
 # (comm.launch.torch_main; spmd_main's finish) and the Comm door (TorchComm());
-# verify's worker is started and restarted by its supervisor, around a store of its own
+# verify's workers are started and restarted by its supervisors, around a store of their own
 PROCESS_GROUP_DOORS = {"tp_from_scratch.comm.process_group", "tp_from_scratch.comm.launch",
-                       "tp_from_scratch.comm.torch_comm", "tp_from_scratch.verify.worker"}
+                       "tp_from_scratch.comm.torch_comm", "tp_from_scratch.verify.worker",
+                       "tp_from_scratch.verify.model_worker"}
 
 
 def test_a_torch_process_group_starts_and_ends_in_one_place():
