@@ -7,7 +7,7 @@
                         an all-reduce layout (own experts on all tokens, one all-reduce),
                         expert tensor parallel (every expert split), and their traffic
     dispatch.py         expert parallelism's dispatch and combine in numpy (Exercise 12's reference)
-    autograd.py         the all-to-all with uneven counts in torch, and as an autograd Function
+    autograd.py         the all-to-all with uneven counts as an autograd Function (AllToAll)
     mla.py              multi-head latent attention with its heads split, and the latent cache
     model.py            DeepSeek-V3 on t ranks, equal to transformers' DeepseekV3ForCausalLM;
                         state dicts and save_pretrained files in and out; greedy generation

@@ -32,10 +32,11 @@ import torch
 from torch import nn
 
 from tp_from_scratch.collectives import ring_all_reduce_bytes
+from tp_from_scratch.nn.collectives import exchange_counts
 from tp_from_scratch.nn.mappings import copy_to_tp_region, reduce_from_tp_region, tp_rank, tp_world_size
 from tp_from_scratch.sharding import check_divisible
 
-from .autograd import all_to_all, exchange_counts
+from .autograd import all_to_all
 from .moe import Experts, GatedFFN, Router, combine, expert_rows, gated_ffn, pairs
 from .router import route
 

@@ -10,6 +10,7 @@ tier; nn/mappings.py holds the other two.
     all_gather(group, x, dim, sizes)        every rank's piece along dim, in rank order
     reduce_scatter(group, x, dim)           the sum, then this rank's array_split chunk of dim
     split(group, x, dim, sizes)             this rank's chunk of dim; no communication
+    exchange_counts, all_to_all_v           every rank's counts, then rows to their ranks
 
 ``group`` is a ``torch.distributed.ProcessGroup`` (PyTorch's native collectives) or a
 ``tp_from_scratch.comm.Comm`` (Lesson 2's ring collectives, on numpy arrays: tensor ->
@@ -151,3 +152,31 @@ def split(group, x, dim=-1, sizes=None):
     start = sum(sizes[:rank])
     # a copy even when the chunk is all of x (t = 1) or already contiguous: never a view of x
     return x.narrow(dim, start, sizes[rank]).clone(memory_format=torch.contiguous_format)
+
+
+# the all-to-all with uneven counts (a dispatch of rows to their ranks, e.g. tokens to experts)
+
+def exchange_counts(group, send_counts):
+    """send_counts (t,) or (t, m) ints, row d for rank d -> an int64 tensor of the same shape
+    whose row q is what rank q sends this rank: what every receiver must know before a
+    dispatch with uneven counts (an all-to-all of t equal blocks)."""
+    if isinstance(check_group(group), Comm):
+        return torch.from_numpy(collectives.exchange_counts(group, np.asarray(send_counts)))
+    sent = torch.as_tensor(np.asarray(send_counts), dtype=torch.int64).contiguous()
+    received = torch.empty_like(sent)
+    dist.all_to_all_single(received, sent, group=group)
+    return received
+
+
+def all_to_all_v(group, x, send_counts, recv_counts):
+    """(sum send_counts, ...) -> (sum recv_counts, ...): rows [c_<d, c_<=d) of ``x`` go to rank
+    d; what arrives is concatenated in source-rank order. A Comm runs the from-scratch
+    pairwise exchange (collectives.all_to_all_v); a ProcessGroup runs torch's native
+    all_to_all_single with the same split sizes. ``x`` is never modified."""
+    if isinstance(check_group(group), Comm):
+        return numpy_to_tensor(collectives.all_to_all_v(group, tensor_to_numpy(x), np.asarray(send_counts),
+                                                          np.asarray(recv_counts)), x)
+    out = x.new_empty((sum(recv_counts), *x.shape[1:]))
+    dist.all_to_all_single(out, x.detach().contiguous(), [int(c) for c in recv_counts],
+                           [int(c) for c in send_counts], group=group)
+    return out
