@@ -162,7 +162,8 @@ def add_model_flags(parser, defaults=None, only=None, helps=None, title="model s
         elif dest == "gelu":
             g.add_argument(flag, choices=["erf", "tanh"], default=d[dest], help=helps[dest])
         else:
-            g.add_argument(flag, dest=dest, type=int, default=d[dest], help=helps.get(dest))
+            g.add_argument(flag, dest=dest, type=int, default=d[dest], help=helps.get(dest),
+                           metavar=flag[2:].upper().replace("-", "_"))   # --layers LAYERS, as a reader types it
     return g
 
 
