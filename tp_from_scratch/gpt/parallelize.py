@@ -62,7 +62,8 @@ class Site:
     name: str           # its full name in the model, e.g. "blocks.0.attn.k" ("attn.k" in a lone Block)
     parent: nn.Module   # the module holding it
     config: object      # the model's config (KV heads, vocabulary size, ...)
-    copied: bool        # its parent applies f for it (a copy_in point planned COPY_IN): no f of its own
+    copied: bool        # its parent applies f at a copy_in point planned COPY_IN: the column
+                        # layers reading that input skip their own f (a row layer ignores it)
 
 
 class VocabParallelCrossEntropy(nn.Module):
@@ -192,9 +193,9 @@ def gpt_to_tp(group, model_or_state_dict, config=None, *, plan=None, styles=TP_S
         raise ValueError("gpt_to_tp needs config= when given a state dict")
     else:
         first = next(iter(model_or_state_dict.values()))
-        with torch.device("meta"):  # no memory and no draw from the global RNG: the weights come next
-            model = GPT(config)
-        model = model.to_empty(device=first.device).to(first.dtype)
+        # built with torch's default init, then overwritten (the meta device would spare both,
+        # but entering it first costs seconds, and more when simulated ranks enter it at once)
+        model = GPT(config).to(dtype=first.dtype, device=first.device)
         model.load_state_dict(model_or_state_dict)
     return parallelize(model, group, plan, styles, config)
 
