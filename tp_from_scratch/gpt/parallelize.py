@@ -30,11 +30,12 @@ Megatron's does: the COPY_IN points keep ONE f for the column layers that read o
 
 The extension point: ``styles`` is a parameter. A later lesson parallelizes the same model by
 the same plan with its own table, {style: make(module, group, site) -> replacement}, without
-touching gpt/: Lesson 8's partial sync (partial_sync.model) swaps ROWWISE for its partial-sync
-row layer; a TP-invariant lesson would swap the layers whose reductions must follow a fixed
-tree; uneven head splits, dropped sync points or a quantized all-reduce are each a style table
-too. ``site`` (a Site) says where the module sits: its full name (a layer index, say), its
-parent, the model's config, and whether its parent applies f for it.
+touching gpt/: partially synchronized activations swap ROWWISE for a partial-sync row layer
+(and add a style of their own to the plan where the streams begin); layers whose reductions
+must follow a fixed tree, uneven head splits, dropped sync points or a quantized all-reduce
+are each a style table too. ``site`` (a Site) says where the module sits: its full name (a
+layer index, say), its parent, the model's config, and whether its parent applies f at a
+copy_in point. Start from ``{**TP_STYLES, ROWWISE: my_row_style}``.
 """
 import copy
 from dataclasses import dataclass
