@@ -35,8 +35,9 @@ import torch.distributed as dist
 from tp_from_scratch.cost.model import load_profile, predict_step
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.inventory import parameter_count
-from tp_from_scratch.gpt.model import gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.model import init_gpt
 from tp_from_scratch.gpt.options import add_model_flags, model_config
+from tp_from_scratch.gpt.parallelize import gpt_to_tp
 from tp_from_scratch.gpt.step import train_step
 
 @dataclass(frozen=True)

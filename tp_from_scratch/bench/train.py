@@ -4,7 +4,7 @@
 
 Three versions start from the same single-device weights and train on the same batches:
 
-    scratch        tp_from_scratch's TensorParallelGPT: blocks, embedding and LM head sharded
+    scratch        tp_from_scratch's TP GPT (gpt.parallelize): blocks, embedding and LM head sharded
                    (vocabulary-parallel embedding and cross-entropy)
     dtensor        PyTorch's parallelize_module on the blocks only (gpt.dtensor_plan.tp_plan):
                    embedding and LM head replicated, every rank computes all V logits
@@ -31,9 +31,10 @@ import torch.distributed as dist
 from tp_from_scratch.bench.common import timed_steps
 from tp_from_scratch.comm.launch import torch_main
 from tp_from_scratch.gpt.data import global_batch
-from tp_from_scratch.gpt.model import gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.model import init_gpt
 from tp_from_scratch.gpt.options import (add_model_flags, at_least, first_problem, greater_than_zero, model_config,
                                          parse_valid_args, positive)
+from tp_from_scratch.gpt.parallelize import gpt_to_tp
 
 
 def parse(argv):

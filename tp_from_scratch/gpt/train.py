@@ -41,8 +41,9 @@ from tp_from_scratch.gpt import options
 from tp_from_scratch.gpt.hooks import Hooks, ModelKind
 from tp_from_scratch.gpt.data import global_batch, local_batch
 from tp_from_scratch.gpt.mesh import coordinates, setup_mesh
-from tp_from_scratch.gpt.model import count_parameters, gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.model import count_parameters, init_gpt
 from tp_from_scratch.gpt.options import TrainConfig, parse_config
+from tp_from_scratch.gpt.parallelize import gpt_to_tp
 from tp_from_scratch.gpt.step import make_optimizer, single_device_run, steps_on_comm
 from tp_from_scratch.gpt.traffic import CollectiveCounter
 

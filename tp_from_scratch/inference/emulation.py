@@ -3,7 +3,7 @@
 SPD and the quantized all-reduces change the function the model computes, and the change
 depends on t: it acts on each rank's partial sum. So their single-device reference must hold
 every rank's piece: for rank r, its heads' rows of q, k, v (its KV head, replicated when
-nkv < t), its columns of o, its slice of the MLP, cut by gpt.model.shard_tensor exactly as the
+nkv < t), its columns of o, its slice of the MLP, cut by gpt.parallelize.shard_tensor exactly as the
 TP model is cut. Per block, with P_r = rank r's partial of a row-parallel output:
 
     ordinary block    h = x + reduce([Y_r]) + b_o;   out = h + reduce([Z_r(ln2(h))]) + b_mlp
@@ -17,7 +17,8 @@ is the ordinary GPT, up to the order of the sums.
 import torch
 from torch.nn import functional as F
 
-from tp_from_scratch.gpt.model import GELUS, causal_self_attention, embed, rope_tables, shard_tensor
+from tp_from_scratch.gpt.model import GELUS, causal_self_attention, embed, rope_tables
+from tp_from_scratch.gpt.parallelize import shard_tensor
 
 
 def plain_sum(partials):

@@ -44,8 +44,9 @@ from tp_from_scratch.comm.launch import torch_main
 from tp_from_scratch.gpt import train
 from tp_from_scratch.gpt.hooks import Hooks
 from tp_from_scratch.gpt.mesh import setup_mesh
-from tp_from_scratch.gpt.model import gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.model import init_gpt
 from tp_from_scratch.gpt.options import at_least, first_problem, positive, train_flag_problem
+from tp_from_scratch.gpt.parallelize import gpt_to_tp
 from tp_from_scratch.gpt.step import make_optimizer, train_step
 from tp_from_scratch.parallelisms.memory import SavedActivations, memory_snapshot
 from tp_from_scratch.parallelisms.zero import ZeroOptimizer
