@@ -3,8 +3,8 @@
     .venv/bin/python -m tp_from_scratch.verify model --entry examples/torchtitan_llama.py:llama --t 2,3of3,2of4
 
 torchtitan is not in requirements.txt (0.3.0 brings about 60 packages: datasets, wandb,
-tensorboard, tyro, spmd_types, ...); install it beside torch 2.13.0 (`pip install torchtitan==0.3.0
-triton`) in the environment you run this from. Three things make its Llama run on a CPU:
+tensorboard, tyro, spmd_types, ...); install it and triton beside torch 2.13.0 first:
+.venv/bin/python -m pip install torchtitan==0.3.0 triton. Three things make its Llama run on a CPU:
 
     * torchtitan picks its device once, at import (torchtitan.tools.utils.device_type): "cuda"
       when it finds no accelerator; its ParallelDims builds the mesh on that device, so it is

@@ -348,7 +348,7 @@ def test_out_of_step_is_judged_per_tp_group():
 
 def test_the_raising_rank_comes_before_the_ranks_that_timed_out():
     timeout = "RuntimeError: [gloo] Timed out waiting 10000ms for recv operation to complete"
-    per_rank = [[dict(_row(status), detail=detail, severity="error")] for status, detail in
+    per_rank = [[dict(_row(status), detail=detail)] for status, detail in
                 (("ERROR", timeout), ("ERROR", "ValueError: rank 1 cannot take it (at mylib.py:3)"),
                  ("ERROR", timeout))]
     detail = merge(per_rank)[0]["detail"]
@@ -358,9 +358,9 @@ def test_the_raising_rank_comes_before_the_ranks_that_timed_out():
 
 def test_a_stuck_rank_is_told_the_machine_may_be_busy():
     from tp_from_scratch.verify.supervisor import _state
-    said = _state("ended", "0.2.0.5 forward", "", 7.0)
+    said = _state("ended", "0.2.0.5 forward", "")
     assert said.startswith("did not finish: stuck in 0.2.0.5 forward") and "machine too busy" in said
-    assert "rerun with a larger --check-timeout" in said and "load average" in said
+    assert "(--check-timeout 10)" in said and "rerun with a larger --check-timeout" in said and "load average" in said
 
 
 def test_the_default_seed_is_fixed_and_printed_and_an_empty_t_cannot_run(monkeypatch, capsys):

@@ -551,7 +551,8 @@ class _ReduceScatterReversed(torch.autograd.Function):
 class _SPBlockReversed(torch.nn.Module):
     def __init__(self, group, block):
         super().__init__()
-        self.group, self.ln, self.mix = group, block.ln, block.mix
+        self.group, self.ln = group, block.ln
+        self.mix = getattr(block, "mix", torch.nn.Identity())   # (a block of contract 2 had none)
         self.fc1 = ColumnParallelLinear.from_linear(block.fc1, group=group)
         self.fc2 = RowParallelLinear.from_linear(block.fc2, group=group)
 

@@ -168,7 +168,7 @@ PLANTED = {
     "missing_f_in_layer_1": ("layers.1.attn", "Partial where Replicate was expected"),
     "extra_all_reduce": ("layers.0.mlp.down", "x t"),
     "kv_heads_split": ("layers.0.attn.k", "a head cut across ranks"),
-    "rope_offset_on_rank_1": ("layers.0.attn", "values differ"),
+    "rope_offset_on_rank_1": ("layers.0.attn", "wrong on rank 1 only"),
     "cross_entropy_without_the_max": ("(loss)", "values differ"),
     "q_heads_in_the_wrong_order": ("layers.0.attn.q", "rows permuted"),
 }
