@@ -11,7 +11,9 @@ so the references need no communication:
                  whole sequence's (each rank's covers only its positions: they are all-reduced)
     sp block     Block below, run sequence-parallel: x shard in, y shard out; fc1 column-
                  parallel, fc2 row-parallel (weight blocks as for the layers), LayerNorm and
-                 fc2's bias replicated with the whole sequence's gradients
+                 fc2's bias replicated with the whole sequence's gradients; in the token-order
+                 check the block's mix is a causal mean over T, so the order of the gathered
+                 positions shows (contract 3: the adapter's block calls block.mix)
 
 The input variants are the suite's (suite.all_cases hands them in): 2-D (B, T) for the
 mappings, 4-D (B, T, 2, H), a non-contiguous input, two passes whose parameter gradients must
