@@ -13,7 +13,7 @@ from lesson_notebook import write_notebook
 HERE = Path(__file__).resolve().parent
 
 cells = [
-    new_markdown_cell(r"""# Lesson 12: DeepSeek-V3 — tensor parallelism meets mixture-of-experts
+    new_markdown_cell(r"""# Lesson 12 (ex12): DeepSeek-V3 — tensor parallelism meets mixture-of-experts
 
 The text this course grew from names two systems trained with Megatron-LM's tensor
 parallelism: Llama 3 and DeepSeek-V3. The second is the odd one out. Its technical report
