@@ -190,7 +190,7 @@ TP_DEGREE = r"tp|(?<![\w'])t(?![\w'])"
     ({}, 4, 4, "rank"),                               # no rank 4 among 4
     ({}, 2, -1, "rank"),
     ({}, 0, 0, TP_DEGREE),                            # t < 1
-    ({}, 5, 0, "hidden|n_heads"),                     # 5 divides neither
+    ({}, 5, 0, "hidden|n_heads|n_kv_heads|kv|ffn"),   # 5 divides none of them: any may be named first
     (dict(n_heads=8, n_kv_heads=2, hidden=16), 4, 0, "kv"),  # 2 KV heads on 4 ranks: replicated
     (dict(ffn=50), 4, 0, "ffn"),
 ])

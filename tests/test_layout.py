@@ -31,6 +31,8 @@ LESSON = {
     "overlap": 10,                              # Lesson 10: hiding and shrinking communication
     "parallelisms": 11,                         # Lesson 11: TP beside DDP, ZeRO and pipelines
     "deepseek": 12,                             # Lesson 12: DeepSeek-V3, TP meets mixture-of-experts
+    "numerics": 13,                             # Lesson 13: bitwise at every t, clipping, the doubling backward
+    "inference": 14,                            # Lesson 14: TP at inference time
 }
 TOOLING = {"tools", "bench", "demos", "verify"}  # may import any lesson; no lesson imports them
 MAX_TOP_LEVEL_MODULES = 8

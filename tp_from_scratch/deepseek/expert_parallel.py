@@ -5,14 +5,15 @@ combine all have gradients autograd already knows, so each layout is its forward
 only hand-written backwards are the collectives' (f, g, and the all-to-all's, which is the
 all-to-all run backwards).
 
-(a) ExpertParallelMoE, training's layout (DeepSeek-V3 trained with 64-way EP, no TP).
+(a) ExpertParallelMoE, DeepSeek-V3's layout (64-way EP in training, no TP, report §3.2; EP32
+    and EP320 in serving, §3.4).
     Each rank brings its OWN tokens (its data-parallel share) and owns E/t experts. Per layer:
         route locally -> exchange counts -> all-to-all the rows to the experts' ranks (dispatch)
         -> run the local experts -> all-to-all the outputs back (combine) -> weight and sum.
     No token is dropped: the counts travel first, so every receiver sizes its buffer.
     Replicated weights (router, shared experts) see only this rank's tokens: their gradients
     are summed over the ranks (f on the weight: identity forward, all-reduce backward).
-(b) ExpertsOnAllTokensMoE, the inference layout: every rank holds ALL tokens (replicated, as
+(b) ExpertsOnAllTokensMoE, an all-reduce layout: every rank holds ALL tokens (replicated, as
     after TP attention) and E/t experts; it runs its experts on the tokens routed to them,
     shared experts column/row-split; one all-reduce of the partial sums (g).
 (c) ExpertTensorParallelMoE (Megatron's ETP): every rank holds a 1/t column/row slice of
@@ -212,8 +213,9 @@ LAYOUTS = {cls.layout: cls for cls in (ExpertParallelMoE, ExpertsOnAllTokensMoE,
 # ---- traffic and balance ----------------------------------------------------------------
 
 def ep_bytes_sent(counts, rank, hidden, itemsize):
-    """Bytes rank ``rank`` sends in one EP forward: its off-rank pairs' rows go out (dispatch)
-    and come back as many from others (combine), plus the counts exchange.
+    """Bytes rank ``rank`` sends in one EP forward: the rows of its own off-rank pairs
+    (dispatch), the outputs it computed for other ranks' pairs (combine: a different number
+    unless routing is balanced), and the counts exchange.
 
     counts: (t, t, E/t) array, counts[q, d, e] = pairs rank q sends rank d for expert e.
     """

@@ -1,8 +1,9 @@
 """DeepSeek-V3 on t ranks, two ways:
 
-* tensor parallel (serving): every rank holds every token; MLA heads split (Lesson 4's
-  column/row pattern), the dense FFNs of the first ``first_k_dense_replace`` layers split
-  likewise, DeepSeekMoE in an inference layout ("experts on all tokens" or "expert tensor parallel");
+* tensor parallel: every rank holds every token; MLA heads split (Lesson 4's column/row
+  pattern), the dense FFNs of the first ``first_k_dense_replace`` layers split likewise,
+  DeepSeekMoE in an all-reduce layout ("experts on all tokens" or "expert tensor parallel");
+  DeepSeek-V3's own servers pair TP4 attention with expert-parallel experts (report §3.4);
 * "expert parallel" (DeepSeek-V3's training): every rank its own tokens; attention, dense
   FFNs, embedding and head whole on every rank (data parallel: their gradients summed over
   the ranks after backward, ``sum_replicated_gradients``), only the routed experts spread.

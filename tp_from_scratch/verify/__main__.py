@@ -2,6 +2,7 @@
 
     .venv/bin/python -m tp_from_scratch.verify tp_from_scratch.verify.ours:ADAPTER
     .venv/bin/python -m tp_from_scratch.verify examples/megatron_core_adapter.py:ADAPTER --t 2 --json out.json
+    .venv/bin/python -m tp_from_scratch.verify model --hf DIR      # a whole model: verify/model_main.py
 
 Each argument names an Adapter (tp_from_scratch.verify.adapter) as module:NAME or file.py:NAME
 (NAME may also be a function returning one). The command starts the worker processes itself,
@@ -94,6 +95,10 @@ def _metadata(args, launches, dtypes):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["model"]:   # whole models: verify/model_main.py
+        from tp_from_scratch.verify.model_main import main as model_main
+        return model_main(argv[1:])
     args = _parser().parse_args(argv)
     if "RANK" in os.environ and os.environ["RANK"] != "0":
         return 0  # under torchrun: rank 0 supervises its own launch
