@@ -344,13 +344,28 @@ return [sideways, out.slice(-3)];
 """
 
 
+def lay_out_as_phone(driver, phone):
+    """Lay pages out at the phone's width (True) or back at the window's 1280 px; returns ``phone``."""
+    if phone:
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", PHONE)
+    else:
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    return phone
+
+
+def sideways_problems(driver, page):
+    """[] if the page, laid out at a phone's width, does not scroll sideways; else what sticks out."""
+    sideways, sticking_out = driver.execute_script(SIDEWAYS)
+    return [f"{page}: scrolls {sideways} px sideways on a 390-px phone: {sticking_out}"] if sideways > 0 else []
+
+
 def sideways_on_a_phone(driver):
     """(pixels the page scrolls sideways on a 390-px phone, what sticks out), the page as loaded."""
-    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", PHONE)
+    lay_out_as_phone(driver, True)
     try:
         return driver.execute_script(SIDEWAYS)
     finally:
-        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+        lay_out_as_phone(driver, False)
 
 
 def scroll_to(driver, selector):
@@ -407,6 +422,7 @@ def test_every_page_loads_clean_offline_with_its_figures_math_and_links(browser,
     requested_urls(browser)  # drop what the browser did before the first page
     problems, shots, clipped = [], {}, {}
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    phone = lay_out_as_phone(browser, False)   # the width the browser lays pages out at now
     for page in pages:
         url = urljoin(base, page)
         browser.get(url)
@@ -423,11 +439,6 @@ def test_every_page_loads_clean_offline_with_its_figures_math_and_links(browser,
         if page.startswith("lessons/") and not 0 < facts["code"] <= facts["copy_buttons"]:
             problems.append(f"{page}: {facts['copy_buttons']} copy buttons for {facts['code']} code blocks")
         problems += [f"{page}: figure not a link to its file: {src}" for src in facts["unlinked_figures"]]
-        if page.startswith(("lessons/", "exercises/")):
-            clipped[page] = browser.execute_script(CLIPPED_CODE)
-        sideways, sticking_out = sideways_on_a_phone(browser)
-        if sideways > 0:
-            problems.append(f"{page}: scrolls {sideways} px sideways on a 390-px phone: {sticking_out}")
         unloaded = [src for src, loaded in facts["images"] if not loaded]
         if unloaded:  # a lazy image loads once on screen
             for src in unloaded:
@@ -440,8 +451,22 @@ def test_every_page_loads_clean_offline_with_its_figures_math_and_links(browser,
         problems += [f"{page}: console error: {message}" for message in errors]
         outside = [u for u in requested_urls(browser) if not u.startswith((base, "data:", "blob:"))]
         problems += [f"{page}: requested outside 127.0.0.1: {u}" for u in outside]
-        if page == "index.html" or page.startswith("lessons/"):
-            shots[page] = screenshot_figure_and_math(browser, page), facts["math"] > 0, facts["figures"] > 0
+        # The two widths. Switching re-lays the whole page out, the costly part, and the width
+        # carries over to the next page: so a page is read at the width it loaded at first, and
+        # only a page with something to check at 1280 px switches at all, once.
+        read_on_phone = phone
+        if phone:
+            problems += sideways_problems(browser, page)
+        if page == "index.html" or page.startswith(("lessons/", "exercises/")):
+            if phone:
+                phone = lay_out_as_phone(browser, False)
+            clipped[page] = browser.execute_script(CLIPPED_CODE)
+            if page == "index.html" or page.startswith("lessons/"):
+                shots[page] = screenshot_figure_and_math(browser, page), facts["math"] > 0, facts["figures"] > 0
+        if not read_on_phone:
+            phone = lay_out_as_phone(browser, True)
+            problems += sideways_problems(browser, page)
+    lay_out_as_phone(browser, False)
     problems += [f"{page}: {len(blocks)} code blocks wider than the column at 1280 px, first: {blocks[0]!r}"
                  for page, blocks in clipped.items() if blocks]
     print(f"code blocks clipped at 1280 px: {sum(map(len, clipped.values()))} on {len(clipped)} pages")
