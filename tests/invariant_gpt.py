@@ -12,7 +12,8 @@ import torch
 
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.gpt.model import GPTConfig, embed, gpt_to_tp, init_gpt, shard_tensor
+from tp_from_scratch.gpt.model import GPTConfig, embed, init_gpt
+from tp_from_scratch.gpt.parallelize import gpt_to_tp, shard_tensor
 from tp_from_scratch.nn import ColumnParallelLinear, RowParallelLinear
 from tp_from_scratch.nn.mappings import tp_rank, tp_world_size
 from tp_from_scratch.numerics import (DEFAULT_LEAVES, InvariantColumnParallelLinear, InvariantRowParallelLinear,

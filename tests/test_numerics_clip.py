@@ -13,7 +13,8 @@ import torch
 
 from tp_from_scratch.comm import SPMDError, run_spmd
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt, shard_tensor
+from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+from tp_from_scratch.gpt.parallelize import gpt_to_tp, shard_tensor
 from tp_from_scratch.numerics.clip import (clip_grad_norm, gpt_placement, grad_norm, norm_counting_replicas_t_times,
                                            norm_without_tp_sum, owns)
 

@@ -135,7 +135,7 @@ def differs_from_t1(t=8):
     """True when some logit or gradient of the invariant Llama at t differs from t = 1."""
     want_logits, want_grads = run_spmd(llama_logits_and_grads, 1)[0]
     got = run_spmd(llama_logits_and_grads, t)
-    from tp_from_scratch.gpt.model import shard_tensor
+    from tp_from_scratch.gpt.parallelize import shard_tensor
     for r, (logits, grads) in enumerate(got):
         if not torch.equal(logits, want_logits.tensor_split(t, -1)[r]):
             return True

@@ -41,7 +41,9 @@ from tp_from_scratch.gpt import train
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.compare import TOLERANCE, assert_matches_reference
 from tp_from_scratch.gpt.data import entropy_rate
-from tp_from_scratch.gpt.model import GPT, GPTConfig, shard_axis, shard_tensor
+from tp_from_scratch.gpt.arch import shard_axis
+from tp_from_scratch.gpt.model import GPT, GPTConfig
+from tp_from_scratch.gpt.parallelize import shard_tensor
 
 ARGV = ["--steps", "50", "--dtype", "float32"]       # the defaults of `.venv/bin/python -m tp_from_scratch.gpt.train`
 args = train.parse(ARGV)                             # the settings (train.TrainConfig)
@@ -49,7 +51,7 @@ config = train.config_from_args(args)
 print(config)"""),
     new_markdown_cell(r"""## 1. Where the weights live
 
-One rule per parameter name (`model.shard_axis`) says how it is split over the t ranks:
+One rule per parameter name (`arch.shard_axis`, read from the sharding plan) says how it is split over the t ranks:
 
 | parameter | full shape (torch: out, in) | split | layout |
 |---|---|---|---|
@@ -92,7 +94,7 @@ replicated part is small and each doubling of t nearly halves the memory.
 ## 2. Training on 2 simulated ranks, step by step against one device
 
 `train.train_on_comm` is one TP rank's run: the GPT built from the same seed as the
-single-device one and converted to this rank's shard (`model.gpt_to_tp`), the same batches
+single-device one and converted to this rank's shard (`parallelize.gpt_to_tp`: the architecture's plan applied to a copy), the same batches
 (a seeded Markov chain, `tp_from_scratch.gpt.data`), AdamW. `run_spmd` runs it on 2 threads
 that talk through the from-scratch collectives. `train.single_device_run` trains the plain
 `GPT` on the same batches. The Markov chain's entropy rate is the best loss any model can reach."""),
@@ -183,7 +185,7 @@ assert expected == per_step["all_reduce"]["bytes_sent"]"""),
   block; the meter must count 2 all-reduces forward and 2 backward, and the single-device block
   must not move (your parameters are copies).
 * `all_reduces_of_a_step(config, batch_size, t, rank)`: one `(phase, where, elements, bytes_sent)`
-  per all-reduce of a whole `TensorParallelGPT` step, the table above written out call by call.
+  per all-reduce of a whole TP GPT step, the table above written out call by call.
   The graders run that step with your blocks inside and compare your list with what the meter
   counted on every rank, forward and backward. Mind the bytes: the ring cuts N numbers into t
   chunks like `numpy.array_split`, and $B \cdot T = 10$ tokens do not split evenly over 3 or 4 ranks,

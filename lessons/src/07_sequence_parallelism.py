@@ -194,12 +194,13 @@ layers as functions of the **tensor-parallel modules' own parameters**:
 `sequence_parallel_layer_norm` passes the LayerNorm weight and bias through f (identity forward,
 all-reduce backward: their gradients are Partial), `column_linears_from_sequence` gathers once
 for q, k and v, and `row_linear_to_sequence` reduce-scatters the row output and adds f(bias).
-`SequenceParallelGPT` holds the TensorParallelGPT's modules, so its state dict *is* the TP
+`SequenceParallelGPT` holds the TP GPT's modules, so its state dict *is* the TP
 one: a checkpoint does not know whether it was trained with SP. Here: 4 AdamW steps in float64
 on simulated ranks, T = 15 (uneven for t = 2 and 4), GQA with nkv = 2 (at t = 4 each KV head is
 held by two ranks), against the single-device GPT."""),
     new_code_cell("""import copy
-from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt, shard_state_dict
+from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+from tp_from_scratch.gpt.parallelize import gpt_to_tp, shard_state_dict
 from tp_from_scratch.sequence_parallel.model import gpt_to_sp
 
 gpt_config = GPTConfig(vocab_size=67, seq_len=16, n_layers=2, hidden=32, n_heads=4, n_kv_heads=2)

@@ -255,7 +255,7 @@ for ax, name in zip(axes, ("gpipe", "1f1b")):
     draw_timeline(ax, [[tuple(t) for t in tl] for tl in row["timelines"]], f"{name}, p=2, m=4, measured (seconds)")
 fig.tight_layout()
 plt.show()"""),
-    new_markdown_cell(r"""The pipeline composes with TP: build each stage from a `TensorParallelGPT` on the stage's TP
+    new_markdown_cell(r"""The pipeline composes with TP: build each stage from the TP GPT (`gpt_to_tp`) on the stage's TP
 group, and ranks lay out as $\mathrm{rank} = \mathrm{stage} \cdot t + \mathrm{tp\_rank}$ (TP innermost, inside a node). The same
 check runs pp=2 x tp=2 on 4 processes, on both process backends:
 

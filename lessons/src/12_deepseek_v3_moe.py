@@ -62,12 +62,14 @@ from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.deepseek import (LAYOUTS, MoEConfig, all_reduce_bytes_sent, check_routing_margin,
                                       ep_bytes_sent, route, routing_margin, tokens_per_rank)
+from tp_from_scratch.deepseek.arch import split_axis
 from tp_from_scratch.deepseek.checks import TINY, check_layout, layout_data, random_moe
 from tp_from_scratch.deepseek.mla import cache_bytes_per_token
 from tp_from_scratch.deepseek.model import ParallelDeepseekV3, generate
 from tp_from_scratch.deepseek.plan import (attention_parameters, ep_bytes_per_token, memory_per_rank,
                                            node_bytes_per_token, parameter_count, tp_bytes_per_token)
-from tp_from_scratch.gpt.model import GPTConfig, KVCache, TensorParallelGPT
+from tp_from_scratch.gpt.model import GPTConfig, KVCache, init_gpt
+from tp_from_scratch.gpt.parallelize import gpt_to_tp
 from tp_from_scratch.gpt.text import text_batch
 from tp_from_scratch.plots import device_color, draw_matrix
 from tp_from_scratch.testing import random_array, rank_rng
@@ -90,16 +92,25 @@ sum where the ranks start to differ, so `mla.py` applies f to the latents themse
 q_lora + kv_lora + rope = 2112 numbers per token in DeepSeek-V3, fewer than its H = 7168 — and
 everything before them (`q_a`, `kv_a`, the norms, x) then gets full gradients with no further
 collective."""),
-    new_code_cell("""# (rows, columns) of each weight in the tiny config, and the axis it is split on (None: replicated)
+    new_code_cell("""# (rows, columns) of each weight in the tiny config, and the axis its layout's sharding plan
+# splits (deepseek.arch.PLANS; None: replicated)
 c = DeepseekV3Config(hidden_size=32, q_lora_rank=16, kv_lora_rank=8, num_attention_heads=4, qk_nope_head_dim=6,
                      qk_rope_head_dim=4, v_head_dim=5, n_routed_experts=8, moe_intermediate_size=12)
 qk, heads = c.qk_nope_head_dim + c.qk_rope_head_dim, c.num_attention_heads
-weights = [("q_a", (c.q_lora_rank, c.hidden_size), None), ("q_b", (heads * qk, c.q_lora_rank), 0),
-           ("kv_a", (c.kv_lora_rank + c.qk_rope_head_dim, c.hidden_size), None),
-           ("kv_b", (heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank), 0),
-           ("o", (c.hidden_size, heads * c.v_head_dim), 1), ("router", (c.n_routed_experts, c.hidden_size), None),
-           ("experts (EP)\\nexpert x F", (c.n_routed_experts, c.moe_intermediate_size), 0),
-           ("experts (ETP)\\nexpert x F", (c.n_routed_experts, c.moe_intermediate_size), 1)]
+TP, EP, ETP = "experts on all tokens", "expert parallel", "expert tensor parallel"
+weights = [("q_a", (c.q_lora_rank, c.hidden_size), split_axis("layers.0.self_attn.q_a_proj.weight", TP)),
+           ("q_b", (heads * qk, c.q_lora_rank), split_axis("layers.0.self_attn.q_b_proj.weight", TP)),
+           ("kv_a", (c.kv_lora_rank + c.qk_rope_head_dim, c.hidden_size),
+            split_axis("layers.0.self_attn.kv_a_proj_with_mqa.weight", TP)),
+           ("kv_b", (heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank),
+            split_axis("layers.0.self_attn.kv_b_proj.weight", TP)),
+           ("o", (c.hidden_size, heads * c.v_head_dim), split_axis("layers.0.self_attn.o_proj.weight", TP)),
+           ("router", (c.n_routed_experts, c.hidden_size), split_axis("layers.0.mlp.gate.weight", TP)),
+           # gate_up_proj (E, 2F, H): the expert axis, or the F columns of each expert
+           ("experts (EP)\\nexpert x F", (c.n_routed_experts, c.moe_intermediate_size),
+            split_axis("layers.0.mlp.experts.gate_up_proj", EP)),
+           ("experts (ETP)\\nexpert x F", (c.n_routed_experts, c.moe_intermediate_size),
+            split_axis("layers.0.mlp.experts.gate_up_proj", ETP))]
 fig, axes = plt.subplots(2, len(weights), figsize=(15, 4.2))
 for col, (name, shape, axis) in enumerate(weights):
     for rank in range(2):
@@ -278,15 +289,15 @@ state = model.state_dict()
 prompt = torch.tensor(rank_rng(5).integers(0, 67, size=(1, 4)))
 
 def generate_on(comm):
-    from tp_from_scratch.deepseek.model import shard
+    from tp_from_scratch.deepseek.arch import shard
     ranked = ParallelDeepseekV3(config, group=comm)
-    ranked.load_state_dict({n: shard(n, v, config, ranked.layout, comm.world_size, comm.rank) for n, v in state.items()})
+    ranked.load_state_dict({n: shard(n, v, ranked.layout, comm.world_size, comm.rank) for n, v in state.items()})
     ids, cache = generate(ranked, prompt, 8)
     return ids, cache.nbytes() / (cache.length() * len(cache.layers))
 
 def gpt_cache_on(comm, n_kv_heads):       # Lesson 6's Llama-style GPT of the same width: H = 32, 4 heads
     gpt_config = GPTConfig(arch="llama", hidden=32, n_heads=4, n_kv_heads=n_kv_heads, n_layers=2)
-    gpt, cache = TensorParallelGPT(gpt_config, group=comm, dtype=torch.float64), KVCache(2)
+    gpt, cache = gpt_to_tp(comm, init_gpt(gpt_config, 0, torch.float64)), KVCache(2)
     with torch.no_grad():
         gpt(prompt, cache=cache)
     return sum(x.numel() * x.element_size() for x in cache.k + cache.v) / (len(cache) * 2)

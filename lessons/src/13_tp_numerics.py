@@ -58,7 +58,8 @@ import torch
 
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.comm.launchers import run_command, torchrun_command
-from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+from tp_from_scratch.gpt.parallelize import gpt_to_tp
 from tp_from_scratch.numerics import bench, check, check_invariant, measure, tree
 from tp_from_scratch.numerics.clip import (clip_grad_norm, gpt_placement, norm_counting_replicas_t_times,
                                            norm_without_tp_sum)

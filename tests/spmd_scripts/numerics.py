@@ -18,7 +18,8 @@ import torch
 from tests.invariant_gpt import check_gpt
 from tp_from_scratch.comm import Comm, spmd_main
 from tp_from_scratch.compare import TOLERANCE, assert_matches_reference
-from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt, shard_tensor
+from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+from tp_from_scratch.gpt.parallelize import gpt_to_tp, shard_tensor
 from tp_from_scratch.nn.mappings import all_reduce
 from tp_from_scratch.numerics import check
 from tp_from_scratch.numerics.clip import clip_grad_norm, gpt_placement

@@ -17,7 +17,8 @@ is the ordinary GPT, up to the order of the sums.
 import torch
 from torch.nn import functional as F
 
-from tp_from_scratch.gpt.model import GELUS, causal_self_attention, embed, rope_tables, shard_tensor
+from tp_from_scratch.gpt.model import GELUS, causal_self_attention, embed, rope_tables
+from tp_from_scratch.gpt.parallelize import shard_tensor
 
 
 def plain_sum(partials):

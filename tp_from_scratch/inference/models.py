@@ -12,18 +12,18 @@ SyncPointDropBlock (whose one all-reduce is quantized alike). The parameter name
 the single-device GPT.
 """
 from tp_from_scratch.collectives import ring_all_reduce_bytes
-from tp_from_scratch.gpt.model import gpt_to_tp
+from tp_from_scratch.gpt.parallelize import gpt_to_tp
 from tp_from_scratch.inference.layers import (QuantizedRowParallelLinear, SyncPointDropBlock, quantized_reduce,
                                               row_modules)
 from tp_from_scratch.inference.quantized import UNQUANTIZED, check_quantization, reduce_bytes
 
 
 def tensor_parallel_gpt(group, gpt):
-    """This rank's shard of the single-device ``gpt`` as Lesson 6's TensorParallelGPT, in eval mode.
+    """This rank's shard of the single-device ``gpt`` as Lesson 6's TP GPT, in eval mode.
 
-    The one place this lesson builds a TP model: today through gpt.model.gpt_to_tp; once gpt/
-    applies a plan with a style table (parallelize(model, group, plan, styles=...)), this is the
-    line that changes, and the quantized row layer becomes the ROWWISE style it is given.
+    The one place this lesson builds a TP model: through gpt.parallelize.gpt_to_tp (the plan
+    applied to a copy); its ``styles=`` parameter is where the quantized row layer can become
+    the ROWWISE style it is given.
     """
     return gpt_to_tp(group, gpt).eval()
 
