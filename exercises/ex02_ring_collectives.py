@@ -13,7 +13,7 @@ and numpy. The ring: rank r sends to (r + 1) % p and receives from (r - 1) % p.
 The graders also read comm.meter: each rank must send about (p-1)/p of the array in
 reduce_scatter and all_gather, and 2(p-1)/p in all_reduce, and talk only to its neighbours.
 Every collective returns a NEW array, also when p = 1 (never x itself or a view of it),
-and never modifies x.
+never modifies x, and keeps x's dtype (the graders use float64, float32 and int64).
 """
 import numpy as np  # noqa: F401 (yours to use)
 
@@ -33,6 +33,7 @@ def all_gather(comm, x, axis=0):
     """Concatenate every rank's x along axis, in rank order; every rank gets the whole result.
 
     Shards may have different lengths along axis (but agree on every other dimension).
+    The result has x's dtype.
     Ring: p - 1 steps; in each, pass on the shard you received in the previous step.
     """
     raise NotImplementedError("Exercise 2 (all_gather): see lessons/02_collectives.ipynb")

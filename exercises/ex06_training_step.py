@@ -8,7 +8,7 @@ Everything runs on ONE rank; `group` is that rank's communicator (the graders pa
 simulated ranks' Comm). The graders then train: they run the single-device block and yours
 on the same data, take one SGD step on each, and compare the output, the input gradient,
 every parameter's gradient and every updated weight with this rank's shard of the
-single-device ones; and they run a whole TensorParallelGPT step (gpt.model.gpt_to_tp, its
+single-device ones; and they run a whole TP GPT step (gpt.parallelize.gpt_to_tp, its
 blocks replaced by yours) and compare your account of its all-reduces with what the meter
 counted on every rank: how many, forward and backward, and how many bytes each rank sent.
 
@@ -46,7 +46,7 @@ def tp_block(group, block, config):
 
 def all_reduces_of_a_step(config, batch_size, t, rank, itemsize=4):
     """Every all-reduce that rank ``rank`` of ``t`` makes in one training step (forward,
-    backward) of the TensorParallelGPT of gpt.model with ``config``, on batch_size sequences of
+    backward) of the TP GPT (gpt.parallelize.gpt_to_tp) with ``config``, on batch_size sequences of
     config.seq_len tokens, numbers of ``itemsize`` bytes.
 
     Returns a list with one tuple per all-reduce call, in any order:

@@ -106,6 +106,23 @@ def test_all_reduce_max(impl, p):
         assert_matches_reference(got[rank], expected, name="all_reduce max result", rank=rank, exact=True)
 
 
+# ---------------------------------------------------------------- every promised dtype
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather", "all_reduce"])
+def test_every_collective_keeps_the_dtype(impl, collective, dtype):
+    # float64 is graded above; the stub promises x's dtype back for float32 and integers too
+    # (integer-valued data: sums are exact in any order, so the comparison is bit for bit)
+    p = 3
+    xs = [x.astype(dtype) for x in inputs(45, p, (1 + p, 5))]
+    expected = {"reduce_scatter": np.array_split(np.sum(xs, axis=0), p), "all_gather": [np.concatenate(xs)] * p,
+                "all_reduce": [np.sum(xs, axis=0)] * p}[collective]
+    got = spmd(lambda comm: getattr(impl, collective)(comm, xs[comm.rank].copy()), p)
+    for rank in range(p):
+        assert_matches_reference(got[rank], expected[rank].astype(dtype), name=f"{collective} of {np.dtype(dtype)}",
+                                 rank=rank, exact=True)
+
+
 # ---------------------------------------------------------------- the caller's input is sacred
 
 @pytest.mark.parametrize("p", [1, 3])

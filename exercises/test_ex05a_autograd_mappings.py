@@ -239,6 +239,44 @@ def test_row_parallel_linear_equals_nn_linear(impl, t, input_is_parallel):
             check_calls(r["backward"], {} if input_is_parallel else {"all_gather": 1}, "row backward", rank, t)
 
 
+@pytest.mark.parametrize("t", [1, 3])
+@pytest.mark.parametrize("kind", ["column", "row"])
+def test_a_bias_free_layer_equals_nn_linear_without_bias(impl, kind, t):
+    # the course's Llama (Lesson 6) has no biases: from_linear of nn.Linear(bias=False) must
+    # give a layer with bias None (a zero bias would still be a parameter, and would train)
+    n = F // t
+
+    def on_rank(comm):
+        shape = (F, H) if kind == "column" else (H, F)  # (out, in)
+        linear = torch.nn.Linear(shape[1], shape[0], bias=False, dtype=torch.float64)
+        with torch.no_grad():
+            linear.weight.copy_(tensor(random_array(rank_rng(65, 0), shape)))
+        if kind == "column":
+            layer = impl.ColumnParallelLinear.from_linear(linear, group=comm)
+        else:
+            layer = impl.RowParallelLinear.from_linear(linear, group=comm)
+        if layer.bias is not None:
+            raise AssertionError(
+                f"rank {comm.rank}: {kind}-parallel from_linear of an nn.Linear without bias made a bias "
+                f"{tuple(layer.bias.shape)}: keep bias None (the course's Llama has none), or it trains")
+        x_full = random_array(rank_rng(66, 0), (B, T, shape[1]))
+        x_ref = tensor(x_full, grad=True)
+        x = tensor(x_full if kind == "column" else x_full[..., comm.rank * n:(comm.rank + 1) * n], grad=True)
+        y_ref, y = linear(x_ref), layer(x)
+        dy_full = tensor(random_array(rank_rng(67, 0), (B, T, shape[0])))
+        (y_ref * dy_full).sum().backward()
+        (y * (dy_full[..., comm.rank * n:(comm.rank + 1) * n] if kind == "column" else dy_full)).sum().backward()
+        return y.detach(), y_ref.detach(), x.grad, x_ref.grad, layer.weight.grad, linear.weight.grad
+
+    for rank, (y, y_ref, dx, dx_ref, dw, dw_ref) in enumerate(run_graded(on_rank, t)):
+        block = slice(rank * n, (rank + 1) * n)
+        what = f"bias-free {kind}-parallel"
+        assert_matches_reference(y, y_ref[..., block] if kind == "column" else y_ref, name=f"{what} Y", rank=rank)
+        assert_matches_reference(dx, dx_ref if kind == "column" else dx_ref[..., block], name=f"{what} dX", rank=rank)
+        assert_matches_reference(dw, dw_ref[block] if kind == "column" else dw_ref[:, block],
+                                 name=f"{what} dW (local shard)", rank=rank)
+
+
 @pytest.mark.parametrize("t", WORLD_SIZES)
 def test_column_then_row_is_the_megatron_mlp_with_one_all_reduce_each_way(impl, t):
     def on_rank(comm):

@@ -6,7 +6,7 @@ one SGD step; every rank's output, input gradient, parameter gradients and updat
 must equal its shard of the single-device ones (float64), the meter must show 2 all-reduces
 each way, and the single-device block must be unchanged (your parameters are copies).
 
-The account: a whole TensorParallelGPT step (gpt.model.gpt_to_tp, its blocks replaced by
+The account: a whole TP GPT step (gpt.parallelize.gpt_to_tp, its blocks replaced by
 yours) runs on every rank, and the meter's all-reduce calls and bytes sent, forward and
 backward, on EVERY rank, must equal your list. B*T = 10 tokens: at t = 3 and 4 the loss's
 all-reduces split unevenly, so the ranks send different byte counts.
@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.gpt.model import GPT, GPTConfig, gpt_to_tp, init_gpt, shard_tensor
+from tp_from_scratch.gpt.model import GPT, GPTConfig, init_gpt
+from tp_from_scratch.gpt.parallelize import gpt_to_tp, shard_tensor
 from tp_from_scratch.sharding import shard_sizes
 from tp_from_scratch.testing import random_array, rank_rng
 from tp_from_scratch.tools.grading import assert_not_aliased, collective_calls, expected_calls, run_graded
@@ -190,7 +191,7 @@ TP_DEGREE = r"tp|(?<![\w'])t(?![\w'])"
     ({}, 4, 4, "rank"),                               # no rank 4 among 4
     ({}, 2, -1, "rank"),
     ({}, 0, 0, TP_DEGREE),                            # t < 1
-    ({}, 5, 0, "hidden|n_heads"),                     # 5 divides neither
+    ({}, 5, 0, "hidden|n_heads|n_kv_heads|kv|ffn"),   # 5 divides none of them: any may be named first
     (dict(n_heads=8, n_kv_heads=2, hidden=16), 4, 0, "kv"),  # 2 KV heads on 4 ranks: replicated
     (dict(ffn=50), 4, 0, "ffn"),
 ])

@@ -208,6 +208,32 @@ def test_layernorm_on_a_shard_with_all_reduced_weight_and_bias_gradients(impl, t
 
 
 @pytest.mark.parametrize("t", [1, 3])
+def test_layernorm_uses_the_eps_it_is_given(impl, t):
+    # activations with a variance near 0.01: eps = 0.1 changes every output by ~3x, so an eps
+    # left at the default 1e-5 cannot pass
+    eps, T = 0.1, 2 * t + 1
+    rng = rank_rng(78, t)
+    x = 0.1 * random_array(rng, (B, T, H))
+    dy = random_array(rng, (B, T, H))
+    w, b = random_array(rng, (H,)), random_array(rng, (H,))
+    y_ref, cache_ref = reference.layernorm_forward(x, w, b, eps)
+    dx_ref = reference.layernorm_backward(dy, cache_ref)[0]
+
+    def on_rank(comm):
+        y, cache = impl.sequence_parallel_layernorm_forward(comm, my_positions(x, t, comm.rank).copy(), w, b, eps=eps)
+        dx = impl.sequence_parallel_layernorm_backward(comm, my_positions(dy, t, comm.rank).copy(), cache)[0]
+        return y, dx
+
+    for rank, (y, dx) in enumerate(run_graded(on_rank, t)):
+        for name, got, expected in [("y_shard", y, y_ref), ("dx_shard", dx, dx_ref)]:
+            try:
+                assert_matches_reference(got, my_positions(expected, t, rank), name=f"{name} with eps={eps}", rank=rank)
+            except AssertionError as error:
+                raise AssertionError(f"{error}\nHint: pass eps on to layernorm_forward (x - mean) / "
+                                     "sqrt(var + eps): here var is about 0.01, so eps matters") from None
+
+
+@pytest.mark.parametrize("t", [1, 3])
 def test_layernorm_of_activations_around_1e4_in_float32(impl, t):
     # 1e4 plus small integers, H = 8: a two-pass variance (the mean, then the mean of (x - mean)^2)
     # is exact here in float32, while E[x^2] - E[x]^2 subtracts two numbers near 1e8 that float32

@@ -13,7 +13,8 @@ from tp_from_scratch.compare import assert_matches_reference, tolerance
 from tp_from_scratch.gpt import train
 from tp_from_scratch.gpt.checks import GPT2, LLAMA
 from tp_from_scratch.gpt.data import global_batch
-from tp_from_scratch.gpt.model import GPTConfig, init_gpt, shard_axis
+from tp_from_scratch.gpt.arch import shard_axis
+from tp_from_scratch.gpt.model import GPTConfig, init_gpt
 
 
 def test_arch_presets_and_explicit_fields():
@@ -44,7 +45,7 @@ def test_each_architectures_plan_names_every_module_with_parameters_and_builds_i
     # parameter of every architecture's GPT (tied or untied, biases or not) must be named by it,
     # and the TP model's layers are the classes its styles ask for
     from tp_from_scratch.gpt.arch import ARCHS, COLWISE, KV_COLWISE, PLANS, ROWWISE, module_style
-    from tp_from_scratch.gpt.model import gpt_to_tp
+    from tp_from_scratch.gpt.parallelize import gpt_to_tp
     from tp_from_scratch.nn import ColumnParallelLinear, RowParallelLinear
     for arch in ARCHS:
         for tied in (True, False):

@@ -9,7 +9,8 @@ import torch
 
 from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.gpt.model import GPTConfig, init_gpt, shard_state_dict, shard_tensor
+from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+from tp_from_scratch.gpt.parallelize import shard_state_dict, shard_tensor
 from tp_from_scratch.comm.launchers import run_command, subprocess_env
 
 CONFIG = GPTConfig(vocab_size=13, seq_len=8, n_layers=1, hidden=16, n_heads=4, n_kv_heads=2, ffn=32)

@@ -11,7 +11,8 @@ import torch
 
 from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt import train
-from tp_from_scratch.gpt.model import GPTConfig, init_gpt, shard_state_dict
+from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+from tp_from_scratch.gpt.parallelize import shard_state_dict
 
 # the trainers' command line for CONFIG
 SIZE = ["--vocab-size", "13", "--seq-len", "8", "--layers", "1", "--hidden", "16", "--heads", "4",

@@ -18,7 +18,8 @@ from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt import convert
 from tp_from_scratch.gpt.data import global_batch
-from tp_from_scratch.gpt.model import GPT, gather_state_dict, gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.model import GPT, init_gpt
+from tp_from_scratch.gpt.parallelize import gather_state_dict, gpt_to_tp
 from tp_from_scratch.gpt.checks import BASE
 from tp_from_scratch.nn import gather_from_tp_region, tp_rank
 
@@ -105,7 +106,7 @@ def test_export_then_transformers_loads_the_same_model(arch, tmp_path):
 
 def _arch_fields(arch):
     # the arch preset's fields (BASE.to_dict() holds gpt's resolved values)
-    from tp_from_scratch.gpt.model import ARCHS
+    from tp_from_scratch.gpt.arch import ARCHS
     fields = dict(ARCHS[arch])
     return {**fields, "n_kv_heads": BASE.n_heads if arch == "gpt2" else BASE.n_kv_heads}
 

@@ -13,7 +13,8 @@ from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.compare import assert_matches_reference, tolerance
 from tp_from_scratch.deepseek import checkpoint as ds_ckpt
 from tp_from_scratch.deepseek import train as ds_train
-from tp_from_scratch.deepseek.model import MODEL_LAYOUTS, shard, unshard
+from tp_from_scratch.deepseek.arch import shard, unshard
+from tp_from_scratch.deepseek.model import MODEL_LAYOUTS
 from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt import train as gpt_train
 from tp_from_scratch.gpt.data import global_batch
@@ -36,8 +37,8 @@ def test_every_tensor_cut_in_any_layout_glues_back_whole(query_latent):
     for layout in MODEL_LAYOUTS:
         for t in (1, 2, 4):
             for name, value in full.items():
-                pieces = [shard(name, value, config, layout, t, r) for r in range(t)]
-                assert torch.equal(unshard(name, pieces, config, layout), value), (name, layout, t)
+                pieces = [shard(name, value, layout, t, r) for r in range(t)]
+                assert torch.equal(unshard(name, pieces, layout), value), (name, layout, t)
 
 
 def _trained_ranks(comm):
@@ -99,10 +100,10 @@ def test_a_checkpoint_cuts_for_another_t_and_layout(saved, layout, t):
     for r in range(t):
         local = ckpt.load_shard(saved, config, t, r, ds_ckpt.DESCRIPTION, ds_ckpt.DeepSeekSharding(layout))
         for name, value in loaded["model"].items():
-            expected = shard(ds_ckpt._ours(name), value, config, layout, t, r)
+            expected = shard(ds_ckpt._ours(name), value, layout, t, r)
             assert torch.equal(local["model"][name], expected), (name, layout, t, r)
         for name, entries in local["optimizer"].items():
-            expected = shard(ds_ckpt._ours(name), loaded["optimizer"][name]["momentum_buffer"], config, layout, t, r)
+            expected = shard(ds_ckpt._ours(name), loaded["optimizer"][name]["momentum_buffer"], layout, t, r)
             assert torch.equal(entries["momentum_buffer"], expected), (name, layout, t, r)
 
 

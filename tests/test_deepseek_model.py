@@ -12,9 +12,10 @@ import torch
 from tests.hf_models import deepseek_v3, deepseek_v3_config
 from tp_from_scratch.comm import SPMDError, run_spmd
 from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.deepseek.arch import shard
 from tp_from_scratch.deepseek.mla import cache_bytes_per_token
 from tp_from_scratch.deepseek.model import (INFERENCE_LAYOUTS, ParallelDeepseekV3, check_config,
-                                            from_hf_state_dict, generate, hf_name, shard, to_hf_state_dict)
+                                            from_hf_state_dict, generate, hf_name, to_hf_state_dict)
 from tp_from_scratch.deepseek import MoEConfig, check_routing_margin, routing_margin
 from tp_from_scratch.testing import rank_rng
 
@@ -61,7 +62,7 @@ def test_logits_and_every_gradient_equal_transformers(t, layout):
         assert_matches_reference(logits, logits_ref, name="logits", rank=r)
         assert len(grads) == len(grads_ref)
         for name, g in grads.items():
-            expected = shard(name, grads_ref[hf_name(name)], hf.config, layout, t, r)
+            expected = shard(name, grads_ref[hf_name(name)], layout, t, r)
             assert_matches_reference(g, expected, name=f"grad {name}", rank=r)
 
 
@@ -78,7 +79,7 @@ def test_queries_without_a_latent_equal_transformers(t):
         assert_matches_reference(logits, logits_ref, name="logits without a query latent", rank=r)
         assert len(grads) == len(grads_ref) and "layers.0.self_attn.q_proj.weight" in grads
         for name, g in grads.items():
-            expected = shard(name, grads_ref[hf_name(name)], hf.config, INFERENCE_LAYOUTS[1], t, r)
+            expected = shard(name, grads_ref[hf_name(name)], INFERENCE_LAYOUTS[1], t, r)
             assert_matches_reference(g, expected, name=f"grad {name}", rank=r)
 
 
@@ -150,7 +151,7 @@ def test_expert_parallel_training_layout_equals_transformers(t):
     for r, (logits, grads) in enumerate(run_spmd(_ep_rank, t, hf.config, hf.state_dict(), ids, dlogits)):
         assert_matches_reference(logits, logits_ref[r:r + 1], name="logits of this rank's sequence", rank=r)
         for name, g in grads.items():
-            expected = shard(name, grads_ref[hf_name(name)], hf.config, "expert parallel", t, r)
+            expected = shard(name, grads_ref[hf_name(name)], "expert parallel", t, r)
             assert_matches_reference(g, expected, name=f"grad {name}", rank=r)
 
 
@@ -297,7 +298,7 @@ def test_a_yarn_model_equals_transformers(t):
     for r, (logits, grads, generated) in enumerate(run_spmd(rank, t)):
         assert_matches_reference(logits, logits_ref, name="logits with YaRN", rank=r)
         for name, g in grads.items():
-            assert_matches_reference(g, shard(name, grads_ref[hf_name(name)], config, INFERENCE_LAYOUTS[0], t, r),
+            assert_matches_reference(g, shard(name, grads_ref[hf_name(name)], INFERENCE_LAYOUTS[0], t, r),
                                      name=f"grad {name} with YaRN", rank=r)
         assert torch.equal(generated, expected_ids), (generated.tolist(), expected_ids.tolist())
 

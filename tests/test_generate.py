@@ -10,7 +10,8 @@ from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.gpt.checks import BASE, GPT2, LLAMA
 from tp_from_scratch.gpt.generate import generate
-from tp_from_scratch.gpt.model import KVCache, gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.model import KVCache, init_gpt
+from tp_from_scratch.gpt.parallelize import gpt_to_tp
 
 
 def prompt(config, B=2, T=4, seed=0):

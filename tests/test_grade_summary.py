@@ -1,5 +1,12 @@
-"""make grade's summary: the first failure whole (wrapped at word boundaries), its hint, and the re-run command."""
+"""make grade's summary: the first failure whole (wrapped at word boundaries), its hint, and the re-run command;
+an exercise that never returns is stopped and reported as timed out."""
 import io
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
 
 from tp_from_scratch.tools.grade import ExerciseResult, _message_lines, print_summary, rerun_command
 
@@ -44,3 +51,25 @@ def test_make_grade_exits_0_while_exercises_are_not_yet_started_and_1_when_one_f
     out = capsys.readouterr().out
     assert "nothing failed (exercise gradings: 2 passed, 2 not yet, 0 failing)" in out
     assert "some failed (exercise gradings: 1 passed, 1 not yet, 1 failing)" in out
+
+
+@pytest.mark.slow  # two grader subprocesses: not in make test-fast
+@pytest.mark.timeout(300)
+def test_an_exercise_that_never_returns_is_timed_out_and_the_others_are_still_graded(tmp_path, capsys):
+    # Exercise 1's shard loops forever; Exercise 10 (the library's) comes after it. Each
+    # exercise gets 3 s here: ex01 must read "timed out" (with the tests it finished), ex10
+    # must still be graded and pass, and make grade must print both and exit 1
+    from tp_from_scratch.tools import grade
+
+    shutil.copy(Path(__file__).parent / "known_wrong" / "hangs" / "ex01_split_matmul.py", tmp_path)
+    (tmp_path / "ex10_recursive_halving_doubling.py").write_text(
+        "from tp_from_scratch.overlap.algorithms import *  # noqa: F401,F403\n")
+    start = time.monotonic()
+    status = grade.main([str(tmp_path), "--exercise", "ex01", "--exercise", "ex10", "--timeout", "3"])
+    elapsed = time.monotonic() - start
+    out = capsys.readouterr().out
+    assert status == 1, out
+    assert re.search(r"ex01 ex01_split_matmul +timed out +stopped after 3 s, \d+ passed and \d+ failed of \d+ tests", out), out
+    assert re.search(r"ex10 ex10_recursive_halving_doubling +passed", out), out
+    assert "some failed (exercise gradings: 1 passed, 0 not yet, 0 failing, 1 timed out)" in out, out
+    assert elapsed < 120, f"grading took {elapsed:.0f} s: the 3-second limit did not stop ex01"

@@ -31,6 +31,8 @@ LESSON = {
     "overlap": 10,                              # Lesson 10: hiding and shrinking communication
     "parallelisms": 11,                         # Lesson 11: TP beside DDP, ZeRO and pipelines
     "deepseek": 12,                             # Lesson 12: DeepSeek-V3, TP meets mixture-of-experts
+    "numerics": 13,                             # Lesson 13: bitwise at every t, clipping, the doubling backward
+    "inference": 14,                            # Lesson 14: TP at inference time
 }
 TOOLING = {"tools", "bench", "demos", "verify"}  # may import any lesson; no lesson imports them
 MAX_TOP_LEVEL_MODULES = 8
@@ -220,6 +222,18 @@ def test_the_scan_sees_late_imports_and_cycles():
     assert problems_of(PACKAGE / "cost" / "plan.py", 6, tooling_allowed=False)  # cost is Lesson 9
 
 
+def test_the_single_device_gpt_imports_no_parallel_layer():
+    # gpt/model.py is the reference, nn.Linear and nn.Embedding only; the TP GPT is the plan
+    # applied to it (gpt/parallelize.py). So the model file imports nothing of Lesson 5's parallel
+    # layers, mappings or collectives (tp_from_scratch.nn), not even inside a function
+    def parallel(path):
+        return [f"{path.relative_to(ROOT)}:{line} imports {name}" for name, line in imports(path)
+                if component(resolve(name) or name) == "nn"]
+
+    assert not parallel(PACKAGE / "gpt" / "model.py"), parallel(PACKAGE / "gpt" / "model.py")
+    assert parallel(PACKAGE / "gpt" / "parallelize.py")  # the scan sees the layers where they are used
+
+
 # ---------------------------------------------------------------------------------------
 # One thing in one place
 # ---------------------------------------------------------------------------------------
@@ -237,7 +251,8 @@ def definitions(name):
 
 
 ONCE = {  # what is written once, and where
-    "PLANS": "tp_from_scratch.gpt.arch",                       # the sharding plan per architecture
+    # the sharding plan per architecture: the GPT's, and Lesson 12's per MoE layout in the same styles
+    "PLANS": ("tp_from_scratch.deepseek.arch", "tp_from_scratch.gpt.arch"),
     "ARCHS": "tp_from_scratch.gpt.arch",                       # the architecture presets
     "shard_axis": "tp_from_scratch.gpt.arch",
     "ring_all_reduce_bytes": "tp_from_scratch.collectives",    # beside the ring it describes
@@ -252,7 +267,8 @@ GONE = ("ARCH_FIELDS", "_COLUMN", "_ROW", "_VOCAB", "_KV", "_REPLICATED_SUFFIXES
 
 def test_each_plan_preset_formula_and_bridge_is_defined_once():
     for name, home in ONCE.items():
-        assert definitions(name) == [home], f"{name} defined in {definitions(name)}, expected only in {home}"
+        homes = sorted(home) if isinstance(home, tuple) else [home]
+        assert sorted(definitions(name)) == homes, f"{name} defined in {definitions(name)}, expected only in {homes}"
     for name in GONE:
         assert not definitions(name), f"{name} is back in {definitions(name)}: use {sorted(ONCE)}"
         used = [m for m, p in MODULES.items() if re.search(rf"(?<![\w.]){name}\b", source(p))]

@@ -4,8 +4,9 @@ import torch
 
 from tp_from_scratch.compare import assert_matches_reference, tolerance
 from tp_from_scratch.gpt.data import global_batch
-from tp_from_scratch.gpt.model import (GPTConfig, init_gpt, kv_replicas, shard_axis, shard_state_dict,
-                                       unshard_state_dict)
+from tp_from_scratch.gpt.arch import kv_replicas, shard_axis
+from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+from tp_from_scratch.gpt.parallelize import shard_state_dict, unshard_state_dict
 from dataclasses import replace
 
 from tp_from_scratch.comm import run_spmd

@@ -1,7 +1,7 @@
 """Lesson 8, torch: the CAAT GPT equals its single-device t-stream model, step for step.
 
   * the t-stream reference at p = 1 IS the ordinary GPT (loss and every gradient);
-  * one step of CAATGPT on t simulated ranks gives every parameter's gradient of the t-stream
+  * one step of the CAAT GPT on t simulated ranks gives every parameter's gradient of the t-stream
     model (this rank's shard of it), t = 2, 3, 4 and p in {0.5, 0};
   * 50 AdamW steps in float64 at t = 2 and 4 give the reference's loss at every step
     (simulated ranks, then torchrun with 4 processes here; the 2-process launch, with every
@@ -20,7 +20,8 @@ from tp_from_scratch.comm.launchers import run_command, torchrun_command
 from tp_from_scratch.compare import assert_matches_reference, tolerance
 from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt.data import global_batch
-from tp_from_scratch.gpt.model import GPTConfig, init_gpt, shard_state_dict
+from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+from tp_from_scratch.gpt.parallelize import shard_state_dict
 from tp_from_scratch.partial_sync import train
 from tp_from_scratch.partial_sync.autograd import all_reduce_replicated_grads
 from tp_from_scratch.partial_sync.mappings import synced_channels

@@ -19,7 +19,8 @@ from tp_from_scratch.cost import calibrate, plan
 from tp_from_scratch.cost import model as cost
 from tp_from_scratch.gpt import inventory, train
 from tp_from_scratch.gpt.arch import ARCHS
-from tp_from_scratch.gpt.model import GPT, GPTConfig, count_parameters, gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.model import GPT, GPTConfig, count_parameters, init_gpt
+from tp_from_scratch.gpt.parallelize import gpt_to_tp
 
 
 def gpt2(hidden, heads, layers, vocab=51200, seq=1024):

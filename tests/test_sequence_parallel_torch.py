@@ -13,7 +13,8 @@ import torch
 
 from tp_from_scratch.comm import SPMDError, run_spmd
 from tp_from_scratch.compare import assert_matches_reference, tolerance
-from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt, shard_state_dict
+from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+from tp_from_scratch.gpt.parallelize import gpt_to_tp, shard_state_dict
 from tp_from_scratch.sequence_parallel.memory import block_activation_bytes, saved_bytes_per_block
 from tp_from_scratch.sequence_parallel.model import gpt_to_sp
 from tp_from_scratch.sequence_parallel.nn import gather_from_sequence_parallel_region

@@ -34,3 +34,14 @@ def test_50_training_steps_at_tp8_equal_one_device(arch):
         "--no-progress"), timeout=850)
     assert result.returncode == 0, result.stdout[-4000:]
     assert "single-device comparison: 50 of 50 steps equal" in result.stdout, result.stdout[-4000:]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
+def test_lesson13_numerics_at_tp8_equal_t1_bit_for_bit(launcher):
+    # tests/spmd_scripts/numerics.py: the fixed tree, the invariant layers and GPT at t = 8 and 2
+    from tp_from_scratch.comm.launchers import mpiexec_command
+    command = (mpiexec_command if launcher == "mpiexec" else torchrun_command)(8, "tests.spmd_scripts.numerics")
+    result = run_command(command, timeout=850)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert result.stdout.count("numerics checks passed at t=8") == 8, result.stdout[-4000:]

@@ -60,6 +60,7 @@ KNOWN_WRONG_TARGETS = {
     "f_backward_writes_into_grad": ("f", "inputs untouched"),
     "from_linear_shares_storage": ("row", "inputs untouched"),
     "scatter_returns_a_view": ("scatter", "fresh output"),
+    "bias_free_layer_gets_a_zero_bias": ("column", "bias=False"),
 }
 
 # The bugs the suite finds in PyTorch 2.13's DTensor TP (docs/verify.md): the embedding's

@@ -6,7 +6,8 @@ import torch
 pytest.importorskip("sklearn")
 from tp_from_scratch.comm import run_spmd  # noqa: E402
 from tp_from_scratch.compare import assert_matches_reference, tolerance  # noqa: E402
-from tp_from_scratch.gpt.model import gather_state_dict, shard_axis  # noqa: E402
+from tp_from_scratch.gpt.arch import shard_axis  # noqa: E402
+from tp_from_scratch.gpt.parallelize import gather_state_dict  # noqa: E402
 from tp_from_scratch.gpt.vit import digits, init_vit, train_vit, vit_config, vit_to_tp  # noqa: E402
 from tp_from_scratch.nn import tp_rank  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Test-only: seven TP bugs planted in this course's GPT / Llama, for the locator of `verify model`.
 
 Each bug is made the way an engineer would make it, without touching the library: by a plan
-changed for one module while the model is built (monkeypatching gpt.model's view of the plan),
+changed for one module while the model is built (monkeypatching gpt.parallelize's view of the plan),
 or by a module of the built TP model replaced. ``PLANTED[name] = (arch, t, plant, module, says)``:
 plant(monkeypatch) returns a function that alters a built Pair (or None), ``module`` is what the
 'first divergence:' line must name and ``says`` what it must say the divergence looks like.
@@ -9,6 +9,7 @@ plant(monkeypatch) returns a function that alters a built Pair (or None), ``modu
 import torch
 
 from tp_from_scratch.gpt import model as gpt_model
+from tp_from_scratch.gpt import parallelize as gpt_parallelize
 from tp_from_scratch.gpt.arch import COLWISE
 from tp_from_scratch.nn import copy_to_tp_region, reduce_from_tp_region
 from tp_from_scratch.nn.mappings import tp_rank
@@ -16,17 +17,17 @@ from tp_from_scratch.nn.mappings import tp_rank
 
 def o_proj_colwise(monkeypatch):
     """attn.o planned colwise (its weight cut by output rows, its input read as whole)."""
-    style, axis = gpt_model.module_style, gpt_model.shard_axis
-    monkeypatch.setattr(gpt_model, "module_style",
-                        lambda name, arch=None: COLWISE if name.endswith("attn.o") else style(name, arch))
-    monkeypatch.setattr(gpt_model, "shard_axis",
+    style, axis = gpt_parallelize.module_style, gpt_parallelize.shard_axis
+    monkeypatch.setattr(gpt_parallelize, "module_style",
+                        lambda name, arch=None, plan=None: COLWISE if name.endswith("attn.o") else style(name, arch, plan))
+    monkeypatch.setattr(gpt_parallelize, "shard_axis",
                         lambda name, arch=None: 0 if ".attn.o." in name else axis(name, arch))
 
 
 def kv_heads_split(monkeypatch):
     """With fewer KV heads than ranks, k and v cut into t pieces instead of whole heads replicated."""
-    monkeypatch.setattr(gpt_model, "kv_replicas", lambda config, tp: 1)
-    monkeypatch.setattr(gpt_model, "replicas_of", lambda name, config, tp: 1)
+    monkeypatch.setattr(gpt_parallelize, "kv_replicas", lambda config, tp: 1)
+    monkeypatch.setattr(gpt_parallelize, "replicas_of", lambda name, config, tp: 1)
 
 
 def missing_f_in_layer_1(monkeypatch):
@@ -80,7 +81,7 @@ def cross_entropy_without_the_max(monkeypatch):
         target_logit = reduce_from_tp_region(group, picked.masked_fill(outside, 0.0))
         sum_exp = reduce_from_tp_region(group, shifted.exp().sum(-1))
         return (sum_exp.log() - target_logit).mean()
-    monkeypatch.setattr(gpt_model, "vocab_parallel_cross_entropy", local_max_cross_entropy)
+    monkeypatch.setattr(gpt_parallelize, "vocab_parallel_cross_entropy", local_max_cross_entropy)
 
 
 def q_heads_in_the_wrong_order(monkeypatch):
@@ -105,7 +106,7 @@ PLANTED = {
     "KV heads split where they should be replicated": ("llama", 4, kv_heads_split, "blocks.0.attn.k",
                                                        "heads split"),
     "a RoPE position offset on one rank": ("llama", 2, rope_offset_on_rank_1, "blocks.0.attn", "wrong on rank 1 only"),
-    "a vocab-parallel cross-entropy without the max": ("gpt", 2, cross_entropy_without_the_max, "(loss)",
+    "a vocab-parallel cross-entropy without the max": ("gpt", 2, cross_entropy_without_the_max, "cross_entropy",
                                                        "values differ"),
     "query heads dealt to the ranks in the wrong order": ("gpt", 2, q_heads_in_the_wrong_order, "blocks.0.attn.q",
                                                           "rows permuted"),

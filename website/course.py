@@ -19,4 +19,6 @@ LESSONS = [
     (10, "Overlap", "hiding communication", (7,)),
     (11, "Parallelisms", "DP, ZeRO, pipelines + TP", (6,)),
     (12, "DeepSeek-V3", "experts: all-to-all, MLA", (5, 11)),
+    (13, "TP numerics", "the same bits at every t", (10,)),
+    (14, "TP inference", "decode, sampling, SPD", (6, 8, 9)),
 ]

@@ -11,7 +11,7 @@ from lesson_notebook import write_notebook
 HERE = Path(__file__).resolve().parent
 
 cells = [
-    new_markdown_cell(r"""# Lesson 6: training a tensor-parallel GPT, equal to single-device training
+    new_markdown_cell(r"""# Lesson 6 (ex06): training a tensor-parallel GPT, equal to single-device training
 
 Lesson 5 built the torch layers: `ColumnParallelLinear`, `RowParallelLinear`,
 `VocabParallelEmbedding` and `vocab_parallel_cross_entropy`, on Megatron's f and g. Here they
@@ -41,7 +41,9 @@ from tp_from_scratch.gpt import train
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.compare import TOLERANCE, assert_matches_reference
 from tp_from_scratch.gpt.data import entropy_rate
-from tp_from_scratch.gpt.model import GPT, GPTConfig, shard_axis, shard_tensor
+from tp_from_scratch.gpt.arch import shard_axis
+from tp_from_scratch.gpt.model import GPT, GPTConfig
+from tp_from_scratch.gpt.parallelize import shard_tensor
 
 ARGV = ["--steps", "50", "--dtype", "float32"]       # the defaults of `.venv/bin/python -m tp_from_scratch.gpt.train`
 args = train.parse(ARGV)                             # the settings (train.TrainConfig)
@@ -49,7 +51,7 @@ config = train.config_from_args(args)
 print(config)"""),
     new_markdown_cell(r"""## 1. Where the weights live
 
-One rule per parameter name (`model.shard_axis`) says how it is split over the t ranks:
+One rule per parameter name (`arch.shard_axis`, read from the sharding plan) says how it is split over the t ranks:
 
 | parameter | full shape (torch: out, in) | split | layout |
 |---|---|---|---|
@@ -59,8 +61,8 @@ One rule per parameter name (`model.shard_axis`) says how it is split over the t
 | LayerNorms, `wpe`, row biases | (H,), (T, H) | replicated | |
 
 The key/value heads are split like the query heads, so a rank's query heads find their
-(grouped-query) key/value heads on the same rank. With fewer KV heads than ranks (nkv < t,
-e.g. Llama 3's 8 KV heads at t = 16), each KV head is copied to the t/nkv ranks whose query
+(grouped-query) key/value heads on the same rank. With fewer KV heads than ranks ($nkv < t$,
+e.g. Llama 3's 8 KV heads at t = 16), each KV head is copied to the $t/nkv$ ranks whose query
 heads read it, and backward sums the copies' weight gradients among them (one extra
 all-reduce per K and V weight, `nn.mappings.sum_over_replicas`), exactly as the numpy
 attention of Lesson 4 does. Memory per rank: parameters, their
@@ -85,14 +87,14 @@ for ax, (label, cfg) in zip(axes, [("course GPT", config), ("GPT-2-small size, n
         print(f"{label:<24} t={tps[i]}: {m:9.2f} MiB per rank ({m / mib[0]:.0%} of one device)")
 fig.tight_layout()
 plt.show()"""),
-    new_markdown_cell(r"""Not exactly 1/t: the replicated LayerNorms, position embedding and row biases sit on every
+    new_markdown_cell(r"""Not exactly $1/t$: the replicated LayerNorms, position embedding and row biases sit on every
 rank, and with V = 67 (prime) the vocabulary splits 34 + 33. For the big config the
 replicated part is small and each doubling of t nearly halves the memory.
 
 ## 2. Training on 2 simulated ranks, step by step against one device
 
 `train.train_on_comm` is one TP rank's run: the GPT built from the same seed as the
-single-device one and converted to this rank's shard (`model.gpt_to_tp`), the same batches
+single-device one and converted to this rank's shard (`parallelize.gpt_to_tp`: the architecture's plan applied to a copy), the same batches
 (a seeded Markov chain, `tp_from_scratch.gpt.data`), AdamW. `run_spmd` runs it on 2 threads
 that talk through the from-scratch collectives. `train.single_device_run` trains the plain
 `GPT` on the same batches. The Markov chain's entropy rate is the best loss any model can reach."""),
@@ -129,7 +131,7 @@ plt.show()"""),
 numbers in another order (a row-parallel matmul sums t partial sums; the vocabulary-parallel
 cross-entropy sums its exponentials per shard). They do not grow over 50 steps.
 
-A caution learnt while building this: Adam's first step is about `lr * sign(g)`. A gradient
+A caution learnt while building this: Adam's first step is about $\mathrm{lr} \cdot \mathrm{sign}(g)$. A gradient
 that is zero in exact arithmetic but holds roundoff (a key bias: softmax ignores a shift of
 a whole row of scores) would get a full-size, random-signed step, different on one device and
 on t ranks. That is why the GPT's key projection has no bias.
@@ -163,9 +165,9 @@ Lesson 4. q, k and v are three column-parallel layers, but they read the same La
 so the block applies one f to it and the three layers skip their own
 (`ColumnParallelLinear(..., input_is_copied=True)`): backward then all-reduces the *sum* of
 their input gradients once, instead of three times (Megatron-LM gets the same effect by fusing
-q, k and v into one weight). The cross-entropy's three all-reduces move (B·T) numbers each,
+q, k and v into one weight). The cross-entropy's three all-reduces move $B \cdot T$ numbers each,
 never the (B, T, V) logits: that is the point of the vocabulary-parallel loss. With the ring
-all-reduce a rank sends 2 (t-1)/t times the payload: at t = 2, exactly the payload."""),
+all-reduce a rank sends $2\frac{t-1}{t}$ times the payload: at t = 2, exactly the payload."""),
     new_code_cell("""print(f"B = {B} sequences of T = {T} tokens, H = {H}, L = {L} blocks, t = 2 (the run above): {config}")
 act = B * T * H * 4  # one float32 (B, T, H) activation, in bytes
 expected = (4 * L + 2) * act + 3 * B * T * 4   # 4 per block + embedding + head, and the loss
@@ -183,12 +185,12 @@ assert expected == per_step["all_reduce"]["bytes_sent"]"""),
   block; the meter must count 2 all-reduces forward and 2 backward, and the single-device block
   must not move (your parameters are copies).
 * `all_reduces_of_a_step(config, batch_size, t, rank)`: one `(phase, where, elements, bytes_sent)`
-  per all-reduce of a whole `TensorParallelGPT` step, the table above written out call by call.
+  per all-reduce of a whole TP GPT step, the table above written out call by call.
   The graders run that step with your blocks inside and compare your list with what the meter
   counted on every rank, forward and backward. Mind the bytes: the ring cuts N numbers into t
-  chunks like `numpy.array_split`, and B·T = 10 tokens do not split evenly over 3 or 4 ranks,
+  chunks like `numpy.array_split`, and $B \cdot T = 10$ tokens do not split evenly over 3 or 4 ranks,
   so at t = 3 the loss's all-reduces make the ranks send different amounts (rank r sends
-  `2N - chunk_r - chunk_{r+1}` numbers: see `tp_from_scratch/collectives.py`). At t = 2
+  $2N - \text{chunk}_r - \text{chunk}_{r+1}$ numbers: see `tp_from_scratch/collectives.py`). At t = 2
   above, every rank sent exactly the payload.
 
 Grade it with `make grade EX=ex06` (or `.venv/bin/python -m pytest exercises -m ex06`)."""),

@@ -11,7 +11,7 @@ from lesson_notebook import write_notebook
 HERE = Path(__file__).resolve().parent
 
 cells = [
-    new_markdown_cell(r"""# Lesson 8: partially synchronized activations (CAAT-Net, 2025)
+    new_markdown_cell(r"""# Lesson 8 (ex08): partially synchronized activations (CAAT-Net, 2025)
 
 Every block of Megatron TP ends its attention and its MLP with g: an all-reduce of a
 (B, T, H) activation, forward, and another one backward. On large TP groups these all-reduces
@@ -134,7 +134,8 @@ before the entry's f, where the streams are still one: it needs nothing.
 Below, each rank's own `ln1.weight` gradient before the sum: they differ, and only their
 sum is the t-stream reference's gradient."""),
     new_code_cell("""from tp_from_scratch.partial_sync import block
-from tp_from_scratch.partial_sync.params import init_stack_params, shard_block_params
+from tp_from_scratch.layers.block import shard_block_params
+from tp_from_scratch.partial_sync.params import init_stack_params
 t, p = 2, 0.5
 config = check.check_config(t)
 rng = rank_rng(1)
@@ -180,9 +181,10 @@ the forward sent. At p = 1 the reference is the ordinary block stack of Lessons 
 
     .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.partial_sync.check
 
-The torch GPT of Lesson 6 gets the same treatment in `partial_sync/model.py`: `CAATGPT`
-builds Lesson 6's `Block` from column layers with `input_is_copied=True` (no f), a
-`PartialSyncRowParallelLinear`, and one f at the entry; `t_stream_forward(gpt, ...)` is its
+The torch GPT of Lesson 6 gets the same treatment in `partial_sync/model.py`: `caat_from_gpt`
+applies Lesson 6's sharding plan to the GPT with its own style table (`caat_styles`): column
+layers with `input_is_copied=True` (no f), a `PartialSyncRowParallelLinear`, and one f at the
+entry; `t_stream_forward(gpt, ...)` is its
 single-device twin on the GPT's own parameters. Twenty AdamW steps in float64 on two
 simulated ranks, against the single-device t-stream model:"""),
     new_code_cell("""from tp_from_scratch.partial_sync import train as caat_train
@@ -220,7 +222,7 @@ assert sum(b for _, b in ledger) == ranks[0]["bytes_sent"][0]"""),
 `.venv/bin/python -m tp_from_scratch.partial_sync.experiment` trains the course GPT (H = 64, 2 layers,
 V = 67) at tp = 2 and 4 for p in {1, 0.75, 0.5, 0.25, 0}, three seeds each, on the same
 tokens of the Markov chain, and scores it on held-out tokens. Bytes per step and step time
-come from CAATGPT on simulated ranks; the losses from its t-stream twin (equal to it, as just
+come from the CAAT GPT on simulated ranks; the losses from its t-stream twin (equal to it, as just
 checked, and several times faster on 2 cores). The committed run:"""),
     new_code_cell("""results = json.loads((REPO / "lessons/measurements/partial_sync.json").read_text())
 print(results["command"], f"({results['wall_s']:.0f} s wall, {results['cpu_s']:.0f} s of CPU on a shared 2-core machine)")

@@ -35,7 +35,8 @@ import torch.distributed as dist
 from tp_from_scratch.cost.model import load_profile, predict_step
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.inventory import parameter_count
-from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+from tp_from_scratch.gpt.parallelize import gpt_to_tp
 
 @dataclass(frozen=True)
 class Launch:

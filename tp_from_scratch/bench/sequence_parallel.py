@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 from tp_from_scratch.bench.common import timed_steps
 from tp_from_scratch.gpt.data import global_batch
-from tp_from_scratch.gpt.model import gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.model import init_gpt
+from tp_from_scratch.gpt.parallelize import gpt_to_tp
 from tp_from_scratch.sequence_parallel.dtensor_plan import parallelize_gpt_sp
 from tp_from_scratch.sequence_parallel.model import SequenceParallelGPT
 

@@ -4,7 +4,7 @@
 
 Three versions start from the same single-device weights and train on the same batches:
 
-    scratch        tp_from_scratch's TensorParallelGPT: blocks, embedding and LM head sharded
+    scratch        tp_from_scratch's TP GPT (gpt.parallelize): blocks, embedding and LM head sharded
                    (vocabulary-parallel embedding and cross-entropy)
     dtensor        PyTorch's parallelize_module on the blocks only (gpt.dtensor_plan.tp_plan):
                    embedding and LM head replicated, every rank computes all V logits
@@ -31,7 +31,8 @@ import torch.distributed as dist
 from tp_from_scratch.bench.common import timed_steps
 from tp_from_scratch.comm.process_group import init_process_group
 from tp_from_scratch.gpt.data import global_batch
-from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+from tp_from_scratch.gpt.parallelize import gpt_to_tp
 from tp_from_scratch.gpt.options import at_least, first_problem, greater_than_zero, parse_valid_args, positive
 
 

@@ -4,7 +4,7 @@
     router.py           the router (sigmoid, selection bias, group-limited top-k) and its margin
     moe.py              DeepSeekMoE on one device: shared experts + routed experts
     expert_parallel.py  the same layer on t ranks, three ways: expert parallel (all-to-all),
-                        the inference layout (own experts on all tokens, one all-reduce),
+                        an all-reduce layout (own experts on all tokens, one all-reduce),
                         expert tensor parallel (every expert split), and their traffic
     dispatch.py         expert parallelism's dispatch and combine in numpy (Exercise 12's reference)
     mla.py              multi-head latent attention with its heads split, and the latent cache

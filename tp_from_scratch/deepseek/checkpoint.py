@@ -6,8 +6,8 @@ one shard per rank, ``meta.json`` with the model's config (transformers' Deepsee
 config.json holds), the layout it was saved in, and the description
 ``{"family": "deepseek_v3", ...}``: Lesson 6's loaders refuse it naming Lesson 12's commands,
 and these loaders refuse a GPT's. A checkpoint saved at t ranks in one layout loads at any
-other t and layout: every tensor is glued back with ``model.unshard`` (the saved layout) and
-cut again with ``model.shard`` (the loading one); AdamW's moments go the same way.
+other t and layout: every tensor is glued back with ``arch.unshard`` (the saved layout's plan) and
+cut again with ``arch.shard`` (the loading one's); AdamW's moments go the same way.
 
     DeepSeekSharding(layout)             the cut, for gpt/checkpoint.py's functions and Hooks.sharding
     DESCRIPTION                          what every Lesson 12 loader expects
@@ -18,7 +18,8 @@ import torch
 
 from tp_from_scratch.gpt import checkpoint as ckpt
 
-from .model import MODEL_LAYOUTS, config_from_hf, shard, unshard
+from .arch import shard, unshard
+from .model import MODEL_LAYOUTS, config_from_hf
 
 DESCRIPTION = {"family": "deepseek_v3", "arch": "deepseek_v3", "partial_sync": None}
 PREFIX = "model."   # the trainer's CausalLM holds the model as .model
@@ -43,13 +44,13 @@ class DeepSeekSharding(ckpt.GPTSharding):
         return config_from_hf({**meta_config, "model_type": "deepseek_v3"})
 
     def shard(self, name, full, tp, rank, config):
-        return shard(_ours(name), full, config, self.layout, tp, rank).clone()
+        return shard(_ours(name), full, self.layout, tp, rank)
 
     def unshard(self, name, pieces, meta):
         layout = meta.get("layout")
         if layout not in MODEL_LAYOUTS:
             raise ckpt.CheckpointError(f"checkpoint metadata records layout {layout!r}, not one of {MODEL_LAYOUTS}")
-        return unshard(_ours(name), pieces, self.config_of(meta["config"]), layout)
+        return unshard(_ours(name), pieces, layout)
 
 
 def write(root, config, state, layout="experts on all tokens", tp=1, step=0, extra=None):

@@ -29,7 +29,8 @@ from tp_from_scratch.testing import random_array, rank_rng
 
 from .config import MoEConfig
 from .expert_parallel import LAYOUTS
-from .model import ParallelDeepseekV3, shard
+from .arch import shard
+from .model import ParallelDeepseekV3
 from .moe import DeepSeekMoE
 from .router import check_routing_margin, routing_margin
 
@@ -125,13 +126,13 @@ def check_model(group, config, state, layout, ids, dlogits, reference):
     t = dist.get_world_size(group) if isinstance(group, dist.ProcessGroup) else group.world_size
     rank = dist.get_rank(group) if isinstance(group, dist.ProcessGroup) else group.rank
     model = ParallelDeepseekV3(config, group=group, layout=layout).double()
-    model.load_state_dict({n: shard(n, v, config, layout, t, rank) for n, v in state.items()})
+    model.load_state_dict({n: shard(n, v, layout, t, rank) for n, v in state.items()})
     logits = model(ids)
     (logits * dlogits).sum().backward()
     ref_logits, ref_grads = reference
     assert_matches_reference(logits, ref_logits, name=f"model logits ({layout})", rank=rank)
     for name, p in model.named_parameters():
-        expected = shard(name, ref_grads[name], config, layout, t, rank)
+        expected = shard(name, ref_grads[name], layout, t, rank)
         assert_matches_reference(p.grad, expected, name=f"model grad {name} ({layout})", rank=rank)
 
 

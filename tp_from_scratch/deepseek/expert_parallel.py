@@ -5,14 +5,15 @@ combine all have gradients autograd already knows, so each layout is its forward
 only hand-written backwards are the collectives' (f, g, and the all-to-all's, which is the
 all-to-all run backwards).
 
-(a) ExpertParallelMoE, training's layout (DeepSeek-V3 trained with 64-way EP, no TP).
+(a) ExpertParallelMoE, DeepSeek-V3's layout (64-way EP in training, no TP, report §3.2; EP32
+    and EP320 in serving, §3.4).
     Each rank brings its OWN tokens (its data-parallel share) and owns E/t experts. Per layer:
         route locally -> exchange counts -> all-to-all the rows to the experts' ranks (dispatch)
         -> run the local experts -> all-to-all the outputs back (combine) -> weight and sum.
     No token is dropped: the counts travel first, so every receiver sizes its buffer.
     Replicated weights (router, shared experts) see only this rank's tokens: their gradients
     are summed over the ranks (f on the weight: identity forward, all-reduce backward).
-(b) ExpertsOnAllTokensMoE, the inference layout: every rank holds ALL tokens (replicated, as
+(b) ExpertsOnAllTokensMoE, an all-reduce layout: every rank holds ALL tokens (replicated, as
     after TP attention) and E/t experts; it runs its experts on the tokens routed to them,
     shared experts column/row-split; one all-reduce of the partial sums (g).
 (c) ExpertTensorParallelMoE (Megatron's ETP): every rank holds a 1/t column/row slice of
@@ -35,6 +36,7 @@ from tp_from_scratch.nn.mappings import (all_to_all, copy_to_tp_region, exchange
                                          reduce_from_tp_region, tp_rank, tp_world_size)
 from tp_from_scratch.sharding import check_divisible
 
+from .arch import shard
 from .moe import Experts, GatedFFN, Router, combine, expert_rows, gated_ffn, pairs
 from .router import route
 
@@ -62,9 +64,11 @@ class _Sharded(nn.Module):
 
     @classmethod
     def from_module(cls, moe, *, group):
-        """This rank's share of a single-device DeepSeekMoE (see ``moe_shard``), in its dtype."""
+        """This rank's share of a single-device DeepSeekMoE, in its dtype: each tensor cut as the
+        layout's plan says (arch.PLANS: the router whole; experts by expert or by width; shared
+        experts split like an MLP, or whole under expert parallelism)."""
         layer = cls(moe.config, group=group).to(moe.gate.weight.dtype)
-        layer.load_state_dict({name: moe_shard(cls.layout, name, full, moe.config, layer.t, layer.rank)
+        layer.load_state_dict({name: shard(name, full, cls.layout, layer.t, layer.rank)
                                for name, full in moe.state_dict().items()})
         return layer
 
@@ -164,56 +168,15 @@ class ExpertTensorParallelMoE(_SplitShared):
         self.experts = Experts(config.n_routed_experts, config.hidden_size, config.moe_intermediate_size // self.t)
 
 
-def moe_shard(layout, name, full, config, t, r):
-    """Rank r's share, under ``layout``, of the single-device DeepSeekMoE tensor ``name``.
-
-    The router is replicated. Experts: E/t whole ones (expert parallel, experts on all tokens)
-    or columns [r F/t, (r+1) F/t) of every expert's gate and up and those rows of down (expert
-    tensor parallel). Shared experts: replicated under expert parallelism, else split the same way.
-    """
-    if name.startswith("gate."):
-        return full
-    if name.startswith("experts.") and layout != "expert tensor parallel":
-        n = config.n_routed_experts // t
-        return full[r * n:(r + 1) * n]
-    if name.startswith("experts."):
-        F_ = config.moe_intermediate_size
-        cols = slice(r * F_ // t, (r + 1) * F_ // t)
-        if name == "experts.gate_up_proj":  # (E, 2F, H): gate rows, then up rows
-            return torch.cat([full[:, :F_][:, cols], full[:, F_:][:, cols]], dim=1)
-        return full[:, :, cols]  # down_proj (E, H, F)
-    if layout == "expert parallel":
-        return full
-    S = config.shared_intermediate_size
-    cols = slice(r * S // t, (r + 1) * S // t)
-    return full[:, cols] if name.endswith("down_proj.weight") else full[cols]
-
-
-def moe_unshard(layout, name, pieces, config):
-    """The single-device DeepSeekMoE tensor ``name`` from every rank's share under ``layout``
-    (a list in rank order): the inverse of moe_shard."""
-    t, replicated = len(pieces), pieces[0]
-    if name.startswith("gate.") or (layout == "expert parallel" and not name.startswith("experts.")):
-        return replicated.clone()
-    if name.startswith("experts.") and layout != "expert tensor parallel":
-        return torch.cat(pieces)  # E/t whole experts per rank, in order
-    if name == "experts.gate_up_proj":  # each (E, 2F/t, H): this rank's gate rows, then its up rows
-        f = config.moe_intermediate_size // t
-        return torch.cat([torch.cat([p[:, :f] for p in pieces], dim=1),
-                          torch.cat([p[:, f:] for p in pieces], dim=1)], dim=1)
-    if name.startswith("experts."):
-        return torch.cat(pieces, dim=2)  # down_proj (E, H, F/t)
-    return torch.cat(pieces, dim=1 if name.endswith("down_proj.weight") else 0)  # shared experts
-
-
 LAYOUTS = {cls.layout: cls for cls in (ExpertParallelMoE, ExpertsOnAllTokensMoE, ExpertTensorParallelMoE)}
 
 
 # ---- traffic and balance ----------------------------------------------------------------
 
 def ep_bytes_sent(counts, rank, hidden, itemsize):
-    """Bytes rank ``rank`` sends in one EP forward: its off-rank pairs' rows go out (dispatch)
-    and come back as many from others (combine), plus the counts exchange.
+    """Bytes rank ``rank`` sends in one EP forward: the rows of its own off-rank pairs
+    (dispatch), the outputs it computed for other ranks' pairs (combine: a different number
+    unless routing is balanced), and the counts exchange.
 
     counts: (t, t, E/t) array, counts[q, d, e] = pairs rank q sends rank d for expert e.
     """

@@ -1,8 +1,9 @@
 """DeepSeek-V3 on t ranks, two ways:
 
-* tensor parallel (serving): every rank holds every token; MLA heads split (Lesson 4's
-  column/row pattern), the dense FFNs of the first ``first_k_dense_replace`` layers split
-  likewise, DeepSeekMoE in an inference layout ("experts on all tokens" or "expert tensor parallel");
+* tensor parallel: every rank holds every token; MLA heads split (Lesson 4's column/row
+  pattern), the dense FFNs of the first ``first_k_dense_replace`` layers split likewise,
+  DeepSeekMoE in an all-reduce layout ("experts on all tokens" or "expert tensor parallel");
+  DeepSeek-V3's own servers pair TP4 attention with expert-parallel experts (report §3.4);
 * "expert parallel" (DeepSeek-V3's training): every rank its own tokens; attention, dense
   FFNs, embedding and head whole on every rank (data parallel: their gradients summed over
   the ranks after backward, ``sum_replicated_gradients``), only the routed experts spread.
@@ -10,8 +11,8 @@
 Equal to transformers' DeepseekV3ForCausalLM with the same weights (tests/test_deepseek_model.py).
 Embedding, final norm and LM head are replicated: the lesson is about attention and experts.
 
-    from_hf_state_dict(config, sd, group=...)   rank r's model from a full transformers state dict
-    shard / unshard                             one tensor's part on rank r, and the whole from the parts
+    from_hf_state_dict(config, sd, group=...)   rank r's model from a full transformers state dict,
+                                                each tensor cut as its layout's plan says (arch.py)
     to_hf_state_dict(model)                     the full state dict back (t = 1)
     load_hf(path, group=...) / save_hf(directory, model)   the same from / to a save_pretrained
                                                 directory (files read and written by gpt.convert)
@@ -26,17 +27,20 @@ from tp_from_scratch.comm import Comm
 from tp_from_scratch.nn.mappings import all_reduce, copy_to_tp_region, reduce_from_tp_region, tp_rank, tp_world_size
 from tp_from_scratch.sharding import check_divisible
 
+from .arch import PLANS, shard
 from .config import MoEConfig
-from .expert_parallel import LAYOUTS, check_fits, moe_shard, moe_unshard
+from .expert_parallel import LAYOUTS, check_fits
 from .mla import LatentCache, ParallelMLA, RMSNorm
 from .moe import GatedFFN
 
 INFERENCE_LAYOUTS = ("experts on all tokens", "expert tensor parallel")  # tokens replicated
 MODEL_LAYOUTS = INFERENCE_LAYOUTS + ("expert parallel",)
+assert set(MODEL_LAYOUTS) == set(PLANS), "every layout has its sharding plan (arch.PLANS)"
 
 
 def check_config(config, t, layout="experts on all tokens"):
-    """Refuse, by name, what the course cannot map on t ranks in ``layout``, before any weight is built."""
+    """Refuse, by name, what the course cannot map on t ranks in ``layout``, before any weight is
+    built. Returns the MoE layers' MoEConfig: the one conversion of the HF config to it."""
     moe = MoEConfig.from_hf(config)  # routing method, scoring, activation
     rope = config.rope_parameters
     rope_type = rope.get("rope_type", "default")
@@ -55,6 +59,7 @@ def check_config(config, t, layout="experts on all tokens"):
     if layout not in MODEL_LAYOUTS:
         raise ValueError(f"layout {layout!r} is not one of {MODEL_LAYOUTS}")
     check_fits(layout, moe, t)
+    return moe
 
 
 class ParallelGatedFFN(GatedFFN):
@@ -69,7 +74,7 @@ class ParallelGatedFFN(GatedFFN):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, index, layout, *, group):
+    def __init__(self, config, index, layout, moe, *, group):
         super().__init__()
         # under expert parallelism attention and dense FFNs are whole: a group of one rank
         whole = Comm(0, 1) if layout == "expert parallel" else group
@@ -79,7 +84,7 @@ class DecoderLayer(nn.Module):
         if index < config.first_k_dense_replace:
             self.mlp = ParallelGatedFFN(config.hidden_size, config.intermediate_size, group=whole)
         else:
-            self.mlp = LAYOUTS[layout](MoEConfig.from_hf(config), group=group)
+            self.mlp = LAYOUTS[layout](moe, group=group)
 
     def forward(self, x, positions, cache=None):
         x = x + self.self_attn(self.input_layernorm(x), positions, cache)
@@ -91,10 +96,10 @@ class ParallelDeepseekV3(nn.Module):
 
     def __init__(self, config, *, group, layout="experts on all tokens"):
         super().__init__()
-        check_config(config, tp_world_size(group), layout)
+        moe = check_config(config, tp_world_size(group), layout)
         self.config, self.group, self.layout = config, group, layout
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i, layout, group=group)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, layout, moe, group=group)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -129,42 +134,6 @@ def hf_name(name):
 
 def _in_moe_layer(name, config):
     return ".mlp." in name and int(name.split(".")[1]) >= config.first_k_dense_replace
-
-
-def shard(name, full, config, layout, t, r):
-    """Rank r's part of the full tensor ``name`` (our name): heads, FFN columns, experts."""
-    if layout == "expert parallel" and not _in_moe_layer(name, config):
-        return full  # whole on every rank
-    heads_rows = ("self_attn.q_b_proj.weight", "self_attn.q_proj.weight", "self_attn.kv_b_proj.weight")
-    if name.endswith(heads_rows):  # (nh * per-head, rank): heads are contiguous rows
-        return full.chunk(t, dim=0)[r]
-    if name.endswith("self_attn.o_proj.weight"):  # (H, nh * v): this rank's heads' columns
-        return full.chunk(t, dim=1)[r]
-    if ".mlp." in name:
-        index = int(name.split(".")[1])
-        inner = name.split(".mlp.", 1)[1]
-        if index >= config.first_k_dense_replace:
-            return moe_shard(layout, inner, full, MoEConfig.from_hf(config), t, r)
-        return full.chunk(t, dim=1)[r] if inner == "down_proj.weight" else full.chunk(t, dim=0)[r]
-    return full
-
-
-def unshard(name, pieces, config, layout):
-    """The full tensor ``name`` (our name) from every rank's part under ``layout``, in rank
-    order: the inverse of shard (a checkpoint saved at t ranks in one layout is glued back
-    with it, then cut for another t or layout)."""
-    if layout == "expert parallel" and not _in_moe_layer(name, config):
-        return pieces[0].clone()
-    if name.endswith(("self_attn.q_b_proj.weight", "self_attn.q_proj.weight", "self_attn.kv_b_proj.weight")):
-        return torch.cat(pieces, dim=0)
-    if name.endswith("self_attn.o_proj.weight"):
-        return torch.cat(pieces, dim=1)
-    if ".mlp." in name:
-        inner = name.split(".mlp.", 1)[1]
-        if _in_moe_layer(name, config):
-            return moe_unshard(layout, inner, pieces, MoEConfig.from_hf(config))
-        return torch.cat(pieces, dim=1 if inner == "down_proj.weight" else 0)
-    return pieces[0].clone()
 
 
 def _mtp_layer(name, config):
@@ -202,8 +171,7 @@ def from_hf_state_dict(config, sd, *, group, layout="experts on all tokens", dty
         import warnings
         warnings.warn(f"skipped {len(mtp)} tensors of the multi-token-prediction module (layers "
                       f"{config.num_hidden_layers} and up): the course's model predicts the next token only")
-    model.load_state_dict({n: shard(n, sd[hf_name(n)], config, layout, t, r).to(dtype)
-                           for n in model.state_dict()})
+    model.load_state_dict({n: shard(n, sd[hf_name(n)], layout, t, r).to(dtype) for n in model.state_dict()})
     return model
 
 

@@ -1,6 +1,6 @@
 """Lesson 12's planner: DeepSeek-V3's parameters, memory per rank and bytes per token, TP against EP.
 
-    # the published DeepSeek-V3 (transformers' DeepseekV3Config defaults): 671B, 37B active
+    # the published DeepSeek-V3 (transformers' DeepseekV3Config defaults): 671B, 37.6B active
     .venv/bin/python -m tp_from_scratch.deepseek.plan
     # another DeepseekV3 config (a config.json), planned at TP=4 against EP=32
     .venv/bin/python -m tp_from_scratch.deepseek.plan --config path/to/config.json --tp 4 --ep 32
@@ -11,11 +11,11 @@ mixture-of-experts with latent attention changes, on Lesson 9's and earlier less
 * parameters, exactly as transformers' DeepseekV3ForCausalLM holds them (the sum of its
   parameters' numel; the router's selection bias is a buffer, not counted), and the active ones:
   all but the routed experts a token does not use (k of E). The multi-token-prediction module
-  of the report (14B) is not in transformers' model, so not in the count;
+  (report §2.2; 14B more by DeepSeek's README) is not in transformers' model, so not in the count;
 * weights, gradients and AdamW state per rank (cost.model.PRECISIONS) with attention and the dense
   and shared FFNs split over TP=t, the routed experts over EP=e (E/e whole experts per rank), and
   the embedding and head whole, as the course's ParallelDeepseekV3 holds them (TP=EP=t: its
-  inference layout; TP=1, EP=t: its expert-parallel, training layout);
+  tensor-parallel layout; TP=1, EP=t: its expert-parallel layout, DeepSeek-V3's in training);
 * the bytes per token and layer, forward: TP's two ring all-reduces of H numbers
   (collectives.ring_all_reduce_bytes) against EP's dispatch and combine
   (deepseek.expert_parallel.ep_bytes_sent) under balanced routing, also at node granularity
@@ -188,7 +188,8 @@ def report(args, c, say=print):
         f"F={c.moe_intermediate_size}, dense F={c.intermediate_size}, heads={c.num_attention_heads}, "
         f"V={c.vocab_size}")
     say(f"parameters: {total:,} ({rounded(total)}) total, {active:,} ({rounded(active)}) active per token")
-    say("(transformers' DeepseekV3ForCausalLM; without the report's multi-token-prediction module)")
+    say("(transformers' DeepseekV3ForCausalLM, embedding and head included; without the "
+        "multi-token-prediction module, report §2.2)")
     say(f"\nmemory per rank, GiB ({args.precision}: weights, gradients, AdamW; no activations); "
         f"attention, dense/shared FFNs over TP, routed experts over EP, embedding and head whole")
     say(f"{'TP':>3} {'EP':>3} {'weights':>9} {'grads':>9} {'AdamW':>9} {'total':>9}")

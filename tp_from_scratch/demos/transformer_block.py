@@ -18,6 +18,7 @@ import sys
 import numpy as np
 
 from tp_from_scratch.collectives import all_gather
+from tp_from_scratch.gpt.arch import KV_COLWISE, module_style, shard_axis
 from tp_from_scratch.layers import block, check
 from tp_from_scratch.layers import reference as ref
 from tp_from_scratch.testing import random_array, rank_rng
@@ -44,14 +45,19 @@ def parse_args(argv=None):
     return args
 
 
-def parameter_groups(config, tp):
-    """Block param keys by how they are stored: split 1/t, KV heads copied, or replicated."""
-    replicated = {"ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias", "attn.o.bias", "mlp.proj.bias"}
-    kv = {"attn.k.weight", "attn.v.weight", "attn.v.bias"}
-    copied = kv if config.n_kv_heads < tp else set()
-    split = {"attn.q.weight", "attn.q.bias", "attn.o.weight", "mlp.fc.weight", "mlp.fc.bias",
-             "mlp.proj.weight"} | (kv - copied)
-    groups = {"split 1/t": split, "KV copies": copied, "replicated": replicated}
+def parameter_groups(config, tp, keys):
+    """Block param ``keys`` by how they are stored, as the GPT's sharding plan says (gpt.arch;
+    the numpy block has the torch Block's names): split 1/t, KV heads copied (KV_COLWISE with
+    fewer KV heads than ranks), or replicated."""
+    groups = {"split 1/t": set(), "KV copies": set(), "replicated": set()}
+    for key in keys:
+        name = f"blocks.0.{key}"
+        if shard_axis(name, "gpt") is None:
+            groups["replicated"].add(key)
+        elif module_style(name.rpartition(".")[0], "gpt") == KV_COLWISE and config.n_kv_heads < tp:
+            groups["KV copies"].add(key)
+        else:
+            groups["split 1/t"].add(key)
     return {name: keys for name, keys in groups.items() if keys}
 
 
@@ -85,7 +91,7 @@ def run(comm, args):
         check.compare(verdicts, full_grads[key], grads_ref[key], f"grad of {key}", rank)
 
     # per-rank parameter memory, by storage group, gathered to every rank to print on rank 0
-    groups = parameter_groups(config, t)
+    groups = parameter_groups(config, t, params)
     mine = np.array([sum(local[k].nbytes for k in keys) for keys in groups.values()])
     every = all_gather(comm, mine[None], axis=0)  # (t, groups)
     verdict_ok = all_gather(comm, np.array([all(v.ok for v in verdicts)]), axis=0)

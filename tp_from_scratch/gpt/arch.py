@@ -4,24 +4,31 @@
                            fields left at None from here)
     PLANS[arch]            the sharding plan, in the shape of DTensor's ``parallelize_plan``:
                            {module name pattern: style}, "*" standing for any block index
+    OUTPUT_LAYOUT[style]   where a module of that style leaves its output under TP
 
-Everything else that knows how a parameter is split is derived from the plan: the model's
-layers (gpt.model builds a block's linear as the plan's style says), ``shard_axis`` and
-``replicas_of`` (the state-dict conversions and checkpoints), the planner's parameter inventory
-(gpt.inventory), partial sync's replicated parameters, and both DTensor plans
+Everything else that knows how a parameter is split is derived from the plan: the TP model
+itself (gpt.parallelize applies the plan to the single-device GPT of gpt.model), ``shard_axis``
+and ``replicas_of`` (the state-dict conversions and checkpoints), the planner's parameter
+inventory (gpt.inventory), partial sync's replicated parameters, and both DTensor plans
 (gpt.dtensor_plan, sequence_parallel.dtensor_plan).
 
-The styles, in the literature's words (JAX-scaling-book notation on the right):
+The styles, in the literature's words (JAX-scaling-book notation on the right), and the layout
+of the output each leaves (OUTPUT_LAYOUT):
 
-    COLWISE         ColumnParallelLinear: W[out_t, in], bias b[out_t]      output Sharded
+    COPY_IN         Megatron's f: an input point (``copy_in``) where several column layers
+                    start reading one Replicated x; identity forward, all-reduce backward  Replicated
+    COLWISE         ColumnParallelLinear: W[out_t, in], bias b[out_t]      output Sharded(-1)
     KV_COLWISE      COLWISE over whole KV heads: with nkv < t each KV head is held by t/nkv
-                    neighbouring ranks, its rows replicated there, their gradients summed
-    ROWWISE         RowParallelLinear: W[out, in_t], bias whole            output Partial -> g
-    VOCAB_PARALLEL  VocabParallelEmbedding / the LM head: E[V_t, H]        vocabulary rows Sharded
-    REPLICATED      every rank holds all of it (norms, the position embedding)
+                    neighbouring ranks, its rows replicated there, their gradients summed  Sharded(-1)
+    ROWWISE         RowParallelLinear: W[out, in_t], bias whole            output Partial -> g -> Replicated
+    VOCAB_PARALLEL  VocabParallelEmbedding / the LM head / the loss: E[V_t, H], vocabulary rows
+                    Sharded; the embedding's lookup Replicated (after its g), the head's logits
+                    Sharded(-1) (vocabulary), the loss Replicated
+    REPLICATED      every rank holds all of it (norms, the position embedding)  Replicated
 
-A new architecture (say DeepSeek-V3: MLA's latent down-projections REPLICATED, its up-projections
-COLWISE, MoE experts split by expert) adds a preset and a plan, and new styles where it needs them.
+A new architecture adds a preset and a plan in these styles, and new styles where it needs them
+(say latent down-projections REPLICATED, up-projections COLWISE, experts split by expert: a plan
+in its own package, read by its own cut and glue).
 """
 
 # ---------------------------------------------------------------------------------------
@@ -43,7 +50,7 @@ ARCHS = {
 # ---------------------------------------------------------------------------------------
 
 COLWISE, KV_COLWISE, ROWWISE = "colwise", "kv_colwise", "rowwise"
-VOCAB_PARALLEL, REPLICATED = "vocab_parallel", "replicated"
+VOCAB_PARALLEL, REPLICATED, COPY_IN = "vocab_parallel", "replicated", "copy_in"
 
 # style -> {parameter of the module: the axis TP splits (None: whole on every rank)}
 SPLIT_AXES = {
@@ -52,18 +59,40 @@ SPLIT_AXES = {
     ROWWISE: {"weight": 1, "bias": None},   # (out, in): the input columns; the bias is added after g
     VOCAB_PARALLEL: {"weight": 0},          # (V, H): the vocabulary rows
     REPLICATED: {},
+    COPY_IN: {},                            # an input point: no parameters
 }
 
+# style -> the layout of a TP module's output, read by the tools that bring each TP module's
+# output back to the full tensor to compare it with one device's
+REPLICATE, SHARD_LAST = "Replicated", "Sharded(-1)"
+OUTPUT_LAYOUT = {
+    COPY_IN: REPLICATE,         # f is the identity forward
+    COLWISE: SHARD_LAST,        # (..., out/t)
+    KV_COLWISE: SHARD_LAST,     # (..., nkv/t*hs); with nkv < t, t/nkv neighbouring ranks hold the same block
+    ROWWISE: REPLICATE,         # after g
+    VOCAB_PARALLEL: SHARD_LAST,  # the LM head's logits (B, T, V/t); but see VOCAB_OUTPUT_LAYOUT
+    REPLICATED: REPLICATE,
+}
+# the VOCAB_PARALLEL modules by role: the embedding all-reduces its lookup (g) and the loss its
+# three sums, so only the head's logits stay Sharded(-1)
+VOCAB_OUTPUT_LAYOUT = {"wte": REPLICATE, "lm_head": SHARD_LAST, "cross_entropy": REPLICATE}
+
 _EMBEDDINGS = {"wte": VOCAB_PARALLEL, "wpe": REPLICATED}  # wpe: learned positions only
-_ATTENTION = {"blocks.*.ln1": REPLICATED,
+# attn.copy_in: the one f in front of q, k and v (Megatron's), so backward all-reduces their
+# summed input gradient once per block, not three times; mlp.copy_in likewise for gate and up
+_ATTENTION = {"blocks.*.ln1": REPLICATED, "blocks.*.attn.copy_in": COPY_IN,
               "blocks.*.attn.q": COLWISE, "blocks.*.attn.k": KV_COLWISE, "blocks.*.attn.v": KV_COLWISE,
               "blocks.*.attn.o": ROWWISE,
               "blocks.*.ln2": REPLICATED}
 _GELU_MLP = {"blocks.*.mlp.fc": COLWISE, "blocks.*.mlp.proj": ROWWISE}
-_SWIGLU_MLP = {"blocks.*.mlp.gate": COLWISE, "blocks.*.mlp.up": COLWISE, "blocks.*.mlp.down": ROWWISE}
-_HEAD = {"ln_f": REPLICATED, "lm_head": VOCAB_PARALLEL}
+_SWIGLU_MLP = {"blocks.*.mlp.copy_in": COPY_IN, "blocks.*.mlp.gate": COLWISE, "blocks.*.mlp.up": COLWISE,
+               "blocks.*.mlp.down": ROWWISE}
+# copy_in: the f in front of the head, whose vocabulary shards all read ln_f's output (tied or not);
+# cross_entropy: the loss of those shards' logits, computed without gathering them
+_HEAD = {"ln_f": REPLICATED, "copy_in": COPY_IN, "lm_head": VOCAB_PARALLEL, "cross_entropy": VOCAB_PARALLEL}
 
-# every module a config of the architecture may have (a tied model has no lm_head, RoPE no wpe)
+# every module (and input point) a config of the architecture may have (a tied model has no
+# lm_head, RoPE no wpe)
 PLANS = {
     "gpt": {**_EMBEDDINGS, **_ATTENTION, **_GELU_MLP, **_HEAD},
     "llama": {**_EMBEDDINGS, **_ATTENTION, **_SWIGLU_MLP, **_HEAD},
@@ -78,14 +107,25 @@ def _matches(pattern, name):
     return all(a in ("*", b) for a, b in zip(reversed(p), reversed(n)))
 
 
-def module_style(module, arch=None):
+def output_layout(module, arch=None):
+    """The layout of ``module``'s output in the TP model (OUTPUT_LAYOUT), e.g. 'blocks.0.attn.q' ->
+    'Sharded(-1)', 'wte' -> 'Replicated'; None for a module the plan does not name (replicated)."""
+    style = module_style(module, arch)
+    if style == VOCAB_PARALLEL:
+        return VOCAB_OUTPUT_LAYOUT[module.rpartition(".")[2]]
+    return None if style is None else OUTPUT_LAYOUT[style]
+
+
+def module_style(module, arch=None, plan=None):
     """The plan's style of ``module`` (e.g. 'blocks.3.attn.k' -> KV_COLWISE), or None if the plan
     does not name it (a module outside the GPT, like the ViT's patch embedding: replicated).
 
-    arch None: any architecture's plan (a module name means the same in every plan).
+    plan: a plan of its own; else ``arch``'s; arch None: any architecture's plan (a module name
+    means the same in every plan).
     """
-    for plan in [PLANS[arch]] if arch else PLANS.values():
-        for pattern, style in plan.items():
+    plans = [plan] if plan is not None else [PLANS[arch]] if arch else PLANS.values()
+    for candidates in plans:
+        for pattern, style in candidates.items():
             if _matches(pattern, module):
                 return style
     return None

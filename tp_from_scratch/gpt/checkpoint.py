@@ -24,7 +24,7 @@ export here, convert) states the description it expects and a mismatch is refuse
 both sides; a loader that knows only the GPT expects ``GPT`` (the default).
 
 Resharding: a checkpoint saved at tp=a is loaded at tp=b by gluing the a shards into
-full tensors and cutting b new ones (``model.shard_state_dict``); the optimizer state is
+full tensors and cutting b new ones (``parallelize.shard_state_dict``); the optimizer state is
 cut the same way, since AdamW's moments have their parameter's shape. How a model is cut
 and glued is a Sharding (the GPT's by default); Lesson 12's DeepSeek-V3 passes its own
 (deepseek/checkpoint.py), and the rest of this file serves both. Every rank reads
@@ -42,7 +42,8 @@ from pathlib import Path
 
 import torch
 
-from tp_from_scratch.gpt.model import GPTConfig, shard_tensor, unshard_tensor
+from tp_from_scratch.gpt.model import GPTConfig
+from tp_from_scratch.gpt.parallelize import shard_tensor, unshard_tensor
 
 FORMAT = "tp_from_scratch checkpoint v1"
 SINGLE_FORMAT = "tp_from_scratch single-device state dict v1"
@@ -108,8 +109,9 @@ def _to_bytes(obj):
 # ---------------------------------------------------------------------------------------
 
 class GPTSharding:
-    """The GPT's (gpt.model's plan). A later lesson's model passes an object with the same
-    three methods to the functions below (Lesson 12: deepseek.checkpoint.DeepSeekSharding)."""
+    """The GPT's, read from its sharding plan (gpt.arch, through gpt.parallelize). A later lesson's
+    model passes an object with the same three methods to the functions below (Lesson 12:
+    deepseek.checkpoint.DeepSeekSharding)."""
 
     def config_of(self, meta_config):
         """The config saved in a checkpoint (fields added since then take their defaults)."""

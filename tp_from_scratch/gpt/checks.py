@@ -19,8 +19,9 @@ from tp_from_scratch.comm.process_group import init_process_group
 from tp_from_scratch.comm.torch_comm import TorchComm
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.gpt.data import global_batch
-from tp_from_scratch.gpt.model import (GPTConfig, gather_state_dict, gpt_to_tp, init_gpt,
-                                       shard_axis, tp_to_gpt)
+from tp_from_scratch.gpt.arch import shard_axis
+from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+from tp_from_scratch.gpt.parallelize import gather_state_dict, gpt_to_tp, tp_to_gpt
 from tp_from_scratch.nn import gather_from_tp_region, tp_rank, tp_world_size
 
 # V = 67 splits unevenly at every tp > 1; nh / nkv = 2 is grouped-query attention

@@ -51,7 +51,8 @@ import torch
 
 from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt import options
-from tp_from_scratch.gpt.model import GPT, GPTConfig, shard_state_dict
+from tp_from_scratch.gpt.model import GPT, GPTConfig
+from tp_from_scratch.gpt.parallelize import shard_state_dict
 
 GELU_OF_HF = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "erf"}
 

@@ -71,9 +71,9 @@ def vocab_plan(config):
     # forward never calls lm_head: its style only shards its weight
     vocab = {"wte": RowwiseParallel(input_layouts=Replicate()),
              "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}
-    for name in plan_modules(config.arch, VOCAB_PARALLEL, config.n_layers):  # wte, lm_head
-        if name != "lm_head" or not config.tie_embeddings:  # a tied head is wte's weight
-            plan[name] = vocab[name]
+    for name in plan_modules(config.arch, VOCAB_PARALLEL, config.n_layers):  # wte, lm_head, cross_entropy
+        if name in vocab and (name != "lm_head" or not config.tie_embeddings):  # a tied head is wte's weight
+            plan[name] = vocab[name]  # the cross-entropy: loss_parallel() (loss_context), not a style
     # backward: the Replicate DTensor's gradient arrives Partial and is all-reduced (our f)
     plan["ln_f"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Replicate(),
                                        use_local_output=False)

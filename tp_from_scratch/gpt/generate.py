@@ -38,8 +38,9 @@ import torch.distributed as dist
 from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt import convert, options
 from tp_from_scratch.gpt.arch import ARCHS
-from tp_from_scratch.gpt.model import GPT, GPTConfig, KVCache, TensorParallelGPT, gpt_to_tp, init_gpt
-from tp_from_scratch.nn import gather_from_tp_region
+from tp_from_scratch.gpt.model import GPT, GPTConfig, KVCache, init_gpt
+from tp_from_scratch.gpt.parallelize import gpt_to_tp
+from tp_from_scratch.nn import VocabParallelEmbedding, gather_from_tp_region
 
 
 def last_logits(model, logits):
@@ -48,7 +49,7 @@ def last_logits(model, logits):
     TP: the local logits are (B, T, V/t) Sharded(vocab); one all-gather over the TP group.
     """
     last = logits[:, -1]                                       # (B, V/t) or (B, V)
-    if isinstance(model, TensorParallelGPT):
+    if isinstance(model.wte, VocabParallelEmbedding):             # the TP GPT: vocabulary Sharded
         return gather_from_tp_region(model.group, last.contiguous(), model.wte.vocab_sizes)
     return last
 
@@ -86,7 +87,7 @@ def choose(logits, generator=None, temperature=1.0, top_k=0):
 @torch.no_grad()
 def generate(model, prompt, new_tokens, *, sample=False, seed=0, temperature=1.0, top_k=0, eos_ids=(),
              pad_id=None, timings=None):
-    """prompt (B, T0) token ids -> (B, T0 + n), n <= new_tokens, for a GPT or a TensorParallelGPT.
+    """prompt (B, T0) token ids -> (B, T0 + n), n <= new_tokens, for a GPT, single-device or TP.
 
     Prefill runs the whole prompt once and fills the KV cache; each decode step runs one token.
     ``eos_ids``: end-of-sequence ids, as transformers' generate treats them: a sequence that has

@@ -1,13 +1,16 @@
-"""A small GPT, on one device and tensor-parallel, and the conversion between the two.
+"""The GPT on one device, the reference every tensor-parallel run is checked against.
 
-Both models run the same Block code; only the layers handed to it differ:
+It is written like nanoGPT's model.py: nn.Linear and nn.Embedding where they are used, and
+nothing of tensor parallelism. gpt.parallelize turns it into the TP model by the
+architecture's sharding plan (gpt.arch.PLANS), swapping each planned module for Lesson 5's
+layer and keeping this rank's shard of its weights:
 
-    single device      nn.Linear             nn.Linear            nn.Embedding    F.cross_entropy
-    tensor-parallel    ColumnParallelLinear  RowParallelLinear    VocabParallel-  vocab_parallel_
-                       (q, k, v, fc)         (o, proj)            Embedding       cross_entropy
+    single device      nn.Linear             nn.Linear            nn.Embedding    nn.CrossEntropyLoss
+    tensor-parallel    ColumnParallelLinear  RowParallelLinear    VocabParallel-  vocab-parallel
+                       (q, k, v, fc)         (o, proj)            Embedding       cross-entropy
 
-so whatever the TP model computes differently is exactly the parallel layers' doing.
-Per block, with t TP ranks (Megatron's f / g pair):
+so whatever the TP model computes differently is exactly the parallel layers' doing. Per block,
+with t TP ranks (Megatron's f / g pair; f sits at the ``copy_in`` points, the identity here):
 
     x (B, T, H) Replicated --f--> q (B, T, nh/t*hs), k and v (B, T, nkv/t*hs): Sharded heads
         --attention, per head--> (B, T, nh/t*hs) --o (row)--> Partial --g--> (B, T, H) Replicated
@@ -19,7 +22,7 @@ weight rows are replicated over those ranks, and their gradients are summed amon
 (``nn.mappings.sum_over_replicas``), as the numpy attention of Lesson 4 does.
 
 Weights use torch's layout, (out, in); a state dict has the same keys in both models, the
-TP one holding each rank's shard. ``shard_state_dict`` / ``unshard_state_dict`` convert.
+TP one holding each rank's shard (gpt.parallelize's ``shard_state_dict`` / ``unshard_state_dict``).
 
 Three architectures come out of the one Block, chosen by ``GPTConfig.arch`` (a preset for the
 fields norm, position, mlp, gelu, bias, key_bias, norm_eps, tie_embeddings):
@@ -28,13 +31,13 @@ fields norm, position, mlp, gelu, bias, key_bias, norm_eps, tie_embeddings):
     gpt     LayerNorm            learned (wpe)     fc -> GeLU (erf) -> proj   all but key    tied
     gpt2    LayerNorm eps 1e-5   learned (wpe)     fc -> GeLU (tanh) -> proj  all, key too   tied
     llama   RMSNorm eps 1e-6     RoPE, per head    SwiGLU: down(silu(gate) *  none           untied
-                                                   up), gate/up column, down row
+                                                   up)
 
 "gpt" is the course's own model and the default. The presets, and which module each architecture
-splits how (its sharding plan, from which the layers below are built), are in gpt/arch.py.
-RoPE rotates q and k of each head by its position, so a rank that holds a head rotates it by
-itself: no communication. SwiGLU's gate and up are column-parallel (one f for both), down is
-row-parallel: one all-reduce (g), as for the GeLU MLP.
+splits how (its sharding plan), are in gpt/arch.py. RoPE rotates q and k of each head by its
+position, so a rank that holds a head rotates it by itself: no communication. SwiGLU's gate and
+up are column-parallel (one f for both), down is row-parallel: one all-reduce (g), as for the
+GeLU MLP.
 """
 from dataclasses import asdict, dataclass
 
@@ -42,17 +45,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tp_from_scratch.gpt.arch import (ARCHS, KV_COLWISE, ROWWISE, kv_replicas, module_style,  # noqa: F401
-                                      replicas_of, shard_axis)  # (kv_replicas, replicas_of: imported from here too)
-from tp_from_scratch.nn import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
-                                copy_to_tp_region, vocab_parallel_cross_entropy)
-from tp_from_scratch.nn.mappings import all_gather, tp_rank, tp_world_size
-from tp_from_scratch.sharding import check_divisible, shard_sizes
+from tp_from_scratch.gpt.arch import ARCHS
+from tp_from_scratch.sharding import check_divisible
 
 GELUS = {"erf": "none", "tanh": "tanh"}  # config name -> F.gelu's ``approximate``
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
 MLPS = ("gelu", "swiglu")
+
+
 @dataclass
 class GPTConfig:
     """Model sizes. Defaults are tiny: the model trains in about a minute on 2 CPU cores."""
@@ -123,7 +124,7 @@ class GPTConfig:
             raise ValueError(f"tp={tp} is larger than n_kv_heads {self.n_kv_heads} but not a multiple "
                              f"of it: the ranks cannot share the KV heads equally")
         check_divisible(self.ffn, tp, "ffn size")
-        # the vocabulary may split unevenly: see vocab_shard_sizes
+        # the vocabulary may split unevenly (sharding.shard_sizes: the first V % t ranks one row more)
 
 
 def rope_tables(positions, head_size, theta, dtype):
@@ -214,57 +215,37 @@ def causal_self_attention(q, k, v, head_size, rope=None, cache=None, causal=True
     return y.transpose(1, 2).reshape(B, T, -1)         # (B, T, nq*hs)
 
 
-def _linear(n_in, n_out, bias=True, input_is_copied=False, kv=False):
-    """The single-device layer: nn.Linear (input_is_copied and kv concern only the TP layers)."""
-    return nn.Linear(n_in, n_out, bias=bias)
-
-
-def planned_linear(config, name, column, row, n_in, n_out, **options):
-    """Block module ``name`` ("attn.q", "mlp.down", ...) built as the sharding plan says
-    (gpt.arch.PLANS): ``row(n_in, n_out)`` for a row-parallel style, else ``column(n_in, n_out,
-    **options)``, with kv=True for k and v (whole KV heads, replicated when nkv < t).
-
-    A row layer gets the config's bias; it is called as row(n_in, n_out) when it has one, so
-    layer factories written before biases became optional keep working.
-    """
-    style = module_style(f"blocks.*.{name}", config.arch)
-    if style is None:
-        raise ValueError(f"the sharding plan of arch {config.arch!r} (gpt.arch.PLANS) has no entry "
-                         f"for blocks.*.{name}")
-    if style == ROWWISE:
-        return row(n_in, n_out) if config.bias else row(n_in, n_out, bias=False)
-    if style == KV_COLWISE:
-        options["kv"] = True
-    return column(n_in, n_out, **options)
+def _identity(x):
+    return x
 
 
 class Attention(nn.Module):
-    """q, k, v projections (column-parallel in TP), attention per head, o projection (row)."""
+    """q, k, v projections, attention per head, o projection: (B, T, H) -> (B, T, H).
 
-    def __init__(self, config, column, row, copy_in=None):
+    ``copy_in`` is the point where q, k and v start reading x: the identity here; tensor
+    parallelism (gpt.parallelize) puts Megatron's f there, ONE for all three, so backward
+    all-reduces their summed input gradient once per block instead of three times.
+    """
+
+    def __init__(self, config):
         super().__init__()
-        hs = config.head_size
+        hs, H = config.head_size, config.hidden
         self.head_size = hs
         self.rope = config.position == "rope"
         self.rope_theta = config.rope_theta
         self.causal = config.causal
-        # q, k and v read one input: in TP a single f (copy_in) serves all three, so backward
-        # all-reduces their summed input gradient once per block instead of three times
-        self.copy_in = copy_in or (lambda x: x)
-        self.q = planned_linear(config, "attn.q", column, row, config.hidden, config.n_heads * hs,
-                                bias=config.bias, input_is_copied=True)
+        self.copy_in = _identity  # a plain function, not a module: TP (or Exercise 6) sets any function here
+        self.q = nn.Linear(H, config.n_heads * hs, bias=config.bias)
         # by default no key bias: it adds q.b_k to a whole row of scores, which softmax ignores,
         # so its gradient is exactly zero and Adam would turn the roundoff left in it into real
         # steps. GPT-2 has one (key_bias=True): imported checkpoints keep it, and it changes
         # neither the loss nor any other gradient (tests/test_arch.py proves it)
-        self.k = planned_linear(config, "attn.k", column, row, config.hidden, config.n_kv_heads * hs,
-                                bias=config.bias and config.key_bias, input_is_copied=True)
-        self.v = planned_linear(config, "attn.v", column, row, config.hidden, config.n_kv_heads * hs,
-                                bias=config.bias, input_is_copied=True)
-        self.o = planned_linear(config, "attn.o", column, row, config.n_heads * hs, config.hidden)
+        self.k = nn.Linear(H, config.n_kv_heads * hs, bias=config.bias and config.key_bias)
+        self.v = nn.Linear(H, config.n_kv_heads * hs, bias=config.bias)
+        self.o = nn.Linear(config.n_heads * hs, H, bias=config.bias)
 
     def forward(self, x, cache=None):                   # x (B, T, H)
-        x = self.copy_in(x)                             # f: identity forward, all-reduce backward
+        x = self.copy_in(x)                             # TP: f, identity forward, all-reduce backward
         rope = None
         if self.rope:  # each head is turned by its own positions: local to the rank holding it
             start = 0 if cache is None else cache.start()
@@ -275,31 +256,32 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """fc (column-parallel in TP) -> GeLU -> proj (row-parallel in TP); or, with mlp="swiglu",
-    gate and up (both column-parallel, one f) -> silu(gate) * up -> down (row-parallel)."""
+    """fc -> GeLU -> proj; or, with mlp="swiglu", silu(gate) * up -> down: (B, T, H) -> (B, T, H).
 
-    def __init__(self, config, column, row, copy_in=None):
+    SwiGLU's gate and up read one x: their ``copy_in`` point is where TP puts one f for both,
+    as for q, k and v. fc alone reads x in the GeLU MLP, so its layer applies its own f.
+    """
+
+    def __init__(self, config):
         super().__init__()
+        H, F_ = config.hidden, config.ffn
         self.approximate = GELUS[config.gelu]
         self.swiglu = config.mlp == "swiglu"
         if self.swiglu:
-            self.copy_in = copy_in or (lambda x: x)   # f once for gate and up, as for q, k, v
-            self.gate = planned_linear(config, "mlp.gate", column, row, config.hidden, config.ffn,
-                                       bias=config.bias, input_is_copied=True)
-            self.up = planned_linear(config, "mlp.up", column, row, config.hidden, config.ffn,
-                                     bias=config.bias, input_is_copied=True)
-            self.down = planned_linear(config, "mlp.down", column, row, config.ffn, config.hidden)
+            self.copy_in = _identity
+            self.gate = nn.Linear(H, F_, bias=config.bias)
+            self.up = nn.Linear(H, F_, bias=config.bias)
+            self.down = nn.Linear(F_, H, bias=config.bias)
         else:
-            self.fc = planned_linear(config, "mlp.fc", column, row, config.hidden, config.ffn,
-                                     **({} if config.bias else {"bias": False}))
-            self.proj = planned_linear(config, "mlp.proj", column, row, config.ffn, config.hidden)
+            self.fc = nn.Linear(H, F_, bias=config.bias)
+            self.proj = nn.Linear(F_, H, bias=config.bias)
 
     def forward(self, x):                               # x (B, T, H)
         if self.swiglu:
             x = self.copy_in(x)
-            h = F.silu(self.gate(x)) * self.up(x)       # (B, T, F/t): element-wise on the shards
+            h = F.silu(self.gate(x)) * self.up(x)       # (B, T, F); TP: (B, T, F/t), element-wise on the shards
             return self.down(h)
-        h = F.gelu(self.fc(x), approximate=self.approximate)  # GeLU acts on (B, T, F/t) shards
+        h = F.gelu(self.fc(x), approximate=self.approximate)  # (B, T, F); TP: GeLU acts on (B, T, F/t)
         return self.proj(h)
 
 
@@ -313,12 +295,12 @@ def make_norm(config, **kw):
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(ln1(x)), then + mlp(ln2(x))."""
 
-    def __init__(self, config, column, row, copy_in=None):
+    def __init__(self, config):
         super().__init__()
         self.ln1 = make_norm(config)
-        self.attn = Attention(config, column, row, copy_in)
+        self.attn = Attention(config)
         self.ln2 = make_norm(config)
-        self.mlp = MLP(config, column, row, copy_in)
+        self.mlp = MLP(config)
 
     def forward(self, x, cache=None):
         x = x + self.attn(self.ln1(x), cache)
@@ -326,7 +308,10 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """The single-device reference: returns (logits (B, T, V), mean cross-entropy or None)."""
+    """The single-device reference: returns (logits (B, T, V), mean cross-entropy or None).
+
+    After gpt.parallelize: (this rank's logits (B, T, V/t) Sharded(vocab), the same loss).
+    """
 
     def __init__(self, config):
         super().__init__()
@@ -335,22 +320,27 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(config.vocab_size, config.hidden)
         if config.position == "learned":
             self.wpe = nn.Embedding(config.seq_len, config.hidden)
-        self.blocks = nn.ModuleList(Block(config, _linear, _linear) for _ in range(config.n_layers))
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.ln_f = make_norm(config)
+        # the head's input point: TP puts f here, since every vocabulary shard of the head reads x
+        self.copy_in = _identity
         if not config.tie_embeddings:
             self.lm_head = nn.Linear(config.hidden, config.vocab_size, bias=False)
+        # a module, so that the plan can name it: TP computes it on the vocabulary shards
+        self.cross_entropy = nn.CrossEntropyLoss()
 
     def head_weight(self):
-        return self.wte.weight if self.config.tie_embeddings else self.lm_head.weight  # (V, H)
+        return self.wte.weight if self.config.tie_embeddings else self.lm_head.weight  # (V, H); TP: (V/t, H)
 
     def forward(self, idx, targets=None, cache=None):   # idx (B, T) token ids
         x = embed(self, idx, cache)                     # (B, T, H)
         for i, block in enumerate(self.blocks):
             x = block(x, None if cache is None else cache.layer(i))
-        logits = F.linear(self.ln_f(x), self.head_weight())  # (B, T, V)
+        x = self.copy_in(self.ln_f(x))                  # TP: f, all-reducing the head's partial dx
+        logits = F.linear(x, self.head_weight())        # (B, T, V)
         if targets is None:
             return logits, None
-        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return logits, self.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 def embed(model, idx, cache=None):
@@ -387,168 +377,6 @@ def init_weights(model, seed, std_of):
                 p.fill_(1.0)
             else:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * std_of(name))
-    return model
-
-
-# ---------------------------------------------------------------------------------------
-# The tensor-parallel GPT: the same blocks on the parallel layers of tp_from_scratch.nn
-# ---------------------------------------------------------------------------------------
-
-def tp_layer_factories(config, group, dtype=torch.float32, device=None):
-    """(column, row, copy_in): the tensor-parallel layers a Block is built from, on ``group``.
-
-    Parameters are created empty (init=False), to be filled from full weights (load_state_dict
-    of a shard_state_dict).
-    """
-    kw = dict(dtype=dtype, device=device, init=False)
-    replicas = kv_replicas(config, tp_world_size(group))
-
-    def column(n_in, n_out, bias=True, input_is_copied=False, kv=False):
-        # W[out_t, in]: output Sharded; k and v replicate a KV head when nkv < t
-        return ColumnParallelLinear(n_in, n_out, bias, group=group, input_is_copied=input_is_copied,
-                                    replicas=replicas if kv else 1, **kw)
-
-    def row(n_in, n_out, bias=True):  # W[out, in_t]: input Sharded, output Partial -> all-reduced
-        return RowParallelLinear(n_in, n_out, bias=bias, input_is_parallel=True, group=group, **kw)
-
-    def copy_in(x):  # f, shared by the q, k and v column layers of a block
-        return copy_to_tp_region(group, x)
-
-    return column, row, copy_in
-
-
-class TensorParallelGPT(nn.Module):
-    """The GPT with its heads, ffn and vocabulary split over the ranks of ``group``.
-
-    forward(idx, targets) -> (local logits (B, T, V/t), loss). The loss is the full-vocabulary
-    mean cross-entropy, identical on every TP rank, computed without gathering the logits.
-    Build it from a single-device model with :func:`gpt_to_tp`: its parameters are created
-    empty (init=False) and filled from the single-device weights or a checkpoint.
-    """
-
-    def __init__(self, config, *, group, dtype=torch.float32, device=None):
-        super().__init__()
-        tp = tp_world_size(group)
-        config.validate(tp)
-        self.config, self.group = config, group
-        kw = dict(dtype=dtype, device=device, init=False)
-        column, row, copy_in = tp_layer_factories(config, group, dtype, device)
-        local = dict(dtype=dtype, device=device)
-        self.wte = VocabParallelEmbedding(config.vocab_size, config.hidden, group=group, **kw)  # (V/t, H)
-        if config.position == "learned":
-            self.wpe = nn.Embedding(config.seq_len, config.hidden, **local)              # replicated
-        self.blocks = nn.ModuleList(Block(config, column, row, copy_in) for _ in range(config.n_layers))
-        for block in self.blocks:
-            block.to(**local)  # the norms; the parallel layers already have dtype and device
-        self.ln_f = make_norm(config, **local)
-        if not config.tie_embeddings:
-            # a local linear on this rank's vocabulary rows, the same rows as the embedding's
-            self.lm_head = nn.Linear(config.hidden, self.wte.weight.shape[0], bias=False, **local)
-
-    def head_weight(self):
-        return self.wte.weight if self.config.tie_embeddings else self.lm_head.weight  # (V/t, H)
-
-    def forward(self, idx, targets=None, cache=None):
-        x = embed(self, idx, cache)                     # (B, T, H)
-        for i, block in enumerate(self.blocks):
-            x = block(x, None if cache is None else cache.layer(i))
-        # f: forward identity; backward all-reduces the partial input grads of the vocab shards
-        h = copy_to_tp_region(self.group, self.ln_f(x))
-        logits = F.linear(h, self.head_weight())        # (B, T, V/t) Sharded(vocab)
-        if targets is None:
-            return logits, None
-        # the head's rows are the embedding's vocab shard, so its first id is known locally
-        loss = vocab_parallel_cross_entropy(self.group, logits.flatten(0, 1), targets.flatten(),
-                                            vocab_start=self.wte.vocab_start)
-        return logits, loss
-
-
-# ---------------------------------------------------------------------------------------
-# Conversion through state dicts: one rule per parameter name says how it is split
-# ---------------------------------------------------------------------------------------
-
-# shard_axis(name) and replicas_of(name, config, tp) come from the architecture's sharding plan
-# (gpt.arch.PLANS): e.g. blocks.0.attn.q.weight -> 0 (column), blocks.0.mlp.down.weight -> 1 (row)
-
-
-def vocab_shard_sizes(vocab_size, tp):
-    """Vocabulary rows per rank: uneven when tp does not divide V, the first ranks one row more."""
-    return shard_sizes(vocab_size, tp)
-
-
-def shard_tensor(name, full, tp, rank, config):
-    """This rank's piece of the full tensor ``full`` named ``name`` (a copy).
-
-    A tensor held by r replicas is cut into t/r pieces; rank i takes piece i // r.
-    """
-    axis = shard_axis(name, config.arch)
-    if axis is None:
-        return full.clone()
-    r = replicas_of(name, config, tp)
-    return torch.tensor_split(full, tp // r, dim=axis)[rank // r].clone()
-
-
-def unshard_tensor(name, pieces, config):
-    """The full tensor from every rank's piece, in rank order: the inverse of shard_tensor."""
-    axis = shard_axis(name, config.arch)
-    if axis is None:
-        return pieces[0].clone()
-    r = replicas_of(name, config, len(pieces))
-    return torch.cat(pieces[::r], dim=axis)  # one copy of each replicated piece
-
-
-def shard_state_dict(full, tp, rank, config):
-    """Single-device state dict -> rank ``rank``'s state dict of a TensorParallelGPT."""
-    return {name: shard_tensor(name, tensor, tp, rank, config) for name, tensor in full.items()}
-
-
-def unshard_state_dict(pieces, config):
-    """Every TP rank's state dict (a list in rank order) -> the single-device state dict."""
-    return {name: unshard_tensor(name, [p[name] for p in pieces], config) for name in pieces[0]}
-
-
-def gpt_to_tp(group, model_or_state_dict, config=None):
-    """A TensorParallelGPT holding this rank's shard of a single-device GPT (or its state dict).
-
-    Every rank of ``group`` calls it with the same full weights; no communication.
-    """
-    if isinstance(model_or_state_dict, GPT):
-        config = model_or_state_dict.config
-        full = model_or_state_dict.state_dict()
-    elif config is None:
-        raise ValueError("gpt_to_tp needs config= when given a state dict")
-    else:
-        full = model_or_state_dict
-    tp, rank = tp_world_size(group), tp_rank(group)
-    first = next(iter(full.values()))
-    model = TensorParallelGPT(config, group=group, dtype=first.dtype, device=first.device)
-    model.load_state_dict(shard_state_dict(full, tp, rank, config))
-    return model
-
-
-def gather_state_dict(group, local_state_dict, config):
-    """Every TP rank's tensors gathered to all ranks and glued into the full state dict.
-
-    Collective over ``group`` (a ProcessGroup or a Comm): one all-gather per sharded tensor,
-    along its shard axis; replicated tensors are taken from this rank.
-    """
-    full = {}
-    for name, local in local_state_dict.items():
-        axis = shard_axis(name, config.arch)
-        if axis is None:
-            full[name] = local.detach().clone()
-            continue
-        sizes = all_gather(group, torch.tensor([local.shape[axis]])).tolist()  # every rank's length
-        pieces = all_gather(group, local.detach(), axis, sizes).split(sizes, dim=axis)
-        full[name] = unshard_tensor(name, list(pieces), config)
-    return full
-
-
-def tp_to_gpt(tp_model):
-    """The single-device GPT with the full weights of ``tp_model`` (collective over its group)."""
-    full = gather_state_dict(tp_model.group, tp_model.state_dict(), tp_model.config)
-    model = GPT(tp_model.config).to(next(iter(full.values())).dtype)
-    model.load_state_dict(full)
     return model
 
 

@@ -12,14 +12,14 @@ A block on t ranks (Megatron's f and g, Lesson 5):
               ffn's shards                                                2 all-reduces (f)
 
 q, k and v read one input, so the block applies ONE f for all three: backward all-reduces
-their summed input gradient once, not three times. Around the blocks, the TensorParallelGPT
-of gpt.model adds the embedding's g (forward), the LM head's f (backward) and the
-vocabulary-parallel cross-entropy's three all-reduces of B*T numbers (forward).
+their summed input gradient once, not three times. Around the blocks, the TP GPT (the plan
+applied to gpt.model's GPT, gpt.parallelize) adds the embedding's g (forward), the LM head's f
+(backward) and the vocabulary-parallel cross-entropy's three all-reduces of B*T numbers (forward).
 """
 from tp_from_scratch.collectives import ring_all_reduce_bytes
 from tp_from_scratch.gpt.inventory import collective_calls
-from tp_from_scratch.gpt.model import Block, shard_state_dict, tp_layer_factories
-from tp_from_scratch.nn.mappings import tp_rank, tp_world_size
+from tp_from_scratch.gpt.parallelize import gpt_to_tp
+from tp_from_scratch.nn.mappings import tp_world_size
 from tp_from_scratch.sharding import check_divisible
 
 
@@ -30,13 +30,8 @@ def tp_block(group, block, config):
     the norms are copied whole. The parameters have ``block``'s names, dtype and device, and
     are copies: training the result never changes ``block``. No communication.
     """
-    t = tp_world_size(group)
-    check_whole_kv_heads(config, t)
-    weight = next(block.parameters())
-    column, row, copy_in = tp_layer_factories(config, group, weight.dtype, weight.device)
-    local = Block(config, column, row, copy_in).to(dtype=weight.dtype, device=weight.device)
-    local.load_state_dict(shard_state_dict(block.state_dict(), t, tp_rank(group), config))
-    return local
+    check_whole_kv_heads(config, tp_world_size(group))
+    return gpt_to_tp(group, block, config)  # a copy, parallelized by the Block's part of the GPT's plan
 
 
 def check_whole_kv_heads(config, t):
@@ -46,7 +41,7 @@ def check_whole_kv_heads(config, t):
 
 
 def all_reduces_of_a_step(config, batch_size, t, rank, itemsize=4):
-    """Every all-reduce rank ``rank`` of ``t`` makes in one training step of the TensorParallelGPT.
+    """Every all-reduce rank ``rank`` of ``t`` makes in one training step of the TP GPT.
 
     One entry per call: (phase "forward" or "backward", where, elements, bytes_sent), with
     elements the numbers the rank hands to the all-reduce (B*T*H for an activation, B*T for

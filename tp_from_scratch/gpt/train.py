@@ -52,7 +52,8 @@ from tp_from_scratch.gpt.arch import ARCHS as PRESETS
 from tp_from_scratch.gpt.data import global_batch, local_batch
 from tp_from_scratch.gpt.mesh import setup_mesh
 from tp_from_scratch.gpt.options import at_least, first_problem, greater_than_zero, parse_valid_args, positive
-from tp_from_scratch.gpt.model import GPTConfig, count_parameters, gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.model import GPTConfig, count_parameters, init_gpt
+from tp_from_scratch.gpt.parallelize import gpt_to_tp
 from tp_from_scratch.gpt.traffic import CollectiveCounter
 
 

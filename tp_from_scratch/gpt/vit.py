@@ -5,8 +5,8 @@
     # where TP and one device part: t=2 on simulated ranks, against a one-ulp perturbation
     .venv/bin/python -m tp_from_scratch.gpt.vit --drift lessons/measurements/vit_drift_float32.json --steps 300
 
-Nothing in the TP layers knows about language. The ViT is the same Block (same column and
-row layers, same f and g) with three changes around it:
+Nothing in the TP layers knows about language. The ViT is the same Block (the same plan turns
+it into the same column and row layers, the same f and g) with three changes around it:
 
     image (B, 8, 8) --patches--> (B, P, p*p) --patch embedding--> (B, P, H)
     prepend a class token, add learned positions    -> (B, P+1, H)   Replicated
@@ -48,10 +48,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tp_from_scratch.gpt.model import (Block, GPTConfig, _linear, gather_state_dict, init_weights,
-                                       make_norm, shard_state_dict, tp_layer_factories)
+from tp_from_scratch.gpt.model import Block, GPTConfig, init_weights, make_norm
+from tp_from_scratch.gpt.parallelize import gather_state_dict, gpt_to_tp
 from tp_from_scratch.gpt.options import at_least, divides, first_problem, parse_valid_args, positive
-from tp_from_scratch.nn.mappings import tp_rank, tp_world_size
+from tp_from_scratch.nn.mappings import tp_rank
 
 N_CLASSES = 10
 LR = 1e-3          # the peak learning rate of train_vit's schedule
@@ -67,26 +67,20 @@ def vit_config(hidden=64, n_heads=4, n_layers=2, ffn=128):
 class ViT(nn.Module):
     """forward(images (B, 8, 8), labels (B,) or None) -> (logits (B, 10), mean loss or None).
 
-    ``group``: None for the single-device model, else the TP group whose ranks split the
-    blocks' heads and ffn (tp_layer_factories); everything outside the blocks is replicated.
+    The single-device model; ``vit_to_tp`` applies the GPT's plan to it: the blocks' heads and
+    ffn split, everything the plan does not name (outside the blocks) replicated.
     """
 
-    def __init__(self, config, patch=2, image=8, *, group=None, dtype=torch.float32):
+    def __init__(self, config, patch=2, image=8, *, dtype=torch.float32):
         super().__init__()
-        config.validate(1 if group is None else tp_world_size(group))
-        self.config, self.patch, self.group = config, patch, group
+        config.validate(1)
+        self.config, self.patch = config, patch
         n_patches = (image // patch) ** 2
         local = dict(dtype=dtype)
         self.patch_embed = nn.Linear(patch * patch, config.hidden, **local)      # replicated
         self.cls = nn.Parameter(torch.zeros(1, 1, config.hidden, **local))       # replicated
         self.pos = nn.Parameter(torch.zeros(n_patches + 1, config.hidden, **local))
-        if group is None:
-            layers = (_linear, _linear, None)
-        else:
-            layers = tp_layer_factories(config, group, dtype)
-        self.blocks = nn.ModuleList(Block(config, *layers) for _ in range(config.n_layers))
-        for block in self.blocks:
-            block.to(**local)
+        self.blocks = nn.ModuleList(Block(config).to(**local) for _ in range(config.n_layers))
         self.ln_f = make_norm(config, **local)
         self.head = nn.Linear(config.hidden, N_CLASSES, **local)                 # replicated
 
@@ -127,11 +121,10 @@ def init_vit(config, seed, dtype=torch.float32):
 
 
 def vit_to_tp(group, model):
-    """This rank's TP ViT holding its shard of ``model``'s weights (no communication)."""
-    tp_model = ViT(model.config, model.patch, group=group, dtype=next(model.parameters()).dtype)
-    tp_model.load_state_dict(shard_state_dict(model.state_dict(), tp_world_size(group), tp_rank(group),
-                                              model.config))
-    return tp_model
+    """This rank's TP ViT holding its shard of ``model``'s weights: the GPT's plan (its blocks'
+    entries; patch embedding, class token, positions and classifier are not in it, so they stay
+    whole) applied to a copy. No communication."""
+    return gpt_to_tp(group, model)
 
 
 def digits(seed=0, n_test=360):

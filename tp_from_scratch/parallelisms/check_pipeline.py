@@ -17,7 +17,8 @@ import argparse
 import torch
 
 from tp_from_scratch.compare import assert_matches_reference, tolerance
-from tp_from_scratch.gpt.model import GPTConfig, gpt_to_tp, init_gpt, shard_tensor
+from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+from tp_from_scratch.gpt.parallelize import gpt_to_tp, shard_tensor
 from tp_from_scratch.gpt.vit import N_CLASSES, init_vit, vit_config, vit_to_tp
 from tp_from_scratch.nn import mappings
 from tp_from_scratch.testing import rank_rng, random_array

@@ -20,8 +20,8 @@ With tied embeddings the last stage keeps its own copy of wte for the LM head; a
 backwards, the first and last stages add each other's wte gradient (one send and one
 recv each), so both copies take the same optimizer step and stay equal.
 
-Tensor parallelism composes inside a stage: split a TensorParallelGPT (built on the stage's
-TP group) instead of a GPT; activations between stages are then Replicated over the TP group
+Tensor parallelism composes inside a stage: split the TP GPT (gpt_to_tp on the stage's TP
+group) instead of the single-device one; activations between stages are then Replicated over the TP group
 and every TP rank of a stage talks to the same TP rank of the next stage.
 
 A ViT (gpt/vit.py, single-device or vit_to_tp's) splits the same way: its blocks are the
@@ -46,7 +46,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tp_from_scratch.gpt.model import GPT, TensorParallelGPT, embed
+from tp_from_scratch.gpt.model import GPT, embed
 from tp_from_scratch.gpt.vit import ViT, classify, embed_patches
 from tp_from_scratch.nn import copy_to_tp_region, vocab_parallel_cross_entropy
 from tp_from_scratch.nn.collectives import numpy_to_tensor, tensor_to_numpy  # bfloat16 travels as float32
@@ -95,12 +95,12 @@ def vit_loss(stage, x, labels):
 
 
 def pieces_of(model, rank=0):
-    """The Pieces of a GPT, TensorParallelGPT or ViT (TypeError for any other model)."""
+    """The Pieces of a GPT (single-device or parallelized) or ViT (TypeError for any other model)."""
     if isinstance(model, ViT):
         return Pieces(first=("patch", "patch_embed", "cls", "pos"), last=("ln_f", "head"),
                       embed=embed_patches, loss=vit_loss)
-    if not isinstance(model, (GPT, TensorParallelGPT)):
-        raise TypeError(f"rank {rank}: a pipeline stage splits a GPT, a TensorParallelGPT or a ViT, "
+    if not isinstance(model, GPT):
+        raise TypeError(f"rank {rank}: a pipeline stage splits a GPT (single-device or TP) or a ViT, "
                         f"got {type(model).__name__} (its forward is not the blocks' in order)")
     tied = model.config.tie_embeddings
     return Pieces(first=("wte", "wpe") if model.config.position == "learned" else ("wte",),
@@ -112,7 +112,7 @@ def pieces_of(model, rank=0):
 class PipelineStage(nn.Module):
     """Stage ``comm.rank`` of ``comm.world_size``: the part of ``model`` it runs.
 
-    ``model``: GPT, TensorParallelGPT, or a ViT (single-device or vit_to_tp's); ``pieces_of``
+    ``model``: a GPT or a ViT (single-device, or gpt_to_tp's / vit_to_tp's); ``pieces_of``
     says what the first and last stages hold besides their blocks.
     Parameter names are the full model's ("blocks.3.mlp.fc.weight"), so a stage's
     parameters and gradients are compared with the single-device model by name.

@@ -40,7 +40,8 @@ import torch
 import torch.distributed as dist
 
 from tp_from_scratch.gpt import train
-from tp_from_scratch.gpt.model import gpt_to_tp, init_gpt
+from tp_from_scratch.gpt.model import init_gpt
+from tp_from_scratch.gpt.parallelize import gpt_to_tp
 from tp_from_scratch.gpt.options import at_least, first_problem, positive
 from tp_from_scratch.gpt.traffic import CollectiveCounter
 from tp_from_scratch.parallelisms.memory import SavedActivations, memory_snapshot

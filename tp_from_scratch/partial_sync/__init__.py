@@ -15,7 +15,8 @@ computes all t streams explicitly.
 
 torch (the GPT of Lesson 6):
   autograd.py   the partial reduce as an autograd Function; summing the shared parameters' grads
-  model.py      CAATGPT (one rank) and t_stream_forward (the single-device t-stream model)
+  model.py      caat_from_gpt (one rank: the GPT's plan with CAAT's styles) and
+                t_stream_forward (the single-device t-stream model)
   train.py      `.venv/bin/python -m tp_from_scratch.partial_sync.train --sync-fraction p`
   experiment.py held-out loss against bytes per step, tp in {2, 4}, p in {1, ..., 0}
   diagram.py    the picture of synced and private channels

@@ -21,7 +21,7 @@ from tp_from_scratch.partial_sync.local import (
     attention_partial_backward, attention_partial_forward, mlp_partial_backward, mlp_partial_forward)
 from tp_from_scratch.partial_sync.mappings import (
     partial_reduce_backward, partial_reduce_forward, sum_replicated_grads)
-from tp_from_scratch.partial_sync.params import REPLICATED_KEYS
+from tp_from_scratch.partial_sync.params import REPLICATED_KEYS, check_whole_kv_heads
 
 
 def _bias_grad(dy):
@@ -61,8 +61,10 @@ def parallel_block_backward(comm, dy, cache):
 def parallel_stack_forward(comm, x, locals_, config, p):
     """f at the entry, then every block on this rank's stream. x (B, T, H) Replicated.
 
-    Returns (y (B, T, H) this rank's final stream, cache).
+    Returns (y (B, T, H) this rank's final stream, cache). ``locals_``: each block's
+    layers.block.shard_block_params for this rank; every rank holds KV heads of its own.
     """
+    check_whole_kv_heads(config, comm.world_size)
     y = f_forward(comm, x)
     caches = []
     for local in locals_:

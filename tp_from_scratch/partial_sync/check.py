@@ -17,11 +17,12 @@ Launched directly:
 """
 import numpy as np
 
+from tp_from_scratch.layers.block import gather_block_grads, shard_block_params
 from tp_from_scratch.layers.check import all_ranks, compare, raise_mismatches
 from tp_from_scratch.layers.reference import BlockConfig
 from tp_from_scratch.partial_sync import block, reference
 from tp_from_scratch.partial_sync.mappings import partial_reduce_bytes, synced_channels
-from tp_from_scratch.partial_sync.params import gather_block_grads, init_stack_params, shard_block_params
+from tp_from_scratch.partial_sync.params import init_stack_params
 from tp_from_scratch.testing import random_array, rank_rng
 
 SYNC_FRACTIONS = (1.0, 0.5, 0.25, 0.0)

@@ -7,7 +7,7 @@ For tp in {2, 4} and p in {1, 0.75, 0.5, 0.25, 0}, with several seeds (the seed 
 initial weights; every run sees the same training tokens and is scored on the same held-out
 tokens of the Markov chain of tp_from_scratch.gpt.data):
 
-  * bytes per step and step time: a few steps of CAATGPT on t simulated ranks (run_spmd, the
+  * bytes per step and step time: a few steps of the CAAT GPT on t simulated ranks (run_spmd, the
     from-scratch ring collectives); bytes are what rank 0's meter counts it sending, every
     TP collective included (embedding, entry f, partial reduces, cross-entropy, the
     replicated gradients' sum);
@@ -70,7 +70,7 @@ def train_streams(config, t, p, seed, steps, batch_size, lr=3e-3, scale_private=
 
 
 def measure_communication(config, t, p, steps, batch_size):
-    """(bytes rank 0 sends per step, median step time in s) of CAATGPT on t simulated ranks."""
+    """(bytes rank 0 sends per step, median step time in s) of the CAAT GPT on t simulated ranks."""
     from tp_from_scratch.comm import run_spmd
     from tp_from_scratch.partial_sync.train import train_on_comm
     argv = ["--tp", str(t), "--sync-fraction", str(p), "--steps", str(steps), "--batch-size", str(batch_size),

@@ -1,6 +1,7 @@
-"""The CAAT GPT in torch: Lesson 6's Block on partial-sync row layers, and its t-stream reference.
+"""The CAAT GPT in torch: Lesson 6's GPT parallelized with partial-sync row layers, and its
+t-stream reference.
 
-    CAATGPT (one rank of t)                        t_stream_forward (one device, all t streams)
+    caat_from_gpt (one rank of t)                  t_stream_forward (one device, all t streams)
     wte (vocab-parallel) + wpe   Replicated        wte + wpe
     f, once: the t streams begin                   t copies of x
     Block x n_layers, on this rank's stream:       every block on every stream s:
@@ -11,22 +12,23 @@
     ln_f, head on this rank's vocab rows           logits = [ln_f(x_s) @ W_vocab_s^T for s], side by side
     vocab-parallel cross-entropy                   cross-entropy over the whole vocabulary
 
-No recombination: the head's vocabulary shard s reads stream s. The parameters shared by
-the streams (LayerNorms, o.bias, proj.bias) need their gradients summed over the ranks after
-backward: autograd.all_reduce_replicated_grads. The position embedding sits before the f
-and needs nothing. The model depends on t; at p = 1 it is the ordinary TP GPT.
+The model is the GPT's own sharding plan (gpt.arch.PLANS) applied by gpt.parallelize with
+CAAT's style table (``caat_styles``) instead of Lesson 6's: the same shards, other layers where
+the streams meet. No recombination: the head's vocabulary shard s reads stream s. The
+parameters shared by the streams (LayerNorms, o.bias, proj.bias) need their gradients summed
+over the ranks after backward: autograd.all_reduce_replicated_grads. The position embedding
+sits before the f and needs nothing. The model depends on t; at p = 1 it is the ordinary TP GPT.
 """
 import math
+from dataclasses import replace
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
-from tp_from_scratch.gpt.model import (Block, causal_self_attention, kv_replicas, replicas_of,
-                                       shard_axis, shard_state_dict)
-from tp_from_scratch.nn import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
-                                copy_to_tp_region, vocab_parallel_cross_entropy)
-from tp_from_scratch.nn.mappings import tp_rank, tp_world_size
+from tp_from_scratch.gpt.arch import COLWISE, COPY_IN, KV_COLWISE, PLANS, ROWWISE, replicas_of, shard_axis
+from tp_from_scratch.gpt.model import causal_self_attention
+from tp_from_scratch.gpt.parallelize import TP_STYLES, column_style, gpt_to_tp, kv_column_style
+from tp_from_scratch.nn import RowParallelLinear, copy_to_tp_region
 from tp_from_scratch.partial_sync.autograd import partial_reduce_from_tp_region
 from tp_from_scratch.partial_sync.mappings import synced_channels
 
@@ -45,69 +47,56 @@ class PartialSyncRowParallelLinear(RowParallelLinear):
         synced_channels(out_features, sync_fraction)  # a p outside [0, 1] fails here, by name
         self.sync_fraction = sync_fraction
 
+    @classmethod
+    def from_linear(cls, linear, sync_fraction, *, group):
+        """This rank's columns of a single-device nn.Linear's W and all of its bias (copies)."""
+        w = linear.weight
+        layer = cls(linear.in_features, linear.out_features, sync_fraction, group=group, dtype=w.dtype,
+                    device=w.device, init=False)
+        with torch.no_grad():
+            layer.weight.copy_(w[:, layer.input_start:layer.input_stop])
+            layer.bias.copy_(linear.bias)
+        return layer
+
     def forward(self, x):                       # x (..., in/t) Sharded
         partial = F.linear(x, self.weight)      # (..., out) Partial
         return partial_reduce_from_tp_region(self.group, partial, self.sync_fraction) + self.bias
 
 
-class CAATGPT(nn.Module):
-    """One TP rank of the GPT with partially synchronized activations (sync fraction p).
+STREAMS_BEGIN = "streams_begin"  # CAAT's own style: f on a module's input, where the streams part
 
-    forward(idx, targets) -> (this rank's logits (B, T, V/t), loss). The loss is the full
-    vocabulary's mean cross-entropy, the same on every rank. Parameters are created empty;
-    fill them with :func:`caat_from_gpt` (same names as the single-device GPT).
-    """
 
-    def __init__(self, group, config, sync_fraction, *, dtype=torch.float32, device=None):
-        super().__init__()
-        tp = tp_world_size(group)
-        config.validate(tp)
-        self.config, self.group, self.sync_fraction = config, group, sync_fraction
-        kw = dict(dtype=dtype, device=device, init=False)
-        replicas = kv_replicas(config, tp)
+def streams_begin_style(block, group, site):
+    """f on the first block's input (a forward pre-hook, as DTensor's PrepareModuleInput): from
+    there on each rank carries its own stream, and backward all-reduces dx once, at the embedding."""
+    block.register_forward_pre_hook(lambda module, args: (copy_to_tp_region(group, args[0]), *args[1:]))
+    return block
 
-        def column(n_in, n_out, bias=True, input_is_copied=True, kv=False):
-            # every column layer reads this rank's own stream: no f in front of any of them
-            return ColumnParallelLinear(n_in, n_out, bias, group=group, input_is_copied=True,
-                                        replicas=replicas if kv else 1, **kw)
 
-        def row(n_in, n_out):
-            return PartialSyncRowParallelLinear(n_in, n_out, sync_fraction, group=group, **kw)
+def caat_styles(sync_fraction):
+    """gpt.parallelize's TP_STYLES with CAAT's changes: every column layer reads this rank's own
+    stream (no f in front of it, nor at the blocks' copy_in points: the streams never rejoin),
+    the row layers are partial-sync ones, and the one f sits where the streams begin."""
+    def own_stream(style):
+        return lambda linear, group, site: style(linear, group, replace(site, copied=True))
 
-        local = dict(dtype=dtype, device=device)
-        self.wte = VocabParallelEmbedding(config.vocab_size, config.hidden, group=group, **kw)
-        self.wpe = nn.Embedding(config.seq_len, config.hidden, **local)
-        self.blocks = nn.ModuleList(Block(config, column, row) for _ in range(config.n_layers))
-        for block in self.blocks:
-            block.to(**local)
-        self.ln_f = nn.LayerNorm(config.hidden, **local)
-        if not config.tie_embeddings:
-            self.lm_head = nn.Linear(config.hidden, self.wte.weight.shape[0], bias=False, **local)
+    return {**TP_STYLES, COPY_IN: lambda point, group, site: point,
+            COLWISE: own_stream(column_style), KV_COLWISE: own_stream(kv_column_style),
+            ROWWISE: lambda linear, group, site: PartialSyncRowParallelLinear.from_linear(
+                linear, sync_fraction, group=group),
+            STREAMS_BEGIN: streams_begin_style}
 
-    def head_weight(self):
-        return self.wte.weight if self.config.tie_embeddings else self.lm_head.weight  # (V/t, H)
 
-    def forward(self, idx, targets=None):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))  # (B, T, H)
-        # the one f: from here on each rank carries its own stream; backward all-reduces once
-        x = copy_to_tp_region(self.group, x)
-        for block in self.blocks:
-            x = block(x)
-        logits = F.linear(self.ln_f(x), self.head_weight())  # (B, T, V/t): this stream's vocab rows
-        if targets is None:
-            return logits, None
-        loss = vocab_parallel_cross_entropy(self.group, logits.flatten(0, 1), targets.flatten(),
-                                            vocab_start=self.wte.vocab_start)
-        return logits, loss
+def caat_plan(arch="gpt"):
+    """The architecture's sharding plan, plus where CAAT's streams begin: the first block's input."""
+    return {**PLANS[arch], "blocks.0": STREAMS_BEGIN}
 
 
 def caat_from_gpt(group, gpt, sync_fraction):
-    """This rank's CAATGPT holding its shard of a single-device GPT's weights (copies)."""
-    w = next(gpt.parameters())
-    model = CAATGPT(group, gpt.config, sync_fraction, dtype=w.dtype, device=w.device)
-    local = shard_state_dict(gpt.state_dict(), tp_world_size(group), tp_rank(group), gpt.config)
-    model.load_state_dict(local)
-    return model
+    """This rank's CAAT GPT (sync fraction p) holding its shard of a single-device GPT's weights
+    (copies). forward(idx, targets) -> (this rank's logits (B, T, V/t), loss): the loss is the
+    full vocabulary's mean cross-entropy, the same on every rank."""
+    return gpt_to_tp(group, gpt, plan=caat_plan(gpt.config.arch), styles=caat_styles(sync_fraction))
 
 
 # ---------------------------------------------------------------------------------------
@@ -164,7 +153,7 @@ def _block_streams(block, xs, t, p, config, scale_private=True):
 def t_stream_forward(gpt, idx, targets, t, p, scale_private=True):
     """The CAAT model of TP degree t on ONE device, with a single-device GPT's parameters.
 
-    Returns (logits (B, T, V), mean cross-entropy or None): what the t ranks of CAATGPT compute
+    Returns (logits (B, T, V), mean cross-entropy or None): what the t ranks of caat_from_gpt's model compute
     together, stream s standing for rank s. At p = 1 every stream equals the GPT's own.
     scale_private=False: the same without the sqrt(t) (the experiment's control only).
     """

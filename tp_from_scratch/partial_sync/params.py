@@ -1,6 +1,9 @@
-"""Parameters of the numpy CAAT block stack: sharding and gathering of layers.reference's block.
+"""Parameters of the numpy CAAT block stack: layers.reference's block, cut by Lesson 4's rules.
 
-Names are the torch GPT's (Lesson 5), weights stored (in, out) as everywhere in numpy:
+Names are the torch GPT's (Lesson 5), weights stored (in, out) as everywhere in numpy. They are
+sharded and gathered by Lesson 4's ``layers.block.shard_block_params`` / ``gather_block_grads``
+(contiguous heads and ffn columns), with one rule more: every rank holds whole KV heads of its
+own (``check_whole_kv_heads``), since each stream reads its own KV heads and never shares them.
 
     ln1.weight, ln1.bias                         (H,)             Replicated
     attn.q.weight (H, nh*hs), attn.q.bias        column-parallel by query heads
@@ -14,13 +17,13 @@ Names are the torch GPT's (Lesson 5), weights stored (in, out) as everywhere in 
     mlp.proj.bias (H,)                           Replicated
 
 The Replicated ones are the parameters CAAT applies to t different streams: their gradients
-are summed over the TP group (REPLICATED_KEYS). KV heads are split, never copied: t must
-divide both the number of query heads and of KV heads.
+are summed over the TP group (REPLICATED_KEYS). Which axis each split parameter is cut on is
+the GPT's sharding plan's (``split_axis``, from gpt.arch; numpy stores W transposed).
 """
 import numpy as np
 
+from tp_from_scratch.gpt.arch import shard_axis
 from tp_from_scratch.layers import reference as ref
-from tp_from_scratch.layers.linear import replicated_value
 from tp_from_scratch.sharding import check_divisible
 
 REPLICATED_KEYS = ("ln1.weight", "ln1.bias", "attn.o.bias", "ln2.weight", "ln2.bias", "mlp.proj.bias")
@@ -31,42 +34,16 @@ def init_stack_params(rng, config, n_blocks, dtype=np.float64):
     return [ref.init_block_params(rng, config, dtype) for _ in range(n_blocks)]
 
 
-def sharded_layout(config, t):
-    """{key: (axis, size of the whole axis)} for every sharded parameter; None for Replicated ones."""
+def check_whole_kv_heads(config, t):
+    """ValueError naming the size unless t ranks each hold their own query heads, KV heads and
+    ffn columns: a CAAT stream never shares a KV head with another (no replicated KV heads)."""
     check_divisible(config.n_heads, t, "number of heads")
     check_divisible(config.n_kv_heads, t, "number of KV heads")
     check_divisible(config.ffn, t, "ffn size")
-    q, kv = config.n_heads * config.head_size, config.n_kv_heads * config.head_size
-    return {"attn.q.weight": (1, q), "attn.q.bias": (0, q), "attn.k.weight": (1, kv),
-            "attn.v.weight": (1, kv), "attn.v.bias": (0, kv), "attn.o.weight": (0, q),
-            "mlp.fc.weight": (1, config.ffn), "mlp.fc.bias": (0, config.ffn),
-            "mlp.proj.weight": (0, config.ffn)}
 
 
-def shard_block_params(params, config, t, rank):
-    """Rank ``rank``'s local params of one block: contiguous heads and ffn columns; copies."""
-    if not 0 <= rank < t:
-        raise ValueError(f"rank {rank} does not exist for tp={t}")
-    local = {}
-    for key, value in params.items():
-        axis_size = sharded_layout(config, t).get(key)
-        if axis_size is None:
-            local[key] = value.copy()
-            continue
-        axis, size = axis_size
-        n = size // t
-        local[key] = np.take(value, np.arange(rank * n, (rank + 1) * n), axis=axis)
-    return local
-
-
-def gather_block_grads(grads_local, config):
-    """Full gradients of one block from every rank's local ones (Replicated copies must agree)."""
-    layout = sharded_layout(config, len(grads_local))
-    full = {}
-    for key in grads_local[0]:
-        copies = [g[key] for g in grads_local]
-        if key in layout:
-            full[key] = np.concatenate(copies, axis=layout[key][0])
-        else:
-            full[key] = replicated_value(copies, key)
-    return full
+def split_axis(key):
+    """The axis of block parameter ``key`` (numpy: W stored (in, out)) that TP splits, or None
+    when it is Replicated: the GPT's plan's axis (torch stores (out, in)), transposed for weights."""
+    axis = shard_axis(f"blocks.0.{key}", "gpt")
+    return axis if axis is None or not key.endswith("weight") else 1 - axis

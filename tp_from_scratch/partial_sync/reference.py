@@ -16,11 +16,12 @@ import math
 
 import numpy as np
 
+from tp_from_scratch.layers.block import shard_block_params
 from tp_from_scratch.layers.reference import layernorm_backward, layernorm_forward
 from tp_from_scratch.partial_sync.local import (
     attention_partial_backward, attention_partial_forward, mlp_partial_backward, mlp_partial_forward)
 from tp_from_scratch.partial_sync.mappings import synced_channels
-from tp_from_scratch.partial_sync.params import sharded_layout, shard_block_params
+from tp_from_scratch.partial_sync.params import check_whole_kv_heads, split_axis
 
 
 def streams_partial_reduce(partials, p):
@@ -53,6 +54,7 @@ def _bias_grad(dys):
 def streams_block_forward(xs, params, config, p):
     """One CAAT block on all streams xs (t, B, T, H); params: the FULL block params."""
     t = xs.shape[0]
+    check_whole_kv_heads(config, t)
     locals_ = [shard_block_params(params, config, t, s) for s in range(t)]
     a, c_ln1 = layernorm_forward(xs, params["ln1.weight"], params["ln1.bias"])  # per stream
     att, c_att = _each_stream(attention_partial_forward, a, locals_,
@@ -66,8 +68,7 @@ def streams_block_forward(xs, params, config, p):
 
 def _assemble(grads_per_stream, config):
     """Stream s's gradients of its shard -> the full gradient (concatenated in stream order)."""
-    layout = sharded_layout(config, len(grads_per_stream))
-    return {key: np.concatenate([g[key] for g in grads_per_stream], axis=layout[key][0])
+    return {key: np.concatenate([g[key] for g in grads_per_stream], axis=split_axis(key))
             for key in grads_per_stream[0]}
 
 

@@ -9,7 +9,7 @@
 
 This is Lesson 6's trainer (tp_from_scratch.gpt.train: its step, loop, data, checkpoints,
 metrics and report, so every one of its options works the same) with four hooks
-(gpt.train.Hooks): the model is CAATGPT; between backward and the DP average the gradients
+(gpt.train.Hooks): the model is caat_from_gpt's; between backward and the DP average the gradients
 of the parameters the streams share are summed over the TP group (all_reduce_replicated_grads);
 the single-device reference is the t-stream model; checkpoints and metrics record p (and
 each step's TP bytes). Plus --sync-fraction p (default 1.0: ordinary TP). Without a launcher

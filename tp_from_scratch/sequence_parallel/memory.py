@@ -124,7 +124,8 @@ def measure_block_memory(config, batch, seq, ts=(1, 2, 4), dtype=torch.float32, 
     Returns rows {"model", "t", "rank", "measured" (every block's bytes), "formula"} for every rank.
     """
     from tp_from_scratch.comm import run_spmd
-    from tp_from_scratch.gpt.model import gpt_to_tp, init_gpt
+    from tp_from_scratch.gpt.model import init_gpt
+    from tp_from_scratch.gpt.parallelize import gpt_to_tp
     from tp_from_scratch.sequence_parallel.model import gpt_to_sp
 
     reference = init_gpt(config, seed, dtype)

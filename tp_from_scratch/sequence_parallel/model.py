@@ -1,6 +1,6 @@
 """The sequence-parallel GPT: the tensor-parallel GPT's own modules, run with a different forward.
 
-Sequence parallelism changes no weight. ``SequenceParallelGPT`` takes a TensorParallelGPT and
+Sequence parallelism changes no weight. ``SequenceParallelGPT`` takes the TP GPT (gpt.parallelize) and
 keeps its modules (the same ``gpt.model.Block`` objects, the same parameter names and shards,
 so the same checkpoint); only where the activations live between the layers differs:
 
@@ -27,7 +27,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tp_from_scratch.gpt.model import causal_self_attention, embed, gpt_to_tp, rope_tables
+from tp_from_scratch.gpt.model import causal_self_attention, embed, rope_tables
+from tp_from_scratch.gpt.parallelize import gpt_to_tp
 from tp_from_scratch.nn import vocab_parallel_cross_entropy
 from tp_from_scratch.nn.mappings import tp_world_size
 from tp_from_scratch.sequence_parallel.nn import (
@@ -93,7 +94,7 @@ class SequenceParallelBlock(nn.Module):
 
 
 class SequenceParallelGPT(nn.Module):
-    """A TensorParallelGPT run sequence-parallel: forward(idx, targets) -> (local logits, loss).
+    """The TP GPT (gpt_to_tp's) run sequence-parallel: forward(idx, targets) -> (local logits, loss).
 
     Holds the TP model's modules under the same names (``state_dict`` is the TP one). The loss
     is the full mean cross-entropy, identical on every rank. save_gathered: keep the

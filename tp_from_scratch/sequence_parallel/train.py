@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from tp_from_scratch.gpt import train
 from tp_from_scratch.gpt.mesh import setup_mesh
-from tp_from_scratch.gpt.model import gpt_to_tp
+from tp_from_scratch.gpt.parallelize import gpt_to_tp
 from tp_from_scratch.sequence_parallel.dtensor_plan import parallelize_gpt_sp
 from tp_from_scratch.sequence_parallel.model import SequenceParallelGPT
 

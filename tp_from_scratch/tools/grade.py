@@ -1,4 +1,4 @@
-"""Grade exercises and print a per-exercise summary: passed, not yet, or failing.
+"""Grade exercises and print a per-exercise summary: passed, not yet, failing or timed out.
 
     .venv/bin/python -m tp_from_scratch.tools.grade              # your own files in exercises/
     .venv/bin/python -m tp_from_scratch.tools.grade --reference  # the library (should all pass)
@@ -6,27 +6,35 @@
     .venv/bin/python -m tp_from_scratch.tools.grade class/*/ --csv grades.csv
     .venv/bin/python -m tp_from_scratch.tools.grade --exercise ex03     # one exercise (make grade EX=ex03)
     .venv/bin/python -m tp_from_scratch.tools.grade --collectives mine  # Exercises 3-5 on YOUR ring (ex02)
+    .venv/bin/python -m tp_from_scratch.tools.grade --timeout 300       # seconds per exercise (default 120)
 
 A submission is a directory holding files named like the stubs (ex01_split_matmul.py, ...).
 "not yet" means every failure is the stub's NotImplementedError; "failing" shows the
 first failure (its whole message, wrapped at word boundaries, hints included) and the
-command that re-runs that exercise's graders alone. Grading your own exercises/, once
+command that re-runs that exercise's graders alone; "timed out" means its graders ran past
+--timeout seconds (default 120: a function that never returns) and were stopped, while the
+other exercises are graded all the same. Grading your own exercises/, once
 Exercise 2 passes, Exercises 3-5 are graded a second time on your own ring collectives
 (TP_COLLECTIVES=mine), so finishing Exercise 2 powers the rest of the course. The exit
-status is 1 only if an attempted exercise fails: exercises not yet started (their stubs
-still raise NotImplementedError) are not failures, so a learner who skipped ahead gets 0.
+status is 1 only if an attempted exercise fails or times out: exercises not yet started (their
+stubs still raise NotImplementedError) are not failures, so a learner who skipped ahead gets 0.
 """
 import argparse
 import csv
+import json
+import subprocess
 import sys
 import tempfile
 import textwrap
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tp_from_scratch.tools.grading import EXERCISES, EXERCISE_DIR, REPO, exercise_id_of
+from tp_from_scratch.tools.grading import EXERCISES, EXERCISE_DIR, REPO
 from tp_from_scratch.comm.launchers import run_command, subprocess_env
+
+
+EXERCISE_TIMEOUT = 120.0  # seconds one exercise's graders may run (the reference needs a few)
+STARTUP_SECONDS = 300.0   # on top of those, for pytest to start and import (a busy machine)
 
 
 @dataclass
@@ -38,6 +46,8 @@ class ExerciseResult:
     first_failure: str = ""
     first_failure_message: str = ""  # the whole message of the first failure, hints included
     failures: list = field(default_factory=list)
+    collected: int = 0       # tests selected for this exercise (0: not known)
+    timed_out: float = 0.0   # the limit in seconds it ran past, 0 if it finished
 
     @property
     def total(self):
@@ -45,6 +55,8 @@ class ExerciseResult:
 
     @property
     def status(self):
+        if self.timed_out:
+            return "timed out"
         if self.total == 0:
             return "no tests"
         if self.failed == 0:
@@ -52,35 +64,53 @@ class ExerciseResult:
         return "not yet" if self.not_implemented == self.failed else "failing"
 
 
-def _parse_junit(path, results):
-    for case in ET.parse(path).getroot().iter("testcase"):
-        exercise = exercise_id_of(case.get("classname", "").rsplit(".", 1)[-1])
-        if exercise not in results:
+def _add_test(result, name, outcome, message):
+    """One graded test's outcome (exercises/conftest.py's log) into ``result``."""
+    if outcome == "skipped":
+        result.failed += 1  # a grader that skips has not proven anything
+        result.failures.append(f"{name}: skipped")
+    elif outcome == "passed":
+        result.passed += 1
+    else:
+        full = (message or "").strip()
+        first = full.splitlines()[0] if full else "error"
+        result.failed += 1
+        result.not_implemented += "NotImplementedError" in first
+        result.failures.append(f"{name}: {first}")
+        if not result.first_failure:
+            result.first_failure = result.failures[-1]
+            result.first_failure_message = f"{name}: {full or first}"
+
+
+def _read_log(path, results):
+    """Fold a grading log into ``results``; returns (exercises started, the one timed out or None)."""
+    started, timed_out = [], None
+    for line in (path.read_text().splitlines() if path.exists() else []):
+        try:
+            entry = json.loads(line)
+        except ValueError:  # the last line of a process killed mid-write
             continue
-        result = results[exercise]
-        problem = case.find("failure")
-        problem = problem if problem is not None else case.find("error")
-        if case.find("skipped") is not None:
-            result.failed += 1  # a grader that skips has not proven anything
-            result.failures.append(f"{case.get('name')}: skipped")
-        elif problem is None:
-            result.passed += 1
-        else:
-            full = (problem.get("message") or "").strip()
-            message = full.splitlines()[0] if full else problem.get("type", "error")
-            result.failed += 1
-            result.not_implemented += "NotImplementedError" in message
-            result.failures.append(f"{case.get('name')}: {message}")
-            if not result.first_failure:
-                result.first_failure = result.failures[-1]
-                result.first_failure_message = f"{case.get('name')}: {full or message}"
+        if "start" in entry:
+            started.append(entry["start"])
+        elif "timed_out" in entry:
+            timed_out = entry["timed_out"]
+        elif "collected" in entry:
+            for exercise, n in entry["collected"].items():
+                if exercise in results:
+                    results[exercise].collected = n
+        elif entry.get("exercise") in results:
+            _add_test(results[entry["exercise"]], entry["name"], entry["outcome"], entry["message"])
+    return started, timed_out
 
 
-def run_graders(impl="", exercises=None, timeout=900, stop_at_first_failure=False, collectives="library",
-                keyword=None):
+def run_graders(impl="", exercises=None, timeout=EXERCISE_TIMEOUT, stop_at_first_failure=False,
+                collectives="library", keyword=None):
     """Run the graders in a fresh pytest process; return {exercise id: ExerciseResult}.
 
     impl: "" (the learner's exercises/), "reference", or a submission directory.
+    timeout: seconds each exercise's graders may run. One that runs longer (a function that
+        never returns) is stopped and reads "timed out", with the tests it finished; the
+        exercises it had not reached are graded in a new process.
     stop_at_first_failure: each exercise stops at its own first failure (pytest -x per exercise,
         exercises/conftest.py): enough to prove that a known-wrong implementation fails.
     collectives: "library", or "mine" to run on the ring of impl's Exercise 2 (TP_COLLECTIVES).
@@ -88,20 +118,38 @@ def run_graders(impl="", exercises=None, timeout=900, stop_at_first_failure=Fals
     """
     exercises = list(exercises or EXERCISES)
     results = {e: ExerciseResult(e) for e in exercises}
-    files = [str(EXERCISE_DIR / f"test_{EXERCISES[e][0]}.py") for e in exercises]
+    todo = exercises
     with tempfile.TemporaryDirectory() as tmp:
-        junit = Path(tmp) / "junit.xml"
-        # only the one plugin the graders use (their timeouts): auto-loading every installed
-        # plugin (jupyter's nbmake, hypothesis, ...) costs ~3 s per run, ~0.4 s without
-        cmd = [sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider", "-p", "pytest_timeout",
-               "-o", "junit_family=xunit1", f"--junitxml={junit}", *(["-k", keyword] if keyword else [])]
-        env = subprocess_env(TP_IMPL=impl, TP_COLLECTIVES="mine" if collectives == "mine" else "",
-                             PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
-                             TP_GRADE_FIRST_FAILURE="1" if stop_at_first_failure else "")
-        proc = run_command(cmd, timeout, env=env, cwd=REPO)
-        if not junit.exists():
-            raise RuntimeError(f"pytest wrote no results (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
-        _parse_junit(junit, results)
+        for attempt in range(len(exercises)):
+            log = Path(tmp) / f"grading-{attempt}.jsonl"
+            files = [str(EXERCISE_DIR / f"test_{EXERCISES[e][0]}.py") for e in todo]
+            # only the one plugin the graders use (their timeouts): auto-loading every installed
+            # plugin (jupyter's nbmake, hypothesis, ...) costs ~3 s per run, ~0.4 s without
+            cmd = [sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider", "-p", "pytest_timeout",
+                   *(["-k", keyword] if keyword else [])]
+            env = subprocess_env(TP_IMPL=impl, TP_COLLECTIVES="mine" if collectives == "mine" else "",
+                                 PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", TP_GRADE_LOG=str(log),
+                                 TP_GRADE_EXERCISE_TIMEOUT=str(timeout),
+                                 TP_GRADE_FIRST_FAILURE="1" if stop_at_first_failure else "")
+            try:
+                proc = run_command(cmd, timeout * len(todo) + STARTUP_SECONDS, env=env, cwd=REPO)
+                output, code = proc.stdout, proc.returncode
+            except subprocess.TimeoutExpired as expired:  # the in-process limit could not act
+                output, code = expired.output or "", None
+            started, timed_out = _read_log(log, results)
+            if timed_out is None and code is None:
+                if not started:
+                    raise RuntimeError(f"pytest started no grader in {timeout * len(todo) + STARTUP_SECONDS:.0f} s:\n"
+                                       f"{output[-3000:]}")
+                timed_out = started[-1]
+            if timed_out is None:
+                if code not in (0, 1, 5):  # passed, some failed, none selected; else pytest itself broke
+                    raise RuntimeError(f"pytest stopped with exit status {code}:\n{output[-3000:]}")
+                break
+            results[timed_out].timed_out = timeout
+            todo = [e for e in todo if e not in started]
+            if not todo:
+                break
     return results
 
 
@@ -139,7 +187,18 @@ def print_summary(results, title=None, out=None, impl="", collectives="library")
         detail = f"{r.passed}/{r.total} tests"
         if r.status == "not yet":
             detail += " (stubs still raise NotImplementedError)"
+        if r.status == "timed out":
+            detail = (f"stopped after {r.timed_out:g} s, {r.passed} passed and {r.failed} failed of "
+                      f"{r.collected or '?'} tests")
         print(f"  {r.exercise} {EXERCISES[r.exercise][0]:<34} {r.status:<8} {detail}", file=out)
+        if r.status == "timed out":
+            print(f"      its graders ran past the {r.timed_out:g}-second limit (--timeout): a function that never\n"
+                  "      returns (a loop that never ends, a recv no rank sends to) or a very slow one; the other\n"
+                  "      exercises were graded without it", file=out)
+            if r.first_failure:
+                print(f"      first failure before that: {r.first_failure}", file=out)
+            print(f"      re-run it alone (pytest stops a test after 120 s and shows where it was):\n"
+                  f"        {rerun_command(r.exercise, impl, collectives)}", file=out)
         if r.status == "failing":
             print("      first failure:", file=out)
             for line in _message_lines(r.first_failure_message or r.first_failure):
@@ -148,13 +207,16 @@ def print_summary(results, title=None, out=None, impl="", collectives="library")
 
 
 def exit_status(results):
-    """1 if any graded exercise failed (or collected no tests), else 0: "not yet" is no failure."""
-    return int(any(r.status in ("failing", "no tests") for r in results))
+    """1 if any graded exercise failed, timed out or collected no tests, else 0: "not yet" is no failure."""
+    return int(any(r.status in ("failing", "timed out", "no tests") for r in results))
 
 
 def print_totals(results, out=None):
     out = out or sys.stdout
     counts = {status: sum(r.status == status for r in results) for status in ("passed", "not yet", "failing")}
+    timed_out = sum(r.status == "timed out" for r in results)
+    if timed_out:
+        counts["timed out"] = timed_out
     verdict = "some failed" if exit_status(results) else "nothing failed"
     print(f"{verdict} (exercise gradings: " + ", ".join(f"{n} {status}" for status, n in counts.items()) + ")",
           file=out)
@@ -170,10 +232,15 @@ def main(argv=None):
     parser.add_argument("--reference", action="store_true", help="grade the library's own code")
     parser.add_argument("--exercise", action="append", choices=sorted(EXERCISES), help="only these")
     parser.add_argument("--csv", help="also write one row per submission and exercise to this file")
+    parser.add_argument("--timeout", type=float, default=EXERCISE_TIMEOUT, metavar="SECONDS",
+                        help=f"stop an exercise whose graders run longer and report it as timed out "
+                             f"(default {EXERCISE_TIMEOUT:g})")
     parser.add_argument("--collectives", choices=["library", "mine", "both"], default=None,
                         help="run Exercises 3-5 on the library's ring, on the ring of the graded "
                              "Exercise 2 (mine), or both (the default for your own exercises/)")
     args = parser.parse_args(argv)
+    if not args.timeout > 0:
+        parser.error(f"--timeout {args.timeout:g} must be a positive number of seconds")
 
     targets = ["reference"] if args.reference else (args.submissions or [""])
     collectives = args.collectives or ("both" if targets == [""] else "library")
@@ -183,7 +250,9 @@ def main(argv=None):
             parser.error(f"{target} is not a directory")
         title = target or "exercises/ (your work)"
         first = "mine" if collectives == "mine" else "library"
-        results = run_graders(target, args.exercise, collectives=first)
+        print(f"grading {title}: {len(args.exercise or EXERCISES)} exercise(s), each stopped after "
+              f"{args.timeout:g} s ...", flush=True)
+        results = run_graders(target, args.exercise, timeout=args.timeout, collectives=first)
         print_summary(results, title=title + (" on your own ring (ex02)" if first == "mine" else ""),
                       impl=target, collectives=first)
         graded += results.values()
@@ -191,7 +260,7 @@ def main(argv=None):
             rows.append([target or "exercises", r.exercise, r.status, r.passed, r.total, r.first_failure])
         built_on = [e for e in ON_YOUR_RING if e in results and results[e].status != "not yet"]
         if collectives == "both" and built_on and results.get("ex02", _NOT_GRADED).status == "passed":
-            mine = run_graders(target, built_on, collectives="mine")
+            mine = run_graders(target, built_on, timeout=args.timeout, collectives="mine")
             print_summary(mine, title=f"{title}: Exercises 3-5 again, on YOUR ring collectives from ex02",
                           impl=target, collectives="mine")
             graded += mine.values()

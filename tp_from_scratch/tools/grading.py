@@ -36,6 +36,8 @@ EXERCISES = {
     "ex10": ("ex10_recursive_halving_doubling", ["tp_from_scratch.overlap.algorithms"]),
     "ex11": ("ex11_one_f_one_b", ["tp_from_scratch.parallelisms.schedules"]),
     "ex12": ("ex12_moe_dispatch", ["tp_from_scratch.collectives", "tp_from_scratch.deepseek.dispatch"]),
+    "ex13": ("ex13_tree_reduction", ["tp_from_scratch.numerics.tree"]),
+    "ex14": ("ex14_sharded_sampling", ["tp_from_scratch.inference.sampling"]),
 }
 
 

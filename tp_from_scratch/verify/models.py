@@ -101,15 +101,17 @@ def ours_gpt_config(arch, t):
 
 
 def tp_of_ours(group, reference):
-    """THE adapter to this course's TP GPT: today gpt.model.gpt_to_tp; once the plan lands,
-    gpt.parallelize(reference, group, PLANS[arch]) (one line to change)."""
-    from tp_from_scratch.gpt.model import gpt_to_tp
+    """THE adapter to this course's TP GPT: gpt.parallelize.gpt_to_tp, the plan (gpt.arch.PLANS)
+    applied to a copy of ``reference``."""
+    from tp_from_scratch.gpt.parallelize import gpt_to_tp
     return gpt_to_tp(group, reference)
 
 
 def build_ours_gpt(arch, ctx, dtype, seed=0):
     from tp_from_scratch.gpt.generate import generate
-    from tp_from_scratch.gpt.model import GPT, gather_state_dict, gpt_to_tp, shard_axis, unshard_tensor
+    from tp_from_scratch.gpt.arch import shard_axis
+    from tp_from_scratch.gpt.model import GPT
+    from tp_from_scratch.gpt.parallelize import gather_state_dict, gpt_to_tp, unshard_tensor
     config = ours_gpt_config(arch, ctx.t)
     config.validate(ctx.t)
     reference = randomize(GPT(config).to(dtype), seed)
@@ -136,8 +138,8 @@ def build_ours_gpt(arch, ctx, dtype, seed=0):
 def build_ours_deepseek(layout, ctx, dtype, seed=0):
     from tp_from_scratch.comm import Comm
     from tp_from_scratch.deepseek.checks import tiny_model_config
-    from tp_from_scratch.deepseek.model import (ParallelDeepseekV3, check_config, from_hf_state_dict, generate,
-                                                hf_name, shard, unshard)
+    from tp_from_scratch.deepseek.arch import shard, unshard
+    from tp_from_scratch.deepseek.model import ParallelDeepseekV3, check_config, from_hf_state_dict, generate, hf_name
     config = tiny_model_config()
     check_config(config, ctx.t, layout)
     reference = randomize(ParallelDeepseekV3(config, group=Comm(0, 1), layout=layout).to(dtype), seed)
@@ -149,13 +151,13 @@ def build_ours_deepseek(layout, ctx, dtype, seed=0):
         return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
     def full_parameter(name, x):
-        return unshard(name, gather_pieces(ctx.group, x), config, layout)
+        return unshard(name, gather_pieces(ctx.group, x), layout)
 
     def round_trip(model):
         out = []
         for name, v in model.state_dict().items():
-            full = unshard(name, gather_pieces(ctx.group, v), config, layout)
-            out.append((name, v, shard(name, full, config, layout, ctx.t, ctx.rank)))
+            full = unshard(name, gather_pieces(ctx.group, v), layout)
+            out.append((name, v, shard(name, full, layout, ctx.t, ctx.rank)))
         return out
 
     return Pair(reference, parallel, ctx.group, config.vocab_size, run=run, full_parameter=full_parameter,

@@ -7,7 +7,8 @@ module reads and writes on each rank:
     COLWISE          Replicated   Sharded(-1)          (..., out/t): its rows of W
     KV_COLWISE       Replicated   Sharded(-1), whole KV heads; with nkv < t each held by t/nkv ranks
     ROWWISE          Sharded(-1)  Replicated           (after g)
-    VOCAB_PARALLEL   Replicated   Replicated           the embedding, after its g
+    VOCAB_PARALLEL   Replicated   Replicated           the embedding, after its g; the loss
+                                                       (cross_entropy) reads Sharded(-1) logits
     REPLICATED       Replicated   Replicated
 
 LEAD: this table is verify's own until gpt/arch.py records each style's layouts as data
@@ -31,7 +32,7 @@ STYLE_LAYOUTS = {
 
 
 def gpt_layout(config, t, rank):
-    """layout_of(kind, name, local, reference) for a TensorParallelGPT of ``config`` on t ranks:
+    """layout_of(kind, name, local, reference) for the TP GPT of ``config`` on t ranks:
     the plan's layout, or a message when the local shape is not the one the plan gives."""
     replicas = kv_replicas(config, t)
 
@@ -41,6 +42,8 @@ def gpt_layout(config, t, rank):
         style = module_style(name, config.arch)
         if style is None:
             return REPLICATED       # blocks, attention, MLP, the model: Replicated in and out
+        if style == VOCAB_PARALLEL and name.rpartition(".")[2] == "cross_entropy" and kind == "input":
+            return sharded(-1)      # the loss module reads the head's logits (B*T, V/t)
         layout = STYLE_LAYOUTS[style][0 if kind == "input" else 1]
         if style == KV_COLWISE and kind != "input":
             layout = sharded(-1, replicas)

@@ -76,7 +76,7 @@ def check_of(name):
         return "AdamW step" if name.endswith("adamw") else "SGD step"
     return {"Y": "forward", "embedding": "forward", "loss": "forward", "dX": "grad input",
             "d": "grad input", "dW": "grad weight", "dE": "grad weight", "db": "grad bias",
-            "collectives": "collectives"}.get(first, "exception")
+            "bias": "grad bias", "collectives": "collectives"}.get(first, "exception")
 
 
 def non_contiguous(x):
@@ -103,9 +103,11 @@ class _Factory:
 
     def __init__(self, make, fed_non_contiguous=False):
         self.make, self.wrap = make, (_FedNonContiguous if fed_non_contiguous else lambda m: m)
+        self.built = []
 
     def from_linear(self, linear, *, group, **options):
-        return self.wrap(self.make(group, linear, **options))
+        self.built.append(self.make(group, linear, **options))
+        return self.wrap(self.built[-1])
 
     def from_embedding(self, embedding, *, group):
         return self.wrap(self.make(group, embedding))
@@ -233,8 +235,13 @@ def _linear_case(component, check, budget=None, needs=(), fed_non_contiguous=Fal
     def run(r):
         check_fn = (checks.check_column_parallel_linear if component == "column"
                     else checks.check_row_parallel_linear)
+        factory = _Factory(getattr(r.adapter, component), fed_non_contiguous)
         check_fn(r.group, r.dtype, r.seed, device=r.device, judge=r.judge, layout=r.adapter.layout,
-                 layer_cls=_Factory(getattr(r.adapter, component), fed_non_contiguous), **options)
+                 layer_cls=factory, **options)
+        if options.get("bias") is False:   # a zero bias would be a parameter: it gets a gradient and moves
+            r.judge.holds(all(getattr(m, "bias", None) is None for m in factory.built), rank=tp_rank(r.group),
+                          name="bias absent (the nn.Linear has none)",
+                          why="the layer has a bias parameter where the nn.Linear it was built from has none")
     return Case(component, check, run, component, budget, needs, inputs)
 
 

@@ -1,0 +1,25 @@
+"""Known-wrong: the temperature is checked only after the exchange, so a bad setting costs a
+round of messages first (and on a real group, a rank that raised alone would leave the others waiting)."""
+import math
+
+import torch
+
+from tp_from_scratch.inference.sampling import (argmax_over_ranks, check_sampling, greedy_from_shards,  # noqa: F401
+                                                gumbel_noise, kth_largest_from_shards)
+
+
+def sample_from_shards(group, local_logits, vocab_start, seed, position, temperature=1.0, top_k=0):
+    if not (torch.is_tensor(local_logits) and local_logits.ndim == 2 and local_logits.is_floating_point()):
+        raise ValueError("local_logits must be a 2-d float tensor")
+    if not isinstance(vocab_start, int) or isinstance(vocab_start, bool) or vocab_start < 0:
+        raise ValueError("vocab_start must be >= 0")
+    check_sampling(1.0, top_k)
+    scores = local_logits.to(torch.float32)
+    if top_k:
+        scores = scores.masked_fill(scores < kth_largest_from_shards(group, scores, top_k), -math.inf)
+    ids = argmax_over_ranks(group, scores, vocab_start)  # a first exchange, to warm up
+    check_sampling(temperature, top_k)
+    scores = scores / temperature
+    keys = scores.double() + gumbel_noise(seed, position, scores.shape[0], vocab_start, scores.shape[1])
+    del ids
+    return argmax_over_ranks(group, keys, vocab_start)

@@ -1,0 +1,103 @@
+"""Gradient clipping under TP (numerics.clip) against torch.nn.utils.clip_grad_norm_ on one device.
+
+float64, on simulated ranks: the global norm and every clipped gradient of GPT-2 and Llama (with
+KV heads on several ranks when nkv < t) equal one device's within the tolerance policy; the two
+wrong norms differ from it; a placement split over an "ep" group counts each expert once. The
+dp x tp mesh runs under torchrun (tests/test_numerics_launch.py).
+"""
+import copy
+import math
+
+import pytest
+import torch
+
+from tp_from_scratch.comm import SPMDError, run_spmd
+from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+from tp_from_scratch.gpt.parallelize import gpt_to_tp, shard_tensor
+from tp_from_scratch.numerics.clip import (clip_grad_norm, gpt_placement, grad_norm, norm_counting_replicas_t_times,
+                                           norm_without_tp_sum, owns)
+
+CASES = {"gpt2": dict(arch="gpt2", n_kv_heads=4), "llama": dict(arch="llama", n_kv_heads=1)}
+
+
+def setup(name, max_norm=0.05, norm_type=2.0):
+    config = GPTConfig(vocab_size=67, seq_len=16, n_layers=2, hidden=32, n_heads=4, **CASES[name])
+    gpt = init_gpt(config, 0, torch.float64)
+    gen = torch.Generator().manual_seed(1)
+    idx, targets = (torch.randint(0, 67, (2, 16), generator=gen) for _ in range(2))
+    reference = copy.deepcopy(gpt)
+    reference(idx, targets)[1].backward()
+    norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm, norm_type=norm_type)
+    return config, gpt, (idx, targets), reference, norm
+
+
+@pytest.mark.parametrize("t,norm_type", [(1, 2.0), (2, 2.0), (4, 2.0), (4, math.inf)],
+                         ids=["t1", "t2", "t4", "t4-inf-norm"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_norm_and_every_clipped_gradient_equal_clip_grad_norm_on_one_device(name, t, norm_type):
+    config, gpt, batch, reference, want = setup(name, norm_type=norm_type)
+
+    def rank(comm):
+        model = gpt_to_tp(comm, gpt)
+        model(*batch)[1].backward()
+        norm = clip_grad_norm(model, 0.05, placement=gpt_placement(config, t), groups={"tp": comm},
+                              norm_type=norm_type)
+        return norm, {n: p.grad for n, p in model.named_parameters()}
+    assert want > 0.05, "the reference must actually clip"
+    for r, (norm, grads) in enumerate(run_spmd(rank, t)):
+        assert_matches_reference(norm, want, name=f"{name} grad norm at t={t}", rank=r)
+        for n, p in reference.named_parameters():
+            assert_matches_reference(grads[n], shard_tensor(n, p.grad, t, r, config), name=f"clipped grad of {n}", rank=r)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_two_wrong_norms_differ_from_the_truth(name):
+    config, gpt, batch, _, want = setup(name, max_norm=1e9)  # 1e9: measure, do not clip
+    t = 4
+
+    def rank(comm):
+        model = gpt_to_tp(comm, gpt)
+        model(*batch)[1].backward()
+        return (grad_norm(model, placement=gpt_placement(config, t), groups={"tp": comm}),
+                norm_counting_replicas_t_times(model, comm), norm_without_tp_sum(model))
+    results = run_spmd(rank, t)
+    right, too_big, local = results[0][0], results[0][1], [r[2] for r in results]
+    assert_matches_reference(right, want, name="the right norm")
+    # the replicated parameters (norms, row biases, wpe; llama's single KV head) counted t times
+    assert too_big > want * (1 + 1e-3), (too_big, want)
+    # each rank misses the other ranks' shards: too small, and the ranks disagree
+    assert all(n < want * (1 - 1e-3) for n in local), (local, want)
+    assert len({float(n) for n in local}) > 1, local
+
+
+def test_a_placement_split_over_an_ep_group_counts_each_expert_once():
+    # four "experts", one per rank, and one parameter every rank holds the same copy of
+    experts = [torch.full((3,), float(e + 1), dtype=torch.float64) for e in range(4)]
+    shared = torch.tensor([2.0, -1.0], dtype=torch.float64)
+    want = torch.sqrt(sum(e.pow(2).sum() for e in experts) + shared.pow(2).sum())
+
+    def rank(comm):
+        params = {"expert": torch.nn.Parameter(experts[comm.rank].clone()), "shared": torch.nn.Parameter(shared.clone())}
+        for p in params.values():
+            p.grad = p.detach().clone()
+        placement = lambda n: {"ep": 1} if n == "expert" else {}  # noqa: E731
+        return grad_norm(list(params.items()), placement=placement, groups={"ep": comm})
+    for r, norm in enumerate(run_spmd(rank, 4)):
+        assert_matches_reference(norm, want, name="norm over ep", rank=r)
+
+
+def test_ownership_follows_the_placement():
+    assert owns({}, {"tp": 0, "dp": 0}) and not owns({}, {"tp": 1, "dp": 0}) and not owns({}, {"tp": 0, "dp": 1})
+    assert owns({"tp": 1}, {"tp": 3, "dp": 0}) and not owns({"tp": 1}, {"tp": 3, "dp": 1})
+    assert owns({"tp": 2}, {"tp": 2}) and not owns({"tp": 2}, {"tp": 3})  # the first of each 2 replicas
+    assert owns({"tp": 1, "dp": 1}, {"tp": 1, "dp": 1})                 # a ZeRO-sharded gradient
+
+
+def test_a_placement_naming_a_group_not_given_is_refused():
+    def rank(comm):
+        p = torch.nn.Parameter(torch.ones(2))
+        p.grad = torch.ones(2)
+        grad_norm([("w", p)], placement=lambda n: {"ep": 1}, groups={"tp": comm})
+    with pytest.raises(SPMDError, match=r"names the groups \['ep'\], but groups= has only \['tp'\]"):
+        run_spmd(rank, 2)
