@@ -4,6 +4,9 @@ The build part runs wherever the site's requirements are installed (make test in
 The browser part drives Debian's chromium through its chromedriver (selenium); where no
 Chromium is installed it skips with one line naming the command that installs it. The browser
 is told no host resolves but 127.0.0.1, and its network log must show nothing else asked for.
+It reads every page as a learner would at 1280 x 900 (no code cell, output or stub wider than
+its column) and on a 390-px phone (no page scrolling sideways), and searches as one would (the
+lesson that teaches the query first, the sentence that says it as the excerpt).
 Screenshots go to runs/site/: the landing page, and each lesson at its first figure and its math.
 """
 import html as html_module
@@ -18,15 +21,17 @@ from functools import partial
 from pathlib import Path
 from urllib.parse import unquote, urljoin, urlparse
 
+import nbformat
 import numpy as np
 import pytest
 
 from tp_from_scratch.comm.launchers import run_command
 from tp_from_scratch.plots import course_layout, direct_prerequisites, draw_course_map
 from tp_from_scratch.tools.grading import EXERCISES
-from website.build import lesson_notebooks, lesson_of_exercise, project_pages
+from website.build import api_modules_by_lesson, exercise_title, lesson_notebooks, lesson_of_exercise, project_pages
 from website.build import main as build_main
 from website.course import LESSONS
+from website.references import CITATION, REFERENCES, address
 
 REPO = Path(__file__).resolve().parent.parent
 SCREENSHOTS = REPO / "runs" / "site"
@@ -88,6 +93,52 @@ def test_the_map_draws_each_prerequisite_not_reached_through_another():
 def test_a_lesson_that_builds_on_one_not_yet_listed_is_refused():
     with pytest.raises(ValueError, match="lesson 2 builds on \\[3\\]"):
         course_layout([(1, ()), (2, (3,)), (3, (1,))])
+
+
+# --- what the pages say: titles, API pages, references ------------------------------------------
+
+def exercise_ids_of_lesson():
+    """{lesson number: its exercise ids, in order}, from tools/grading.py's EXERCISES."""
+    by_lesson = {}
+    for exercise_id in EXERCISES:
+        by_lesson.setdefault(lesson_of_exercise(exercise_id), []).append(exercise_id)
+    return by_lesson
+
+
+def test_every_lesson_title_names_the_exercises_of_the_lesson_and_no_other():
+    ids = exercise_ids_of_lesson()
+    for number, notebook in lesson_notebooks().items():
+        title = nbformat.read(notebook, as_version=4).cells[0].source.splitlines()[0]
+        named = f"({', '.join(ids[number])})" if number in ids else ""
+        assert title.startswith(f"# Lesson {number}"), f"{notebook.name}: the title reads {title!r}"
+        assert re.findall(r"\(ex\d+[a-z]?(?:, ex\d+[a-z]?)*\)", title) == ([named] if named else []), (
+            f"{notebook.name}: the title reads {title!r}; it should name {named or 'no exercise'} "
+            f"('# Lesson {number}{' ' + named if named else ''}: ...', lessons/src/{notebook.stem}.py)")
+
+
+def test_an_exercise_title_is_the_docstrings_whole_first_paragraph(tmp_path):
+    stub = tmp_path / "ex99_wrapped.py"
+    stub.write_text('"""Exercise 99: a title wrapped\nover two lines (lessons/99_x.ipynb).\n\nMore text."""\n')
+    assert exercise_title(stub) == "a title wrapped over two lines"
+
+
+def test_every_lesson_has_an_api_page_and_every_module_one_place_in_the_api():
+    by_lesson = api_modules_by_lesson()
+    assert set(lesson_notebooks()) <= set(by_lesson), f"lessons without an API page: " \
+        f"{sorted(set(lesson_notebooks()) - set(by_lesson))}"
+    documented = [module for modules in by_lesson.values() for module in modules]
+    assert len(documented) == len(set(documented)), "a module is documented on two API pages"
+    assert by_lesson[4] == ["tp_from_scratch.layers.attention", "tp_from_scratch.layers.block"], by_lesson[4]
+
+
+def test_a_citation_in_the_text_is_linked_to_its_work():
+    for text, url in [("Megatron-LM (Shoeybi et al. 2019) reported", "https://arxiv.org/abs/1909.08053"),
+                      ("Korthikanti et al.'s formula", "https://arxiv.org/abs/2205.05198"),
+                      ("*Tensor-Parallelism with Partially\nSynchronized Activations*", "https://arxiv.org/abs/2506.19645"),
+                      ("its report (arXiv 2412.19437, §3.1)", "https://arxiv.org/abs/2412.19437")]:
+        match = CITATION.search(text)
+        assert match and address(match)[1] == url, (text, match)
+    assert CITATION.search("Megatron-LM's code names") is None   # the software, not a paper
 
 
 def test_the_build_refuses_an_out_folder_it_would_wipe_before_any_work(tmp_path, capsys):
@@ -164,6 +215,40 @@ def test_the_landing_page_is_the_readme_with_the_course_map(site):
     assert first_section.split("(")[0].strip() in landing, f"README's '{first_section}' is not on the landing page"
 
 
+def test_each_exercise_page_carries_its_whole_title(site):
+    html, _, _ = site
+    for exercise_id, (stem, _) in EXERCISES.items():
+        page = (html / "exercises" / f"{stem}.html").read_text()
+        whole = f"Exercise {exercise_id}: {exercise_title(REPO / 'exercises' / f'{stem}.py')}"
+        title = html_module.unescape(re.search(r"<title>(.*?)</title>", page, re.S).group(1))
+        heading = text_of(re.search(r"<h1>(.*?)</h1>", page, re.S).group(1))
+        assert title.startswith(whole + " "), (title, whole)
+        assert heading.startswith(whole), (heading, whole)
+
+
+def test_each_lesson_has_its_api_page(site):
+    html, _, _ = site
+    for number, title, _, _ in LESSONS:
+        page = html / "api" / f"lesson_{number:02d}.html"
+        assert page.is_file(), f"no API page for Lesson {number}"
+        assert f"API of Lesson {number}: {title}" in text_of(page.read_text())
+
+
+def test_every_cited_work_is_linked_where_a_page_cites_it(site):
+    """Each work of website/references.py that a page's prose cites is a link on that page (an
+    address, not a request: the browser check below still sees nothing asked of another host)."""
+    html, _, _ = site
+    cited = 0
+    for page in html.rglob("*.html"):
+        text = page.read_text()
+        prose = text_of(re.sub(r"<(pre|code)\b.*?</\1>", " ", text, flags=re.S))
+        for match in CITATION.finditer(prose):
+            _, url = address(match)
+            assert f'href="{url}"' in text, f"{page.relative_to(html)} cites {match.group(0)!r} without a link to {url}"
+            cited += 1
+    assert cited >= len(REFERENCES), f"only {cited} citations found in the whole site"
+
+
 # --- the browser -------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -191,7 +276,7 @@ def browser():
     webdriver = pytest.importorskip("selenium.webdriver")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1000",
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,900",
                  # Chromium phones home (updates, accounts) whatever else it is told: resolve nothing else
                  "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"):
         options.add_argument(flag)
@@ -220,9 +305,67 @@ return {
   images: [...document.images].map((i) => [i.getAttribute("src"), i.complete && i.naturalWidth > 0]),
   links: [...document.querySelectorAll("a[href]")].map((a) => a.getAttribute("href")),
   code: document.querySelectorAll("div.highlight pre").length,
+  figures: document.querySelectorAll(".cell_output img").length,
   copy_buttons: document.querySelectorAll("button.copybtn").length,
+  // a figure of a cell's output that is not a link to its own file cannot be opened full size
+  unlinked_figures: [...document.querySelectorAll(".cell_output img")]
+    .filter((i) => !(i.closest("a[href]") && i.closest("a[href]").href === i.src)).map((i) => i.getAttribute("src")),
 };
 """
+
+# Code cells, outputs and the stubs: wider than the box that shows them (their end hidden behind a
+# scroll bar), or than the article's column. Each entry: the block's first line.
+CLIPPED_CODE = """
+const article = document.querySelector("article.bd-article");
+if (!article) return [];
+const right = article.getBoundingClientRect().right;
+return [...article.querySelectorAll("pre")]
+  .filter((p) => p.scrollWidth > p.clientWidth + 1 || p.getBoundingClientRect().right > right + 1)
+  .map((p) => p.textContent.trim().split("\\n")[0].slice(0, 60));
+"""
+
+# A 390-px-wide viewport: the width a phone lays the page out at (its viewport meta says
+# width=device-width). Chrome's full mobile emulation finds the same and takes twice as long.
+# Lessons whose formulas are still typed in ASCII, each waiting for its $...$ (MathJax); every
+# other lesson must show typeset math
+ASCII_FORMULAS = {13: "N log2 t, 2 (t-1)/t N, sqrt(512) in lessons/src/13_tp_numerics.py's markdown"}
+
+PHONE = {"width": 390, "height": 844, "deviceScaleFactor": 1, "mobile": False}
+# how far the page scrolls sideways (0: it does not), and where it does, what sticks out
+SIDEWAYS = """
+const width = document.documentElement.clientWidth;
+const sideways = document.documentElement.scrollWidth - width;
+if (sideways <= 0) return [sideways, []];
+const out = [...document.querySelectorAll("body *")]
+  .filter((e) => e.getBoundingClientRect().right > width + 1 && !e.closest("pre, .pst-scrollable-table-container,"
+    + " mjx-container, table.indextable, .highlight, .cell_output, dialog") && e.offsetParent !== null)
+  .map((e) => e.tagName.toLowerCase() + "." + [...e.classList].join(".") + ": " + (e.textContent || "").trim().slice(0, 40));
+return [sideways, out.slice(-3)];
+"""
+
+
+def lay_out_as_phone(driver, phone):
+    """Lay pages out at the phone's width (True) or back at the window's 1280 px; returns ``phone``."""
+    if phone:
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", PHONE)
+    else:
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    return phone
+
+
+def sideways_problems(driver, page):
+    """[] if the page, laid out at a phone's width, does not scroll sideways; else what sticks out."""
+    sideways, sticking_out = driver.execute_script(SIDEWAYS)
+    return [f"{page}: scrolls {sideways} px sideways on a 390-px phone: {sticking_out}"] if sideways > 0 else []
+
+
+def sideways_on_a_phone(driver):
+    """(pixels the page scrolls sideways on a 390-px phone, what sticks out), the page as loaded."""
+    lay_out_as_phone(driver, True)
+    try:
+        return driver.execute_script(SIDEWAYS)
+    finally:
+        lay_out_as_phone(driver, False)
 
 
 def scroll_to(driver, selector):
@@ -270,13 +413,16 @@ def site_pages(html):
 
 def test_every_page_loads_clean_offline_with_its_figures_math_and_links(browser, site, server):
     """Each page, as a reader gets it: no console error, nothing asked of another host, every image
-    loaded, the math typeset (no $...$ left raw), every link into the site resolving, down to its
-    anchor, and a copy button on each code block of a lesson."""
+    loaded and a link to its own file, the math typeset (no $...$ left raw; every lesson has
+    some), every link into the site resolving, down to its anchor, and a copy button on each code
+    block of a lesson. At 1280 px no code cell, output or stub of a lesson or exercise page is
+    wider than its box or the column; on a 390-px phone no page scrolls sideways."""
     base, html = server
     pages = site_pages(html)
     requested_urls(browser)  # drop what the browser did before the first page
-    problems, shots = [], {}
+    problems, shots, clipped = [], {}, {}
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    phone = lay_out_as_phone(browser, False)   # the width the browser lays pages out at now
     for page in pages:
         url = urljoin(base, page)
         browser.get(url)
@@ -288,8 +434,11 @@ def test_every_page_loads_clean_offline_with_its_figures_math_and_links(browser,
                 problems.append(f"{page}: math not typeset ({status}, {facts['typeset']} of {facts['math']})")
         if facts["raw_dollars"]:
             problems.append(f"{page}: raw $...$ left: {facts['raw_dollars']}")
+        if page.startswith("lessons/") and not facts["typeset"] and int(Path(page).name[:2]) not in ASCII_FORMULAS:
+            problems.append(f"{page}: no formula typeset: write the lesson's formulas as $...$ (MathJax)")
         if page.startswith("lessons/") and not 0 < facts["code"] <= facts["copy_buttons"]:
             problems.append(f"{page}: {facts['copy_buttons']} copy buttons for {facts['code']} code blocks")
+        problems += [f"{page}: figure not a link to its file: {src}" for src in facts["unlinked_figures"]]
         unloaded = [src for src, loaded in facts["images"] if not loaded]
         if unloaded:  # a lazy image loads once on screen
             for src in unloaded:
@@ -302,12 +451,30 @@ def test_every_page_loads_clean_offline_with_its_figures_math_and_links(browser,
         problems += [f"{page}: console error: {message}" for message in errors]
         outside = [u for u in requested_urls(browser) if not u.startswith((base, "data:", "blob:"))]
         problems += [f"{page}: requested outside 127.0.0.1: {u}" for u in outside]
-        if page == "index.html" or page.startswith("lessons/"):
-            shots[page] = screenshot_figure_and_math(browser, page), facts["math"] > 0
+        # The two widths. Switching re-lays the whole page out, the costly part, and the width
+        # carries over to the next page: so a page is read at the width it loaded at first, and
+        # only a page with something to check at 1280 px switches at all, once.
+        read_on_phone = phone
+        if phone:
+            problems += sideways_problems(browser, page)
+        if page == "index.html" or page.startswith(("lessons/", "exercises/")):
+            if phone:
+                phone = lay_out_as_phone(browser, False)
+            clipped[page] = browser.execute_script(CLIPPED_CODE)
+            if page == "index.html" or page.startswith("lessons/"):
+                shots[page] = screenshot_figure_and_math(browser, page), facts["math"] > 0, facts["figures"] > 0
+        if not read_on_phone:
+            phone = lay_out_as_phone(browser, True)
+            problems += sideways_problems(browser, page)
+    lay_out_as_phone(browser, False)
+    problems += [f"{page}: {len(blocks)} code blocks wider than the column at 1280 px, first: {blocks[0]!r}"
+                 for page, blocks in clipped.items() if blocks]
+    print(f"code blocks clipped at 1280 px: {sum(map(len, clipped.values()))} on {len(clipped)} pages")
     assert not problems, "\n".join(problems[:40])
-    for page, (files, has_math) in shots.items():  # a lesson that writes no LaTeX has no math to show
+    for page, (files, has_math, has_figure) in shots.items():  # a shot of each the lesson has
         kinds = {Path(f).stem.rsplit("_", 1)[-1] for f in files}
-        assert page == "index.html" or kinds == ({"figure", "math"} if has_math else {"figure"}), (page, files)
+        expected = {kind for kind, has in (("figure", has_figure), ("math", has_math)) if has}
+        assert page == "index.html" or kinds == expected, (page, files)
 
 
 def screenshot_figure_and_math(driver, page):
@@ -328,6 +495,42 @@ def screenshot_figure_and_math(driver, page):
             files.append(SCREENSHOTS / f"{name}_{what}.png")
             driver.save_screenshot(str(files[-1]))
     return [str(f) for f in files]
+
+
+SEARCH_RESULTS = """
+return [...document.querySelectorAll("#search-results ul.search li")].map((li) => {
+  const link = li.querySelector("a"), excerpt = li.querySelector("p.context");
+  return [link.getAttribute("href"), link.textContent, excerpt ? excerpt.textContent : null];
+});
+"""
+
+
+def article_text(page):
+    """The words of a page's article as a reader sees them, the math's TeX without its delimiters."""
+    article = re.search(r'<article class="bd-article">(.*?)</article>', page.read_text(), re.S).group(1)
+    return " ".join(text_of(article).replace("\\(", "").replace("\\)", "").split())
+
+
+@pytest.mark.parametrize("query, lesson", [("all-reduce", "02_collectives"),
+                                           ("sequence parallelism", "07_sequence_parallelism")])
+def test_the_site_search_finds_the_lesson_that_teaches_it_first_with_the_sentence_that_says_it(
+        browser, site, server, query, lesson):
+    """The search page as a learner uses it: the lesson that teaches the query comes first (a
+    hyphenated term is one word), its excerpt is the sentence of the lesson that holds the query
+    (not the theme's buttons or the table of contents), and on a phone the results fit the screen."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    base, html = server
+    browser.get(urljoin(base, f"search.html?q={query}"))
+    results = WebDriverWait(browser, WAIT_S).until(
+        lambda d: (found := d.execute_script(SEARCH_RESULTS)) and found[0][2] is not None and found)
+    href, title, excerpt = results[0]
+    assert href.startswith(f"lessons/{lesson}.html"), f"{query!r}: first hit {title!r}; then {[r[1] for r in results[1:6]]}"
+    sentence = " ".join(excerpt.strip(".").split())
+    assert query in sentence.lower(), f"{query!r}: the excerpt {excerpt!r} does not hold the query"
+    assert sentence in article_text(html / "lessons" / f"{lesson}.html"), f"{query!r}: {excerpt!r} is not the lesson's text"
+    sideways, sticking_out = sideways_on_a_phone(browser)
+    assert sideways <= 0, f"the search results scroll {sideways} px sideways on a phone: {sticking_out}"
 
 
 def test_the_site_search_finds_reduce_scatter(browser, site, server):

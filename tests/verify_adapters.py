@@ -44,6 +44,24 @@ and the ones that misbehave across ranks; each must cost one named row, never th
 
 They call torch.distributed directly, as picotron does, so they run in processes only.
 ``exercise_adapter(module)`` describes an Exercise 5 implementation (a known-wrong one, say).
+
+Issue 38's, each passing every check there was before it (contract 3):
+
+    COLUMN_KEEPS_INPUT  keeps its input in a module attribute for dW (not in autograd's saved
+                        tensors): right for forward, backward, forward, backward; wrong when two
+                        forwards come before the backwards (weight tying, micro-batches)
+    ROW_NO_GRAD_SKIPS_REDUCE  all-reduces only when autograd is on: right in training, partial
+                        sums under torch.no_grad() (generation, evaluation)
+    SP_BLOCK_REVERSED   its SP block gathers the ranks' positions in reversed order and its
+                        reduce-scatter undoes the same order: invisible to a block that treats
+                        each position alone, wrong once the block mixes positions
+    (these three take our Comms: they run on simulated ranks)
+    OUT_OF_STEP_ALWAYS  g's rank 1 makes one more collective, on a group of its own (nobody
+                        waits): every g check ends out of step; it must cost --restarts fresh
+                        starts, then only its own remaining rows
+    GROUP_1_EXTRA_CALL  g makes one more all-reduce in the second TP group (ranks 2, 3) only: the
+                        groups make different numbers of calls, each group in step with itself;
+                        right values, and no fresh start
 """
 import threading
 
@@ -54,7 +72,8 @@ from torch.nn import functional as F
 from tp_from_scratch.nn.embedding import VocabParallelEmbedding
 from tp_from_scratch.nn.linear import ColumnParallelLinear, RowParallelLinear
 from tp_from_scratch.nn.collectives import all_gather, reduce_scatter
-from tp_from_scratch.nn.mappings import all_reduce, copy_to_tp_region, reduce_from_tp_region
+from tp_from_scratch.nn.mappings import all_reduce, copy_to_tp_region, reduce_from_tp_region, tp_rank, tp_world_size
+from tp_from_scratch.sequence_parallel.nn import sequence_parallel_layer_norm
 from tp_from_scratch.sharding import shard_range, shard_sizes
 from tp_from_scratch.verify import FEATURES, Adapter
 
@@ -450,3 +469,140 @@ class _FusedCrossEntropy(torch.autograd.Function):
 FUSED_CROSS_ENTROPY = Adapter(name="fused cross-entropy (correct)", supports=FEATURES,
                               cross_entropy=lambda group, z, target, ignore_index, vocab_start:
                               _FusedCrossEntropy.apply(group, z, target, ignore_index, vocab_start))
+
+
+# --- issue 38: two forwards before the backwards, forwards without autograd, token order ------
+
+class _KeepsInputLinear(torch.autograd.Function):
+    """y = x W^T + b; dW from the module's attribute, not from the saved tensors (the bug)."""
+
+    @staticmethod
+    def forward(ctx, layer, x, weight, bias):
+        ctx.layer, ctx.bias = layer, bias is not None
+        ctx.save_for_backward(weight)
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        weight, = ctx.saved_tensors
+        x = ctx.layer.last_input                 # the bug: the LAST forward's input
+        dw = dy.reshape(-1, dy.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+        return None, dy @ weight, dw, dy.reshape(-1, dy.shape[-1]).sum(0) if ctx.bias else None
+
+
+class _ColumnKeepsInput(ColumnParallelLinear):
+    def forward(self, x):
+        x = copy_to_tp_region(self.group, x)
+        self.last_input = x.detach()
+        return _KeepsInputLinear.apply(self, x, self.weight, self.bias)
+
+
+class _RowNoGradSkipsReduce(RowParallelLinear):
+    def forward(self, x):
+        partial = F.linear(x, self.weight)
+        y = reduce_from_tp_region(self.group, partial) if torch.is_grad_enabled() else partial  # the bug
+        return y if self.bias is None else y + self.bias
+
+
+def _offsets(sizes, order):
+    """Where each rank's block starts when the blocks are laid out in ``order``."""
+    start, out = 0, {}
+    for r in order:
+        out[r] = start
+        start += sizes[r]
+    return out
+
+
+class _GatherReversed(torch.autograd.Function):
+    """(B, T_r, ...) -> (B, T, ...) with the ranks' blocks in reversed order; backward the sum's
+    block at the same place."""
+
+    @staticmethod
+    def forward(ctx, group, x, sizes):
+        t, rank = tp_world_size(group), tp_rank(group)
+        order = list(reversed(range(t)))
+        ctx.group, ctx.lo, ctx.n = group, _offsets(sizes, order)[rank], sizes[rank]
+        parts = all_gather(group, x.contiguous(), 1, sizes).split(sizes, dim=1)
+        return torch.cat([parts[r] for r in order], dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        total = all_reduce(ctx.group, grad.contiguous())
+        return None, total[:, ctx.lo:ctx.lo + ctx.n].contiguous(), None
+
+
+class _ReduceScatterReversed(torch.autograd.Function):
+    """(B, T, ...) partial, blocks in reversed order -> this rank's block of the sum."""
+
+    @staticmethod
+    def forward(ctx, group, x, sizes):
+        t, rank = tp_world_size(group), tp_rank(group)
+        order = list(reversed(range(t)))
+        ctx.group, ctx.sizes, ctx.order = group, sizes, order
+        lo = _offsets(sizes, order)[rank]
+        return all_reduce(group, x.contiguous())[:, lo:lo + sizes[rank]].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        parts = all_gather(ctx.group, grad.contiguous(), 1, ctx.sizes).split(ctx.sizes, dim=1)
+        return None, torch.cat([parts[r] for r in ctx.order], dim=1), None
+
+
+class _SPBlockReversed(torch.nn.Module):
+    def __init__(self, group, block):
+        super().__init__()
+        self.group, self.ln = group, block.ln
+        self.mix = getattr(block, "mix", torch.nn.Identity())   # (a block of contract 2 had none)
+        self.fc1 = ColumnParallelLinear.from_linear(block.fc1, group=group)
+        self.fc2 = RowParallelLinear.from_linear(block.fc2, group=group)
+
+    def forward(self, x, sizes=None):             # (B, T_r, H) -> (B, T_r, H)
+        sizes = sizes or [x.shape[1]] * tp_world_size(self.group)
+        h = _GatherReversed.apply(self.group, sequence_parallel_layer_norm(self.group, x, self.ln), sizes)
+        a = self.mix(F.gelu(F.linear(h, self.fc1.weight, self.fc1.bias)))
+        y = _ReduceScatterReversed.apply(self.group, F.linear(a, self.fc2.weight), sizes)
+        return x + y + copy_to_tp_region(self.group, self.fc2.bias)
+
+
+COLUMN_KEEPS_INPUT = Adapter(name="bug: column keeps its input", supports=set(FEATURES) - {"gather_output"},
+                             column=lambda group, linear, gather_output=False: _ColumnKeepsInput.from_linear(
+                                 linear, group=group))
+ROW_NO_GRAD_SKIPS_REDUCE = Adapter(
+    name="bug: row reduces only with grad", supports=set(FEATURES) - {"scatter_input"},
+    row=lambda group, linear, input_is_parallel=True: _RowNoGradSkipsReduce.from_linear(linear, group=group))
+SP_BLOCK_REVERSED = Adapter(name="bug: sp block gathers reversed", supports=FEATURES, sp_block=_SPBlockReversed)
+
+# which (component, check) each one must FAIL, on simulated ranks
+MODE_TARGETS = {
+    "COLUMN_KEEPS_INPUT": ("column", "two forwards, then backwards"),
+    "ROW_NO_GRAD_SKIPS_REDUCE": ("row", "no_grad / inference_mode forward"),
+    "SP_BLOCK_REVERSED": ("sp block", "token order"),
+}
+
+
+# --- out of step: every check, or in one TP group only -----------------------------------
+
+_SOLO = {}
+
+
+def _solo_groups(group):
+    """A group of each rank alone (new_group is collective over the world: every rank makes all)."""
+    _SOLO["groups"] = [dist.new_group([r]) for r in range(dist.get_world_size())]
+
+
+def _extra_on_rank_1(group, x):
+    if dist.get_rank(group) == 1:   # the bug: one more collective, on a group of its own
+        dist.all_reduce(torch.zeros(1), group=_SOLO["groups"][dist.get_rank()])
+    return reduce_from_tp_region(group, x)
+
+
+def _extra_in_group_1(group, x):
+    if dist.get_rank() >= 2:        # the second TP group syncs a statistic; the first does not
+        dist.all_reduce(torch.zeros(1), group=group)
+    return reduce_from_tp_region(group, x)
+
+
+OUT_OF_STEP_ALWAYS = Adapter(name="bug: g out of step on rank 1", g=_extra_on_rank_1, setup=_solo_groups,
+                             supports=NATIVE)
+GROUP_1_EXTRA_CALL = Adapter(name="g with an extra call in group 1 (correct)", g=_extra_in_group_1,
+                             supports=NATIVE)

@@ -1,10 +1,10 @@
-"""Test-only: six TP bugs planted in this course's GPT / Llama, for the locator of `verify model`.
+"""Test-only: seven TP bugs planted in this course's GPT / Llama, for the locator of `verify model`.
 
 Each bug is made the way an engineer would make it, without touching the library: by a plan
 changed for one module while the model is built (monkeypatching gpt.parallelize's view of the plan),
-or by a module of the built TP model replaced. ``PLANTED[name] = (arch, t, plant, module)``:
-plant(monkeypatch) returns a function that alters a built Pair (or None), and ``module`` is
-what the 'first divergence:' line must name.
+or by a module of the built TP model replaced. ``PLANTED[name] = (arch, t, plant, module, says)``:
+plant(monkeypatch) returns a function that alters a built Pair (or None), ``module`` is what the
+'first divergence:' line must name and ``says`` what it must say the divergence looks like.
 """
 import torch
 
@@ -84,14 +84,32 @@ def cross_entropy_without_the_max(monkeypatch):
     monkeypatch.setattr(gpt_parallelize, "vocab_parallel_cross_entropy", local_max_cross_entropy)
 
 
-# name -> (arch, t, plant, the module the first divergence must name)
+def q_heads_in_the_wrong_order(monkeypatch):
+    """Block 0's query heads dealt to the ranks in reverse (rank r holds the heads of rank t-1-r),
+    its keys and values in order: each rank's queries meet another rank's keys."""
+    def plant(pair):
+        t, rank = pair.group.world_size, tp_rank(pair.group)
+        full, q = pair.reference.blocks[0].attn.q, pair.parallel.blocks[0].attn.q
+        with torch.no_grad():
+            q.weight.copy_(full.weight.detach().chunk(t, dim=0)[t - 1 - rank])
+            if q.bias is not None:
+                q.bias.copy_(full.bias.detach().chunk(t)[t - 1 - rank])
+    return plant
+
+
+# name -> (arch, t, plant, the module the first divergence must name, what its line must say)
 PLANTED = {
-    "o_proj planned colwise": ("gpt", 2, o_proj_colwise, "blocks.0.attn.o"),
-    "a missing f in one layer's backward": ("gpt", 2, missing_f_in_layer_1, "blocks.1.attn"),
-    "an extra all-reduce": ("gpt", 2, extra_all_reduce, "blocks.0.mlp.proj"),
-    "KV heads split where they should be replicated": ("llama", 4, kv_heads_split, "blocks.0.attn.k"),
-    "a RoPE position offset on one rank": ("llama", 2, rope_offset_on_rank_1, "blocks.0.attn"),
-    "a vocab-parallel cross-entropy without the max": ("gpt", 2, cross_entropy_without_the_max, "cross_entropy"),
+    "o_proj planned colwise": ("gpt", 2, o_proj_colwise, "blocks.0.attn.o", "built as another style than the plan"),
+    "a missing f in one layer's backward": ("gpt", 2, missing_f_in_layer_1, "blocks.1.attn",
+                                            "Partial where Replicate was expected"),
+    "an extra all-reduce": ("gpt", 2, extra_all_reduce, "blocks.0.mlp.proj", "x t"),
+    "KV heads split where they should be replicated": ("llama", 4, kv_heads_split, "blocks.0.attn.k",
+                                                       "heads split"),
+    "a RoPE position offset on one rank": ("llama", 2, rope_offset_on_rank_1, "blocks.0.attn", "wrong on rank 1 only"),
+    "a vocab-parallel cross-entropy without the max": ("gpt", 2, cross_entropy_without_the_max, "cross_entropy",
+                                                       "values differ"),
+    "query heads dealt to the ranks in the wrong order": ("gpt", 2, q_heads_in_the_wrong_order, "blocks.0.attn.q",
+                                                          "rows permuted"),
 }
 
 __all__ = ["PLANTED", "copy_to_tp_region", "torch"]

@@ -103,9 +103,12 @@ def stage_lessons(src, exercises_by_lesson):
 
 
 def exercise_title(stub):
-    """'Exercise 1: split a matmul ... (lessons/01_split_matmul.ipynb).' -> 'split a matmul ...'."""
+    """'Exercise 1: split a matmul ... (lessons/01_split_matmul.ipynb).' -> 'split a matmul ...'.
+
+    The title is the docstring's whole first paragraph, however many lines it is wrapped over."""
     docstring = ast.get_docstring(ast.parse(stub.read_text())) or stub.stem
-    return re.sub(r"\s*\(lessons/[^)]*\)\.?$", "", docstring.splitlines()[0].split(":", 1)[-1]).strip()
+    first = " ".join(docstring.split("\n\n")[0].split())
+    return re.sub(r"\s*\(lessons/[^)]*\)\.?$", "", first.split(":", 1)[-1]).strip()
 
 
 def stage_exercises(src):
@@ -144,20 +147,60 @@ def api_page(title, intro, modules):
     return "\n".join(parts)
 
 
-def stage_api(src):
-    """A page per lesson with its packages (tests/test_layout.py's LESSON map, the one place that
-    says which package is which lesson's), shared support first, the verify contract last."""
+def imported_modules(notebook):
+    """The tp_from_scratch modules a notebook's code cells import ('from tp_from_scratch.layers
+    import reference' names both tp_from_scratch.layers and tp_from_scratch.layers.reference)."""
+    found = set()
+    for cell in json.loads(notebook.read_text())["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        try:
+            tree = ast.parse("".join(cell["source"]))
+        except SyntaxError:   # a cell with a shell or magic line: it imports nothing of the library
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tp_from_scratch"):
+                found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names if alias.name.startswith("tp_from_scratch")}
+    return found
+
+
+def api_modules_by_lesson():
+    """{lesson: its modules}. A package is its lesson's (tests/test_layout.py's LESSON map, the one
+    place that says which package is which lesson's); a lesson without a package of its own (Lesson 4
+    teaches attention and the block in Lesson 3's layers/) takes that package's modules its notebook
+    is the first to import."""
     by_lesson = {}
     for component, lesson in sorted(LESSON_OF_COMPONENT.items()):
         if component != "__init__":
             by_lesson.setdefault(lesson, []).extend(modules_of(component))
+    imports = {number: imported_modules(path) for number, path in lesson_notebooks().items()}
+    with_package = set(by_lesson)
+    for lesson, modules in list(by_lesson.items()):
+        for module in list(modules):
+            first = min((n for n, found in imports.items() if module in found and n >= lesson), default=None)
+            if first is not None and first not in with_package:
+                modules.remove(module)
+                by_lesson.setdefault(first, []).append(module)
+    for number in imports:   # a lesson whose new modules all sit in an earlier lesson's package
+        if number not in by_lesson:
+            by_lesson[number] = []
+    return by_lesson
+
+
+def stage_api(src):
+    """A page per lesson with its modules (api_modules_by_lesson), shared support first, the verify contract last."""
+    by_lesson = api_modules_by_lesson()
     titles = {number: (title, teaches) for number, title, teaches, _ in LESSONS}
     pages = [("support", "Shared support", "What every lesson uses: the comparison helper and its tolerance "
               "policy, rank-distinct test data, the pictures.", by_lesson.pop(0, []))]
     for number, modules in sorted(by_lesson.items()):
         title, teaches = titles.get(number, ("", ""))
-        pages.append((f"lesson_{number:02d}", f"Lesson {number}: {title}".rstrip(": "),
-                      f"The library of Lesson {number}" + (f": {teaches}." if teaches else "."), modules))
+        pages.append((f"lesson_{number:02d}", f"API of Lesson {number}: {title}".rstrip(": "),
+                      f"The library of Lesson {number}" + (f": {teaches}." if teaches else ".")
+                      + ("" if modules else " It adds no module of its own: it uses the earlier lessons' API."),
+                      modules))
     pages.append(("verify", "The verify adapter contract", "How another tensor-parallel library plugs into "
                   "the conformance suite (`python -m tp_from_scratch.verify`): the Adapter it fills in.",
                   [f"tp_from_scratch.{c}" for c in VERIFY_CONTRACT]))

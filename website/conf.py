@@ -3,7 +3,11 @@
 Offline by construction: notebooks are shown with their committed outputs (nothing executes),
 MathJax is served from the site itself (sphinx-mathjax-offline), the theme bundles its own assets.
 """
+import posixpath
 import re
+
+from docutils import nodes
+from sphinx.util.osutil import relative_uri
 
 project = "tp_from_scratch"
 html_title = "Tensor parallelism from scratch"
@@ -13,6 +17,8 @@ extensions = [
     "sphinx.ext.mathjax",
     "sphinx-mathjax-offline",   # MathJax 3 copied into _static/mathjax, mathjax_path pointing there
     "sphinx_copybutton",        # a copy button on every code cell
+    "website.search",           # hyphenated terms, the course's ranking and excerpts (website/search.py)
+    "website.references",       # the works the course cites, linked (website/references.py)
 ]
 
 nb_execution_mode = "off"       # the committed outputs are the lesson: never re-execute
@@ -24,6 +30,8 @@ highlight_language = "none"     # a docstring's table or command is not Python; 
 
 autodoc_default_options = {"member-order": "bysource"}
 autodoc_typehints = "none"      # the docstrings say the shapes; signatures stay short
+add_module_names = False        # the section names the module: a signature reads power_of_two_below(p)
+autodoc_preserve_defaults = True  # a default as written (MEASUREMENTS / "x.json"), not this machine's path
 
 html_theme = "sphinx_book_theme"
 html_theme_options = {"show_toc_level": 2, "use_download_button": False, "use_fullscreen_button": False,
@@ -31,6 +39,7 @@ html_theme_options = {"show_toc_level": 2, "use_download_button": False, "use_fu
 html_context = {"default_mode": "light"}     # the theme's mode switch logs an error without one
 html_static_path = [str(__import__("pathlib").Path(__file__).parent / "_static")]
 html_css_files = ["site.css"]
+html_js_files = ["site.js"]
 html_favicon = "_static/favicon.svg"         # else the browser asks for /favicon.ico and gets a 404
 html_copy_source = False        # no _sources/ copy of 3 MB of notebooks
 html_show_sourcelink = False
@@ -64,5 +73,21 @@ def plain(line):
     return "".join(p if i % 2 else re.sub(r"([|*]|_(?=\W|$))", r"\\\1", p) for i, p in enumerate(parts))
 
 
+def link_figures_to_their_files(app, doctree, docname):
+    """Each image a page shows links to its file, so a figure shrunk to the column (on a phone,
+    labels a few pixels high) opens full size. Sphinx does this for resized images only."""
+    if app.builder.format != "html":
+        return
+    image_folder = relative_uri(app.builder.get_target_uri(docname), app.builder.imagedir)
+    for image in list(doctree.findall(nodes.image)):
+        if isinstance(image.parent, nodes.reference) or image["uri"] not in app.env.images:
+            continue
+        link = nodes.reference("", "", internal=True, classes=["full-size"],
+                               refuri=posixpath.join(image_folder, app.env.images[image["uri"]][1]))
+        image.replace_self(link)
+        link.append(image)
+
+
 def setup(app):
     app.connect("autodoc-process-docstring", docstring_as_written)
+    app.connect("doctree-resolved", link_figures_to_their_files)

@@ -11,7 +11,7 @@ from lesson_notebook import write_notebook
 HERE = Path(__file__).resolve().parent
 
 cells = [
-    new_markdown_cell(r"""# Lesson 6: training a tensor-parallel GPT, equal to single-device training
+    new_markdown_cell(r"""# Lesson 6 (ex06): training a tensor-parallel GPT, equal to single-device training
 
 Lesson 5 built the torch layers: `ColumnParallelLinear`, `RowParallelLinear`,
 `VocabParallelEmbedding` and `vocab_parallel_cross_entropy`, on Megatron's f and g. Here they
@@ -62,8 +62,8 @@ One rule per parameter name (`arch.shard_axis`, read from the sharding plan) say
 | LayerNorms, `wpe`, row biases | (H,), (T, H) | replicated | |
 
 The key/value heads are split like the query heads, so a rank's query heads find their
-(grouped-query) key/value heads on the same rank. With fewer KV heads than ranks (nkv < t,
-e.g. Llama 3's 8 KV heads at t = 16), each KV head is copied to the t/nkv ranks whose query
+(grouped-query) key/value heads on the same rank. With fewer KV heads than ranks ($nkv < t$,
+e.g. Llama 3's 8 KV heads at t = 16), each KV head is copied to the $t/nkv$ ranks whose query
 heads read it, and backward sums the copies' weight gradients among them (one extra
 all-reduce per K and V weight, `nn.mappings.sum_over_replicas`), exactly as the numpy
 attention of Lesson 4 does. Memory per rank: parameters, their
@@ -88,7 +88,7 @@ for ax, (label, cfg) in zip(axes, [("course GPT", config), ("GPT-2-small size, n
         print(f"{label:<24} t={tps[i]}: {m:9.2f} MiB per rank ({m / mib[0]:.0%} of one device)")
 fig.tight_layout()
 plt.show()"""),
-    new_markdown_cell(r"""Not exactly 1/t: the replicated LayerNorms, position embedding and row biases sit on every
+    new_markdown_cell(r"""Not exactly $1/t$: the replicated LayerNorms, position embedding and row biases sit on every
 rank, and with V = 67 (prime) the vocabulary splits 34 + 33. For the big config the
 replicated part is small and each doubling of t nearly halves the memory.
 
@@ -133,7 +133,7 @@ plt.show()"""),
 numbers in another order (a row-parallel matmul sums t partial sums; the vocabulary-parallel
 cross-entropy sums its exponentials per shard). They do not grow over 50 steps.
 
-A caution learnt while building this: Adam's first step is about `lr * sign(g)`. A gradient
+A caution learnt while building this: Adam's first step is about $\mathrm{lr} \cdot \mathrm{sign}(g)$. A gradient
 that is zero in exact arithmetic but holds roundoff (a key bias: softmax ignores a shift of
 a whole row of scores) would get a full-size, random-signed step, different on one device and
 on t ranks. That is why the GPT's key projection has no bias.
@@ -167,9 +167,9 @@ Lesson 4. q, k and v are three column-parallel layers, but they read the same La
 so the block applies one f to it and the three layers skip their own
 (`ColumnParallelLinear(..., input_is_copied=True)`): backward then all-reduces the *sum* of
 their input gradients once, instead of three times (Megatron-LM gets the same effect by fusing
-q, k and v into one weight). The cross-entropy's three all-reduces move (B·T) numbers each,
+q, k and v into one weight). The cross-entropy's three all-reduces move $B \cdot T$ numbers each,
 never the (B, T, V) logits: that is the point of the vocabulary-parallel loss. With the ring
-all-reduce a rank sends 2 (t-1)/t times the payload: at t = 2, exactly the payload."""),
+all-reduce a rank sends $2\frac{t-1}{t}$ times the payload: at t = 2, exactly the payload."""),
     new_code_cell("""print(f"B = {B} sequences of T = {T} tokens, H = {H}, L = {L} blocks, t = 2 (the run above): {config}")
 act = B * T * H * 4  # one float32 (B, T, H) activation, in bytes
 expected = (4 * L + 2) * act + 3 * B * T * 4   # 4 per block + embedding + head, and the loss
@@ -190,9 +190,9 @@ assert expected == per_step["all_reduce"]["bytes_sent"]"""),
   per all-reduce of a whole TP GPT step, the table above written out call by call.
   The graders run that step with your blocks inside and compare your list with what the meter
   counted on every rank, forward and backward. Mind the bytes: the ring cuts N numbers into t
-  chunks like `numpy.array_split`, and B·T = 10 tokens do not split evenly over 3 or 4 ranks,
+  chunks like `numpy.array_split`, and $B \cdot T = 10$ tokens do not split evenly over 3 or 4 ranks,
   so at t = 3 the loss's all-reduces make the ranks send different amounts (rank r sends
-  `2N - chunk_r - chunk_{r+1}` numbers: see `tp_from_scratch/collectives.py`). At t = 2
+  $2N - \text{chunk}_r - \text{chunk}_{r+1}$ numbers: see `tp_from_scratch/collectives.py`). At t = 2
   above, every rank sent exactly the payload.
 
 Grade it with `make grade EX=ex06` (or `.venv/bin/python -m pytest exercises -m ex06`)."""),

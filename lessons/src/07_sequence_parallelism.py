@@ -11,17 +11,17 @@ from lesson_notebook import write_notebook
 HERE = Path(__file__).resolve().parent
 
 cells = [
-    new_markdown_cell(r"""# Lesson 7: sequence parallelism, and activation memory measured byte for byte
+    new_markdown_cell(r"""# Lesson 7 (ex07): sequence parallelism, and activation memory measured byte for byte
 
 Tensor parallelism (Lessons 3-6) splits the weights and the work inside attention and the MLP
 by t. But look at what every rank still holds in full: the residual stream, both LayerNorms
 and their inputs, the inputs of the column layers. Those activations stay **Replicated**, so
 activation memory stops shrinking as t grows. Korthikanti et al. (2022, "Reducing Activation
 Recomputation in Large Transformer Models") noticed that these regions act on each position
-on its own, so they can be split along the **sequence** instead: (B, T, H) -> (B, T/t, H).
+on its own, so they can be split along the **sequence** instead: $(B, T, H) \to (B, T/t, H)$.
 The all-reduce at each region boundary becomes a **reduce-scatter** and the identity becomes
 an **all-gather**, and a ring reduce-scatter plus a ring all-gather *is* a ring all-reduce:
-the same bytes on the wire, 1/t of the activations. (That holds for the block as the paper
+the same bytes on the wire, $1/t$ of the activations. (That holds for the block as the paper
 draws it, section 4. The torch GPT of section 5 trades some bytes for memory: it gathers the
 column layers' inputs again in backward instead of keeping them, and all-reduces the small
 Partial gradients of LayerNorms and row biases, so it sends about 31 % more than the TP GPT;
@@ -37,7 +37,7 @@ What you will see:
 6. the bytes autograd saves for backward, **measured** per block, next to a formula for this model:
    measured / formula = 1.000 in every configuration; then the formula for the paper's 22B-1T models.
 
-Legend: B batch, T sequence (T_r: this rank's positions), H hidden, F ffn, nh heads, hs head size,
+Legend: B batch, T sequence ($T_r$: this rank's positions), H hidden, F ffn, nh heads, hs head size,
 t TP degree. Code: `tp_from_scratch/sequence_parallel/`. Exercise 7 (`exercises/ex07_sequence_parallel.py`)
 asks for the two mappings and the LayerNorm backward."""),
     new_code_cell("""import sys, time
@@ -89,7 +89,7 @@ we use Megatron-LM's code names. g replaces f, g-bar replaces Lesson 3's g."""),
 plt.show()"""),
     new_markdown_cell(r"""## 2. The pair in numpy, on an uneven sequence
 
-T need not divide by t: shards follow `numpy.array_split` (the first T mod t ranks hold one more
+T need not divide by t: shards follow `numpy.array_split` (the first $T \bmod t$ ranks hold one more
 position), the chunking `collectives.reduce_scatter` already uses, so each backward lands on the
 shard its forward came from. T = 7 over t = 3 ranks gives 3, 2, 2 positions. Moving data is
 exact; integer-valued data makes the sums exact too."""),
@@ -118,8 +118,8 @@ for rank, (shape, gathered, _, g_back, gbar_fwd, gbar_back) in enumerate(results
     new_markdown_cell(r"""### LayerNorm on a shard: the weight gradient is Partial
 
 LayerNorm normalises each position over H, so a shard is normalised exactly as in the full
-tensor. But its weight gradient is a sum over **all** positions, dweight = sum over (b, s) of
-dy * xhat, and a rank sees only its own: each rank's dweight (and dbias) is Partial. Left alone,
+tensor. But its weight gradient is a sum over **all** positions, $\mathrm{dweight} = \sum_{b,\,s} dy \cdot \hat{x}$,
+and a rank sees only its own: each rank's dweight (and dbias) is Partial. Left alone,
 the Replicated LayerNorm weights would get different updates on every rank and drift apart.
 One all-reduce of the (2H,) pair fixes it (Megatron-LM does the same for every parameter it
 marks `sequence_parallel`)."""),
@@ -143,8 +143,8 @@ for rank, (dw_partial, dw, db) in enumerate(run_spmd(layernorm, t)):
     new_markdown_cell(r"""## 3. The sequence-parallel block equals the single-device block
 
 `check.check_everything` runs the block (`sequence_parallel/block.py`) on each rank's positions
-against `layers.reference.block_forward/backward` on all of them: float64 and float32, T = 2t
-and T = 2t + 1 (uneven), multi-head, grouped-query and multi-query attention. It compares the
+against `layers.reference.block_forward/backward` on all of them: float64 and float32, $T = 2t$
+and $T = 2t + 1$ (uneven), multi-head, grouped-query and multi-query attention. It compares the
 output and dx shards and every parameter gradient (gathered), and checks the collectives:
 forward 2 all-gathers + 2 reduce-scatters and nothing else, backward the same plus one
 all-reduce per LayerNorm. The row-layer bias needs none: its backward has just all-gathered dy,
@@ -185,7 +185,7 @@ for t, T, direction, calls, spb, tpb, ln in rows:
 all-reduce's flat chunks) but the totals agree to the byte. The only extra traffic is the
 LayerNorm gradients: 2 all-reduces of 2H values per block, tiny next to (B, T, H). (The last
 column is summed over the ranks, unlike the two per-rank lists beside it: 512 at t = 2 is 2
-all-reduces x 128 B x 2 ranks.)
+all-reduces $\times$ 128 B $\times$ 2 ranks.)
 
 ## 5. The torch GPT, sequence-parallel
 
@@ -299,12 +299,12 @@ Backward, they differ in three ways, each visible in the counts:
   fc: 4 per block, 8 here) and then keeps its own positions. Same result; but a ring all-reduce
   sends twice the bytes of a ring reduce-scatter, and there is one per layer instead of one per group.
 * **LayerNorm gradients.** Ours all-reduces every Partial parameter gradient in backward: 5
-  LayerNorms x (weight, bias) + 4 row biases = 14 (Megatron-LM coalesces them into one buffer).
+  LayerNorms $\times$ (weight, bias) + 4 row biases = 14 (Megatron-LM coalesces them into one buffer).
   DTensor leaves the LayerNorm gradients Partial after backward (listed above) and sums them when
   an operation needs them Replicate: in the optimizer step, outside what was counted. Its row
   biases' gradients are not in that list: they come from the all-gathered output gradient, whole.
   Ours adds the row bias on the sequence shard, after the reduce-scatter, so autograd sees it
-  used on T_r positions only: its gradient is Partial and needs the sum, 4 more all-reduces of
+  used on $T_r$ positions only: its gradient is Partial and needs the sum, 4 more all-reduces of
   H values per step. The numpy block of section 3 needed none because its hand-written backward
   computes the bias gradient from the dy that g-bar's backward has just all-gathered (every
   position); autograd computes a parameter's gradient where the parameter is used, so the torch
@@ -320,30 +320,30 @@ are not a ring's; the byte-exact comparison with tensor parallelism is our meter
 every tensor autograd keeps for backward passes through the pack hook, which books its storage's
 bytes once (q, k and v share their input: booked once), skips parameters (weights are not
 activations), and charges the block running at the time. Then the formula, derived for **this**
-model (`gpt/model.py`: pre-LN, GeLU, F = 4H, GQA, no dropout, e = the dtype's itemsize), per rank:
+model (`gpt/model.py`: pre-LN, GeLU, $F = 4H$, GQA, no dropout, $e$ = the dtype's itemsize), per rank:
 
 | tensor saved for backward | one device, or TP | TP + SP |
 |---|---|---|
-| inputs of ln1 and ln2 (the residual stream) | 2 e B T H | 2 e B T_r H |
-| LayerNorm mean and 1/std (2 per LayerNorm) | 4 e B T | 4 e B T_r |
-| inputs of the column layers (q/k/v's, fc's) | 2 e B T H | 2 e B T_r H |
-| q, k, v (k and v already repeated to nh heads), o's input | 4 e B T H / t | same |
-| softmax output | e B nh T² / t | same |
-| causal mask (bool, not per batch or head) | T² | same |
-| GeLU input, proj input | 2 e B T F / t | same |
+| inputs of ln1 and ln2 (the residual stream) | $2eBTH$ | $2eBT_rH$ |
+| LayerNorm mean and 1/std (2 per LayerNorm) | $4eBT$ | $4eBT_r$ |
+| inputs of the column layers (q/k/v's, fc's) | $2eBTH$ | $2eBT_rH$ |
+| q, k, v (k and v already repeated to nh heads), o's input | $4eBTH/t$ | same |
+| softmax output | $eB\,nh\,T^2/t$ | same |
+| causal mask (bool, not per batch or head) | $T^2$ | same |
+| GeLU input, proj input | $2eBTF/t$ | same |
 
 Under SP the column layers keep only the shard of their input and all-gather it again in
 backward (the paper's §4.2.2: one more all-gather, overlapped with compute in Megatron-LM).
 With TP only, the first three rows do not shrink with t; with SP only the causal mask does not.
 
 **Selective recomputation** (`gpt_to_sp(..., recompute_attention=True)`, the paper's §5): the
-attention core softmax(q kᵀ/√hs + mask) v becomes one autograd Function that keeps only q, k and
+attention core $\mathrm{softmax}(q k^\top/\sqrt{hs} + \text{mask})\, v$ becomes one autograd Function that keeps only q, k and
 v and runs again in backward. The softmax output, the repeated k and v and the mask leave memory;
 k and v are now kept with this rank's KV heads only, so here GQA does save memory:
-2 e B T max(nkv/t, 1) hs instead of 2 e B T H/t. The max: with t > nkv the KV heads are
+$2eBT\max(nkv/t, 1)\,hs$ instead of $2eBTH/t$. The max: with $t > nkv$ the KV heads are
 replicated (Lesson 4) and each rank keeps one whole head, not a fraction of one. That is why,
-below, TP+SP+selective keeps a little *more* than 1/8 of its t = 1 bytes at t = 8 (nkv = 4:
-k and v stop shrinking after t = 4), while TP+SP keeps 1/8 plus only the causal mask."""),
+below, TP+SP+selective keeps a little *more* than $1/8$ of its t = 1 bytes at t = 8 (nkv = 4:
+k and v stop shrinking after t = 4), while TP+SP keeps $1/8$ plus only the causal mask."""),
     new_code_cell("""course = GPTConfig()                       # the trainer's default GPT: H=64, nh=8, nkv=4, F=256, 2 layers
 BATCH, SEQ = 4, 32
 ts = [1, 2, 4, 8]
@@ -370,21 +370,21 @@ fig, ax = plt.subplots(figsize=(6, 3.5))
 plot_activation_memory(ax, ts, measured, predicted)
 ax.set_title(f"course GPT, B={BATCH}, T={SEQ}, float32")
 plt.show()"""),
-    new_markdown_cell(r"""### Against Korthikanti et al.'s sbh(34 + 5as/h)
+    new_markdown_cell(r"""### Against Korthikanti et al.'s $sbh(34 + 5as/h)$
 
-Their count (16-bit activations, GPT-3 with dropout, s = T, b = B, h = H, a = nh) and ours at
-e = 2, F = 4H, term by term:
+Their count (16-bit activations, GPT-3 with dropout, $s = T$, $b = B$, $h = H$, $a = nh$) and ours at
+$e = 2$, $F = 4H$, term by term:
 
-| | Korthikanti (bytes) | ours, e = 2 | the difference |
+| | Korthikanti (bytes) | ours, $e = 2$ | the difference |
 |---|---|---|---|
-| attention, linear parts | 11 sbh | 10 sbh | their dropout mask after the output projection (1 byte per element) |
-| attention scores | 5 as²b | 2 as²b + s² | theirs: softmax output (2), dropout mask (1), dropout output (2); ours: no dropout, plus our bool causal mask |
-| MLP | 19 sbh | 18 sbh | their dropout mask after the MLP |
-| LayerNorms | 4 sbh | 4 sbh + 8 sb | LayerNorm's mean and 1/std, which they leave out |
+| attention, linear parts | $11\,sbh$ | $10\,sbh$ | their dropout mask after the output projection (1 byte per element) |
+| attention scores | $5\,as^2b$ | $2\,as^2b + s^2$ | theirs: softmax output (2), dropout mask (1), dropout output (2); ours: no dropout, plus our bool causal mask |
+| MLP | $19\,sbh$ | $18\,sbh$ | their dropout mask after the MLP |
+| LayerNorms | $4\,sbh$ | $4\,sbh + 8\,sb$ | LayerNorm's mean and 1/std, which they leave out |
 | GQA | (multi-head) | no saving | our attention repeats k and v to the nh query heads before the matmuls, and those copies are what is saved |
 
-So our model is sbh(32 + 2as/h) + 8sb + s² bytes per layer on one device, and with TP+SP
-everything but the s² mask divides by t. Their formulas, per layer, for the four models of their
+So our model is $sbh(32 + 2as/h) + 8sb + s^2$ bytes per layer on one device, and with TP+SP
+everything but the $s^2$ mask divides by t. Their formulas, per layer, for the four models of their
 Table 3: sequence s = 2048 and tensor-parallel t = 8 for all four; pipeline p = 1, 8, 35, 64;
 global batch 4, 64, 280, 512 (micro-batch 4, 1, 1, 1), i.e. 8, 64, 280, 512 GPUs."""),
     new_code_cell("""# (name, a heads, h hidden, L layers, p pipeline, global batch, b micro-batch); s = 2048, t = 8
@@ -400,15 +400,15 @@ for name, a, h, L, p, batch, b in paper:
     tp_sel, sp_sel = k(t=t, selective=True), k(t=t, sequence_parallel=True, selective=True)
     print(f"{name:<5} {none:>15.2f} {tp:>8.2f} {sp:>8.2f} {tp_sel:>8.2f} {sp_sel:>11.2f}   "
           f"{' ' * 13}{L * tp:7.1f} -> {L * sp:6.1f} GiB (x{tp / sp:.1f} less)")"""),
-    new_markdown_cell(r"""With TP alone at t = 8 a layer keeps sbh(10 + 3 + 5as/(ht)): the replicated 10 sbh (of which
-our model has 8 sbh + 8 sb) no longer shrinks, and it is 38 % of the layer's bytes for 22B
-(where the attention scores, 5as/(ht) = 13.3, are larger), 43 % for 175B (a tie: 10 against
+    new_markdown_cell(r"""With TP alone at t = 8 a layer keeps $sbh(10 + 3 + 5as/(ht))$: the replicated $10\,sbh$ (of which
+our model has $8\,sbh + 8\,sb$) no longer shrinks, and it is 38 % of the layer's bytes for 22B
+(where the attention scores, $5as/(ht) = 13.3$, are larger), 43 % for 175B (a tie: 10 against
 10) and 48 % for 530B and 1T (the largest single term, 10 against 8). Pipeline parallelism does not help here: with the 1F1B schedule the first stage keeps
-its L/p layers' activations for p micro-batches in flight, L layers' worth (each of the four runs
+its $L/p$ layers' activations for p micro-batches in flight, L layers' worth (each of the four runs
 has at least p micro-batches per step: 280 for 530B at p = 35). For the 530B model
 that is about 86 GiB per GPU with TP alone, more than an 80 GB A100 holds in total, hence full
 recomputation before this paper. TP+SP divides every term by t; with selective recomputation
-of the attention core (the 5as/h term) as well, the paper needs no other recomputation.
+of the attention core (the $5as/h$ term) as well, the paper needs no other recomputation.
 
 ## Run it on real processes
 

@@ -11,7 +11,7 @@ from lesson_notebook import write_notebook
 HERE = Path(__file__).resolve().parent
 
 cells = [
-    new_markdown_cell(r"""# Lesson 8: partially synchronized activations (CAAT-Net, 2025)
+    new_markdown_cell(r"""# Lesson 8 (ex08): partially synchronized activations (CAAT-Net, 2025)
 
 Every block of Megatron TP ends its attention and its MLP with g: an all-reduce of a
 (B, T, H) activation, forward, and another one backward. On large TP groups these all-reduces

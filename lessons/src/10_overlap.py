@@ -18,13 +18,13 @@ from lesson_notebook import write_notebook
 HERE = Path(__file__).resolve().parent
 
 cells = [
-    new_markdown_cell(r"""# Lesson 10: hiding and shrinking communication
+    new_markdown_cell(r"""# Lesson 10 (ex10): hiding and shrinking communication
 
 Lessons 2 to 9 sent the bytes tensor parallelism needs, one collective after the other, with
 one algorithm: the ring. Production TP does three more things:
 
 1. it **picks the all-reduce algorithm by message size**: a ring is bandwidth-optimal but
-   pays 2(p-1) message latencies; small messages prefer fewer, larger steps. MPICH and NCCL
+   pays $2(p-1)$ message latencies; small messages prefer fewer, larger steps. MPICH and NCCL
    carry tuning tables for this choice; we measure ours;
 2. it **hides** communication behind computation that does not depend on it: Megatron-LM
    starts the all-reduce of a column-parallel layer's input gradient and computes the weight
@@ -39,7 +39,8 @@ overlapping layer), `collective_matmul.py` and `collective_matmul_nn.py` (the fu
 and torch). Exercise 10 (`exercises/ex10_recursive_halving_doubling.py`) asks you to
 write one of the algorithms.
 
-Legend: p ranks, N bytes of the array, alpha seconds per message, beta seconds per byte."""),
+Legend: p ranks, N bytes of the array, $\alpha$ seconds per message, $\beta$ seconds per byte,
+$\gamma$ seconds per byte added."""),
     new_code_cell("""import sys, json
 from pathlib import Path
 if not (Path.cwd() / "tp_from_scratch").is_dir():  # run from lessons/: make the package importable
@@ -61,13 +62,13 @@ from tp_from_scratch.testing import random_array, rank_rng"""),
 
 | algorithm | messages per rank | bytes sent per rank | idea |
 |---|---|---|---|
-| ring (Lesson 2) | 2(p-1) | 2(p-1)/p N | reduce-scatter then all-gather around a ring |
-| recursive doubling | log2 p | N log2 p | partners 1, 2, 4... apart swap whole partial sums |
-| Rabenseifner | 2 log2 p | 2(p-1)/p N | reduce-scatter by recursive **halving**, all-gather by doubling |
-| segmented ring | 2(p-1) x segments | 2(p-1)/p N | the ring, each chunk cut into segments that flow as a pipeline |
+| ring (Lesson 2) | $2(p-1)$ | $2\frac{p-1}{p}N$ | reduce-scatter then all-gather around a ring |
+| recursive doubling | $\log_2 p$ | $N\log_2 p$ | partners 1, 2, 4... apart swap whole partial sums |
+| Rabenseifner | $2\log_2 p$ | $2\frac{p-1}{p}N$ | reduce-scatter by recursive **halving**, all-gather by doubling |
+| segmented ring | $2(p-1) \times$ segments | $2\frac{p-1}{p}N$ | the ring, each chunk cut into segments that flow as a pipeline |
 
 (for p a power of two). When p is not, recursive doubling and Rabenseifner first **fold**:
-with p2 the largest power of two not above p (p2 = p when p is one), the first 2(p - p2) ranks pair up, the even one
+with $p_2$ the largest power of two not above p ($p_2 = p$ when p is one), the first $2(p - p_2)$ ranks pair up, the even one
 hands its array to the odd one and sits out, and gets the result back at the end: one
 whole-array message more each way.
 
@@ -100,9 +101,9 @@ The segmented ring (default segments of 256 KiB) is the ring itself on arrays th
 
 `.venv/bin/python -m tp_from_scratch.bench algorithms` times every algorithm and the backend's native
 all-reduce from 8 B to 64 MiB, taking turns call by call (the machine is shared; each time is
-the fastest of its calls). Solid lines: measured; dashed: the alpha-beta-gamma prediction
-(`algorithms.predicted_seconds`: alpha per message, beta per byte sent, gamma per byte
-added) with alpha, beta and gamma **fitted** to these measurements (`figures.fit_alpha_beta_gamma`)."""),
+the fastest of its calls). Solid lines: measured; dashed: the $\alpha$-$\beta$-$\gamma$ prediction
+(`algorithms.predicted_seconds`: $\alpha$ per message, $\beta$ per byte sent, $\gamma$ per byte
+added) with $\alpha$, $\beta$ and $\gamma$ **fitted** to these measurements (`figures.fit_alpha_beta_gamma`)."""),
     new_code_cell("""table = json.loads((REPO / "lessons/measurements/allreduce_algorithms.json").read_text())
 backends = sorted(table["measured"])
 world_sizes = sorted({int(p) for backend in backends for p in table["measured"][backend]})
@@ -124,20 +125,20 @@ for (backend, p), (alpha, beta, gamma) in fits.items():
           + (f"{1 / gamma / 1e9:5.2f} GB/s added" if gamma else "inf (no cost per byte added)"))"""),
     new_markdown_cell(r"""What the curves say:
 
-* **small messages** cost alpha per round: recursive doubling (log2 p rounds) beats the ring
-  (2(p-1) rounds) by the ratio of their rounds; at p = 2 it sends one message instead of two.
-* **large messages** cost beta per byte sent and gamma per byte added: recursive doubling
-  sends and adds N log2 p bytes per rank, the ring and Rabenseifner send 2(p-1)/p N and add
-  (p-1)/p N, so beyond the crossover the ring wins. At p = 2 both send N bytes: only the
-  additions (N against N/2) make the ring win for large arrays, which an alpha-beta model
-  without gamma cannot predict. Rabenseifner sends
-  the ring's bytes in fewer rounds (2 log2 p instead of 2(p-1)): at p = 2 it *is* the ring,
+* **small messages** cost $\alpha$ per round: recursive doubling ($\log_2 p$ rounds) beats the ring
+  ($2(p-1)$ rounds) by the ratio of their rounds; at p = 2 it sends one message instead of two.
+* **large messages** cost $\beta$ per byte sent and $\gamma$ per byte added: recursive doubling
+  sends and adds $N\log_2 p$ bytes per rank, the ring and Rabenseifner send $2\frac{p-1}{p}N$ and add
+  $\frac{p-1}{p}N$, so beyond the crossover the ring wins. At p = 2 both send N bytes: only the
+  additions ($N$ against $N/2$) make the ring win for large arrays, which an $\alpha$-$\beta$ model
+  without $\gamma$ cannot predict. Rabenseifner sends
+  the ring's bytes in fewer rounds ($2\log_2 p$ instead of $2(p-1)$): at p = 2 it *is* the ring,
   at p = 4 it can win at a few MiB, where rounds and bytes both count.
 * the **segmented ring** pays a Python round trip per segment: on a CPU, where the "link" is a
   memcpy and no engine reduces one segment while the next is in flight, its pipeline buys
   nothing. NCCL's ring is segmented because on a GPU the slices of a pipeline really run at once.
 * ranks **oversubscribe** 2 cores at p = 4: a message waits for the peer's time slice, and
-  alpha grows from tens of microseconds to milliseconds.
+  $\alpha$ grows from tens of microseconds to milliseconds.
 
 The predicted crossover (where the fitted lines of recursive doubling and the ring cross)
 against the one the selector uses (measured winners, each size judged with its neighbours):"""),
@@ -154,12 +155,12 @@ print()
 print("the commands that measured them:", *table["command"], sep="\\n  ")"""),
     new_markdown_cell(r"""Which columns to trust: the **measured rules**. The predicted crossovers come from three
 fitted numbers per panel, and on a shared 2-core machine the fits are poor physics: at
-MPIComm p = 4 alpha comes out at 2 ms per message (4 ranks take turns on 2 cores, so a message
-waits for its peer's time slice), at p = 3 gamma fits to 0, and TorchComm p = 3's predicted
+MPIComm p = 4 $\alpha$ comes out at 2 ms per message (4 ranks take turns on 2 cores, so a message
+waits for its peer's time slice), at p = 3 $\gamma$ fits to 0, and TorchComm p = 3's predicted
 crossover (about 78 KB) is 50 times below the measured switch at 4 MiB (p = 2: 8 MiB predicted,
 4 MiB measured). Where two algorithms are within the noise of each other the measured winner
 can flip from size to size: MPIComm p = 3's rules change algorithm five times. The fits show
-the *shape* of the alpha-beta-gamma argument; the selector uses the measurements. A rule
+the *shape* of the $\alpha$-$\beta$-$\gamma$ argument; the selector uses the measurements. A rule
 [n, name] covers every message of **up to and including** n bytes (the row before it ends
 below): at MPIComm p = 3, 4096 B picks the ring, and at p = 2, 1 MiB picks recursive doubling."""),
     new_markdown_cell(r"""`algorithms.all_reduce(comm, x)` is the selector: it looks up the measured rules for the
@@ -168,7 +169,7 @@ the same choice because it depends only on N, p and the backend. Measured here: 
 (more ranks than 4 oversubscribe two cores so far that the timings say more about the scheduler
 than the algorithm). An unmeasured p takes the rules of the **nearest measured p** (the larger
 one on a tie): p = 5, 6, 7, 8... use p = 4's. That is a guess with a reason: what decides the
-crossover is the number of rounds (log2 p against 2(p-1)) and whether p is a power of two
+crossover is the number of rounds ($\log_2 p$ against $2(p-1)$) and whether p is a power of two
 (folding costs two whole-array messages), and p = 4 is the measured case closest in both; an
 MPICH or NCCL tuning table is measured per p and per machine for the same reason. On a shared
 machine the small sizes are noisy: the rules may switch between algorithms whose times differ
@@ -179,10 +180,10 @@ damps this)."""),
                                for backend, p in fits})"""),
     new_markdown_cell(r"""## 3. Hiding the all-reduce behind the weight gradient
 
-A column-parallel layer Y_i = X W_i^T (X replicated) needs in backward
+A column-parallel layer $Y_i = X W_i^\top$ ($X$ replicated) needs in backward
 
-* dX_i = dY_i W_i, a **Partial** sum: f's backward all-reduces it;
-* dW_i = dY_i^T X, this rank's own: no communication, and it does not need dX.
+* $dX_i = dY_i W_i$, a **Partial** sum: f's backward all-reduces it;
+* $dW_i = dY_i^\top X$, this rank's own: no communication, and it does not need dX.
 
 So backward can **start** the all-reduce of dX, compute dW while it is in flight, and **wait**
 only then (Megatron-LM's `LinearWithGradAccumulationAndAsyncCommunication`).
@@ -228,7 +229,7 @@ overlap buys at most the waiting, and the noise is of the same size.
 
 On a GPU node the interconnect has engines of its own (NVLink, copy engines; NCCL borrows a
 few SMs, ignored here): the all-reduce and the dW matmul really run at the same time, and
-the exposed time drops to max(0, all-reduce - dW). The alpha-beta-gamma model
+the exposed time drops to $\max(0,\ \text{all-reduce} - dW)$. The $\alpha$-$\beta$-$\gamma$ model
 (`linear.predicted_backward`), for the same layer with the planner's H100 NVLink profile,
 against the same model with the CPU numbers fitted above and one core doing both:"""),
     new_code_cell("""from tp_from_scratch.cost import planner
@@ -268,13 +269,13 @@ similar times, nothing when either dominates.
 With sequence parallelism (Lesson 7) a column-parallel layer **all-gathers** its input along T
 and then multiplies; a row-parallel layer multiplies and then **reduce-scatters** along T. Here
 no independent work waits to hide the collective behind: the matmul needs the gathered input.
-But both collectives are Lesson 2's rings of p - 1 steps, and each step carries one sequence
+But both collectives are Lesson 2's rings of $p - 1$ steps, and each step carries one sequence
 chunk, which is all the matmul of *that chunk's rows* needs. So interleave them:
 
-* **all-gather -> matmul**: at step s, rank r multiplies chunk (r - s) mod p (its own first)
-  while sending that chunk on to rank r+1 and receiving chunk (r - s - 1) from rank r-1;
+* **all-gather -> matmul**: at step s, rank r multiplies chunk $(r - s) \bmod p$ (its own first)
+  while sending that chunk on to rank $r+1$ and receiving chunk $(r - s - 1)$ from rank $r-1$;
 * **matmul -> reduce-scatter**: rank r multiplies the chunk whose partial sum is on its way from
-  rank r-1, adds the partial when it arrives, and sends it on; after p - 1 steps chunk r is
+  rank $r-1$, adds the partial when it arrives, and sends it on; after $p - 1$ steps chunk r is
   complete on rank r, exactly as in `collectives.reduce_scatter`.
 
 The picture is drawn from a real run of both loops on 3 simulated ranks with tagged data (as in
@@ -337,9 +338,9 @@ fig.tight_layout()"""),
     new_markdown_cell(r"""On two CPU cores the same limit holds as for the backward overlap: moving a chunk is a copy
 that needs the rank's core, so the fused loop hides only the time a rank would spend *waiting*
 for its neighbour, and repeated runs move by as much as the gain. On a GPU node the chunk moves
-over NVLink while the tensor cores multiply the previous one. The alpha-beta-gamma model
+over NVLink while the tensor cores multiply the previous one. The $\alpha$-$\beta$-$\gamma$ model
 (`collective_matmul.predicted_all_gather_matmul`) of one all-gather -> matmul, for the measured
-shape on the CPU (alpha and beta fitted in section 2, one core doing both) next to a
+shape on the CPU ($\alpha$ and $\beta$ fitted in section 2, one core doing both) next to a
 Llama-3-70B-like layer on 8 H100s (bf16, the planner's NVLink profile, an engine of its own):"""),
     new_code_cell("""measured = {row["variant"]: row for row in cm_rows
             if row["op"] == "all-gather->matmul" and row["group"].startswith("scratch")}

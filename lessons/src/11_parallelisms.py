@@ -18,7 +18,7 @@ from lesson_notebook import write_notebook
 HERE = Path(__file__).resolve().parent
 
 cells = [
-    new_markdown_cell(r"""# Lesson 11: tensor parallelism among the parallelisms
+    new_markdown_cell(r"""# Lesson 11 (ex11): tensor parallelism among the parallelisms
 
 Tensor parallelism is one of several ways to spread training over devices, and it is worth
 telling apart from its neighbours. In short: pipeline parallelism cuts the network **by depth**, and the
@@ -72,10 +72,10 @@ print(f"the comparison's GPT: {parameter_count(config):,} parameters, L={config.
 
 | | what a rank holds | what it sends per step | who waits |
 |---|---|---|---|
-| **DP** (DDP) | the whole model, its gradients and optimizer state; B/dp of the batch | one all-reduce of all N gradients (bucketed, overlapped with backward) | nobody, if the all-reduce hides behind backward |
-| **ZeRO-1 / 2** | the whole model; 1/dp of the optimizer state (ZeRO-2: of the gradients too) | reduce-scatter of the gradients + all-gather of the parameters | as DP |
-| **PP** | L/p blocks, whole | one activation (B/m, T, H) per micro-batch to the next stage, one gradient back | the other stages, during the fill and drain: the bubble |
-| **TP** | 1/t of every layer | all-reduces of (B, T, H) in every layer, forward and backward | every rank, at every all-reduce |
+| **DP** (DDP) | the whole model, its gradients and optimizer state; $B/dp$ of the batch | one all-reduce of all N gradients (bucketed, overlapped with backward) | nobody, if the all-reduce hides behind backward |
+| **ZeRO-1 / 2** | the whole model; $1/dp$ of the optimizer state (ZeRO-2: of the gradients too) | reduce-scatter of the gradients + all-gather of the parameters | as DP |
+| **PP** | $L/p$ blocks, whole | one activation (B/m, T, H) per micro-batch to the next stage, one gradient back | the other stages, during the fill and drain: the bubble |
+| **TP** | $1/t$ of every layer | all-reduces of (B, T, H) in every layer, forward and backward | every rank, at every all-reduce |
 
 FSDP (ZeRO-3) goes one step further than ZeRO-2: it shards the weights too and all-gathers
 each layer just before using it (forward and again in backward). We stop at ZeRO-2.
@@ -89,7 +89,7 @@ does by default (order "tp-dp-pp", read from the inside out):
 
 TP varies fastest, so a TP group is consecutive ranks, which `torchrun` puts on one node: TP
 talks in every layer and gets NVLink. DP groups are ranks tp apart inside a pipeline stage;
-pipeline stages are dp*tp apart, across nodes, where the traffic is smallest (one activation
+pipeline stages are $dp \cdot tp$ apart, across nodes, where the traffic is smallest (one activation
 per micro-batch, point to point). With pp = 1 this is exactly Lesson 6's dp x tp mesh."""),
     new_code_cell("""dp, pp, tp = 2, 2, 2
 for kind, members in groups(dp, pp, tp).items():
@@ -127,8 +127,8 @@ gradients go round once, reduced, and the parameters come back in the second hal
 the averaged gradients. ZeRO-1 and ZeRO-2 differ in memory only.
 
 The naive first version of ZeRO-1 all-reduces the whole gradient and then uses a quarter of it
-(`ZeroOptimizer(..., gradient_reduce="all_reduce")`): the all-reduce alone is DP's 2(dp-1)/dp N,
-and the all-gather adds (dp-1)/dp N, **1.5x** DP's bytes, for an average each rank mostly throws
+(`ZeroOptimizer(..., gradient_reduce="all_reduce")`): the all-reduce alone is DP's $2\frac{dp-1}{dp}N$,
+and the all-gather adds $\frac{dp-1}{dp}N$, **1.5x** DP's bytes, for an average each rank mostly throws
 away. DeepSpeed first shipped ZeRO-1 that way and later moved to the partition-aware reduce
 ("ZeRO stage 1 with reduced communication": 1.5x -> 1x of data parallelism). Below: ZeRO on 3
 simulated ranks (58 parameters do not split evenly into 3) against unsharded
@@ -155,7 +155,7 @@ for label, run in (("DP (all-reduce)", dp_step),
           ", ".join(f"{k} {v.bytes_sent} B" for k, v in sorted(traffic.items())) + ")")
 assert sent["ZeRO-1"] == sent["ZeRO-2"] == sent["DP (all-reduce)"] and 2 * sent["ZeRO-1 naive"] == 3 * sent["ZeRO-1"]"""),
     new_markdown_cell(r"""The optimizer state splits 320 + 320 + 288 = 928 bytes, the 928 of unsharded AdamW (58
-parameters x 2 states x 8 bytes). What each rank holds, drawn for the comparison's GPT at dp=4:
+parameters $\times$ 2 states $\times$ 8 bytes). What each rank holds, drawn for the comparison's GPT at dp=4:
 every rank holds all weights (W); ZeRO-1 keeps 1/4 of the optimizer state (O); ZeRO-2 also
 keeps only that quarter of the gradients (G) after the step. The chunks follow the flattened
 parameter order, so a chunk boundary falls wherever it falls, inside a block."""),
@@ -163,7 +163,7 @@ parameter order, so a chunk boundary falls wherever it falls, inside a block."""
     draw_holdings(config, dp=4, zero=zero)
 plt.show()"""),
     new_markdown_cell(r"""**Why not FSDP?** Count the model state per rank in mixed precision (2 bytes of weights, 2
-of gradients, 12 of optimizer state per parameter: the paper's K = 12) for the ZeRO paper's
+of gradients, 12 of optimizer state per parameter: the paper's $K = 12$) for the ZeRO paper's
 example, 7.5B parameters on 64 DP ranks, and for an 8B model on one 8-GPU node with 80 GB
 each (`cost.zero_model_state_bytes`; the paper's Figure 1 gives 120, 31.4, 16.6 and 1.9 GB):"""),
     new_code_cell("""print(f"{'model, dp':<16} {'DP':>8} {'ZeRO-1':>8} {'ZeRO-2':>8} {'FSDP/ZeRO-3':>12}   (GB of model state per rank)")
@@ -186,7 +186,7 @@ one tensor moves, point to point: the activations `(B/m, T, H)` of a micro-batch
 (`send`/`recv`), their gradient backward. No collective at all.
 
 The batch is cut into m **micro-batches** so that stages can work at the same time. Micro-batch
-i holds B_i of the B sequences; its mean loss counts with weight B_i/B, so the summed losses
+i holds $B_i$ of the $B$ sequences; its mean loss counts with weight $B_i/B$, so the summed losses
 and the gradients accumulated over the micro-batches are exactly those of the whole batch.
 With tied embeddings, the last stage keeps a copy of `wte` for the head; the first and last
 stage add each other's gradient of it after the backwards (Megatron-LM's "embedding group").
@@ -202,9 +202,9 @@ print("1F1B, p=3, m=4:")
 print(format_schedule(one_f_one_b(3, 4)))"""),
     new_markdown_cell(r"""**GPipe** runs all forwards, then all backwards: every stage keeps the saved activations of
 all m micro-batches until its first backward. **1F1B** ("one forward, one backward"): stage s
-runs a warm-up of min(p-1-s, m) forwards (the micro-batches that must pass it before the first
+runs a warm-up of $\min(p-1-s,\ m)$ forwards (the micro-batches that must pass it before the first
 comes back from the last stage), then alternates one forward and one backward, then drains
-the remaining backwards; it never holds more than min(p-s, m) micro-batches. Sends return at
+the remaining backwards; it never holds more than $\min(p-s,\ m)$ micro-batches. Sends return at
 once, receives wait; `check_schedule` verifies every rule (each micro-batch forwarded before
 its backward, each send matched by the neighbour's receive in order, no deadlock).
 
@@ -224,8 +224,8 @@ for schedule in ("gpipe", "1f1b"):
 1F1B no longer grows with m, which is why every large-scale pipeline uses it. The idle time is
 the same for both: at the start the later stages wait for the first micro-batch to arrive, at
 the end the earlier stages wait for the last gradient. On an ideal clock (messages free,
-every forward and backward the same length) each stage idles p-1 slots out of m+p-1:
-the **bubble** (p-1)/(m+p-1). More micro-batches shrink it; each box below is one
+every forward and backward the same length) each stage idles $p-1$ slots out of $m+p-1$:
+the **bubble** $(p-1)/(m+p-1)$. More micro-batches shrink it; each box below is one
 micro-batch's forward (light) or backward (dark), the white is the bubble:"""),
     new_code_cell("""draw_schedules(4, 8)
 plt.show()
@@ -241,7 +241,7 @@ last end. Measured on a quiet machine, it follows the formula at m = 1 (0.50) an
 equally long (the last one also computes the LM head and the loss), a backward is not exactly
 twice a forward, and every message is a copy through gloo that takes the sender's own core, a
 cost paid per micro-batch that the formula leaves out. The counts of micro-batches in flight and
-their bytes are exact: GPipe holds all m, 1F1B at most p - s."""),
+their bytes are exact: GPipe holds all m, 1F1B at most $p - s$."""),
     new_code_cell("""PIPE = json.loads((REPO / "lessons/measurements/pipeline_bubble.json").read_text())
 print(f"{'schedule':8} {'m':>2} {'bubble':>7} {'(p-1)/(m+p-1)':>14}  in flight per stage  saved activations per stage (MiB)")
 for r in PIPE:
@@ -255,7 +255,7 @@ for ax, name in zip(axes, ("gpipe", "1f1b")):
 fig.tight_layout()
 plt.show()"""),
     new_markdown_cell(r"""The pipeline composes with TP: build each stage from the TP GPT (`gpt_to_tp`) on the stage's TP
-group, and ranks lay out as rank = stage * t + tp_rank (TP innermost, inside a node). The same
+group, and ranks lay out as $\mathrm{rank} = \mathrm{stage} \cdot t + \mathrm{tp\_rank}$ (TP innermost, inside a node). The same
 check runs pp=2 x tp=2 on 4 processes, on both process backends:
 
     .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.parallelisms.check pipeline --tp 2
@@ -288,7 +288,7 @@ shows the rank holding the most memory and the rank sending the most bytes:
   (`parallelisms/cost.py`; the test suite checks every rank's bytes and weight, gradient and
   optimizer bytes against it exactly);
 * **step ms**: median step time; **bubble**: idle share of the stages' time from their
-  timestamps, beside (p-1)/(m+p-1)."""),
+  timestamps, beside $(p-1)/(m+p-1)$."""),
     new_code_cell("""print(f"measured {MEASURED['date']} on {MEASURED['cores']} cores, torch {MEASURED['torch']}: "
       f"{MEASURED['command']}")
 print(table(MEASURED["rows"]))
@@ -314,8 +314,8 @@ for ax in (a, b):
 fig.tight_layout(); plt.show()"""),
     new_markdown_cell(r"""What the table says, for this model (bytes: what a ring algorithm sends, KiB per step):
 
-* **DP** holds everything on every rank (weights + gradients + 2x optimizer state = 4N floats)
-  and sends one all-reduce of the N gradients per step: 2(p-1)/p N = 1.5 N at p = 4.
+* **DP** holds everything on every rank (weights + gradients + 2x optimizer state = $4N$ floats)
+  and sends one all-reduce of the N gradients per step: $2\frac{p-1}{p}N = 1.5N$ at p = 4.
 * **ZeRO-1/2** keep the weights and cut the optimizer column to a quarter (plus the chunk's flat
   master copy, counted under weights: 741 + 185 KiB). Their grads column: ZeRO-1 keeps every
   parameter's gradient (741 KiB, as DP) **plus** the gradient buffer of its chunk (185 KiB, the
@@ -345,7 +345,7 @@ fig.tight_layout(); plt.show()"""),
   on half the batch, a third of tp4's TP bytes, plus a DP all-reduce of half the model;
   pp2xtp2 sends TP all-reduces inside each stage and a few activations between the two.
 * **Bubble**: on the pipelines the stages' timestamps show most of the time idle, far above
-  (p-1)/(m+p-1). That is this machine, not the schedule: 4 processes on 2 shared cores, and
+  $(p-1)/(m+p-1)$. That is this machine, not the schedule: 4 processes on 2 shared cores, and
   micro-batches so small (one sequence of 32 tokens) that a send and a receive through gloo cost
   as much as a block's forward. The schedules themselves leave exactly the formula's bubble on
   an ideal clock, and section 5's 2-process pipeline (one process per core, H=256, 64 tokens per
@@ -367,7 +367,7 @@ cost model with a link profile (Lesson 9) to predict those.
   and it pays for it with all-reduces in every layer; Lesson 9's crossover says how large t
   can be before communication dominates, and it is within NVLink reach.
 * **The model is deep and must span nodes: PP across nodes**, with enough micro-batches to make
-  the bubble small (m >= 4p keeps it under 20 %) and 1F1B to bound the activations.
+  the bubble small ($m \ge 4p$ keeps it under 20 %) and 1F1B to bound the activations.
 * Big models use all three: TP inside the node, PP across nodes, DP (or ZeRO/FSDP) over the
   copies: the 3-D mesh of section 2.
 
@@ -396,7 +396,7 @@ for name, kw, tp_link, p2p_link in (
           f"{p2p * p2p_link * 1e3:>6.1f} ms")"""),
     new_markdown_cell(r"""(TP time: a ring all-reduce sends about twice its payload; latency terms left out; no
 overlap. The pipeline's bytes include 0.32 MB of the stand-in's tied head: the bf16 gradient of
-a rank's eighth of the 1000 x 1280 embedding, exchanged between the first and the last stage,
+a rank's eighth of the $1000 \times 1280$ embedding, exchanged between the first and the last stage,
 which a real ViT would not send.) TP's traffic is gigabytes per step, the pipeline's megabytes: put TP across the
 nodes and it costs about ten times more time than on NVLink, while the pipeline's messages
 barely notice InfiniBand. TP on NVLink, the pipeline's small messages across nodes. This is why the layout of section 2 puts TP innermost."""),
@@ -415,7 +415,7 @@ ends differ (`pipeline.pieces_of` names them for each model):
 The pipeline's messages are the activations (B/m, P+1, H) going forward and their gradients
 going back, one per micro-batch: these are what crosses the nodes. Inside a stage, build it
 from `vit_to_tp(tp_group, vit)`: the blocks' heads and ffn are split over the node's t GPUs and
-their all-reduces stay on NVLink. With rank = stage * t + tp_rank (section 2), pp=2 x tp=8 on
+their all-reduces stay on NVLink. With $\mathrm{rank} = \mathrm{stage} \cdot t + \mathrm{tp\_rank}$ (section 2), pp=2 x tp=8 on
 two 8-GPU nodes puts stage 0 on node 0 and stage 1 on node 1. The patch embedding, class
 token, positions, norm and classifier stay replicated: their inputs are Replicated, so their
 gradients come out equal on every TP rank with no collective (the check below compares them).

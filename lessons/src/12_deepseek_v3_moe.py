@@ -13,7 +13,7 @@ from lesson_notebook import write_notebook
 HERE = Path(__file__).resolve().parent
 
 cells = [
-    new_markdown_cell(r"""# Lesson 12: DeepSeek-V3 — tensor parallelism meets mixture-of-experts
+    new_markdown_cell(r"""# Lesson 12 (ex12): DeepSeek-V3 — tensor parallelism meets mixture-of-experts
 
 Every lesson so far split a dense model with tensor parallelism. DeepSeek-V3, a
 mixture-of-experts model, was trained without it. Its technical report (arXiv 2412.19437)

@@ -23,14 +23,14 @@ import argparse
 import importlib.metadata
 import os
 import platform
-import random
 import sys
 
 import torch
 
 from tp_from_scratch.verify.report import (COULD_NOT_RUN, NOTHING_CHECKED, exit_status, summary,
                                            table, write_json)
-from tp_from_scratch.verify.supervisor import Config, CouldNotRun, run_world
+from tp_from_scratch.verify.adapter import CONTRACT
+from tp_from_scratch.verify.supervisor import RESTARTS, Config, CouldNotRun, run_world
 
 VERSIONED = ("torch", "numpy", "megatron-core", "transformers")
 
@@ -44,15 +44,20 @@ def _parser():
                         "(under torchrun: its WORLD_SIZE)")
     parser.add_argument("--json", help="also write the schema, the run's metadata and every row here")
     parser.add_argument("--dtypes", default="float64,float32", help="comma-separated torch dtypes")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="seed of the random shapes and values (default: drawn, and printed)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the random shapes and values (default 0, always printed)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                         help="cpu (gloo) or cuda (nccl, one GPU per process)")
     parser.add_argument("--check-timeout", type=float, default=10.0,
                         help="seconds the ranks may fall apart within one check before it is "
                              "reported stuck and fresh workers take over")
+    parser.add_argument("--restarts", type=int, default=RESTARTS,
+                        help="fresh starts of the workers one adapter may cost (a deadlock, ranks out "
+                             "of step) before its remaining checks are given up; default %(default)s")
     parser.add_argument("--timeout", type=float, default=None, help=argparse.SUPPRESS)  # old flag
     parser.add_argument("--verbose", action="store_true", help="print each exception's traceback")
+    parser.add_argument("--failures-only", action="store_true",
+                        help="the table shows the ERROR and FAIL rows alone (the summary is the same)")
     return parser
 
 
@@ -64,6 +69,8 @@ def _refuse(code, message):
 def _launches(args):
     """[(world, group_size)] to run, or an exit code and message."""
     default = os.environ.get("WORLD_SIZE", "2") if "RANK" in os.environ else "2,3,4,2of4"
+    if args.t is not None and not args.t.strip():
+        return None, (COULD_NOT_RUN, f"--t {args.t!r}: no launch given (e.g. --t 3 or --t 2,2of4)")
     text = args.t or default
     launches = []
     for entry in text.split(","):
@@ -91,7 +98,8 @@ def _metadata(args, launches, dtypes):
     return dict(command=sys.argv, adapters=args.adapters, versions=versions,
                 launches=",".join(f"{g}" if w == g else f"{g}of{w}" for w, g in launches),
                 t=sorted({g for _, g in launches}), dtypes=dtypes, seed=args.seed,
-                device=args.device, check_timeout=args.check_timeout)
+                device=args.device, check_timeout=args.check_timeout, restarts=args.restarts,
+                contract=CONTRACT)
 
 
 def main(argv=None):
@@ -119,26 +127,28 @@ def main(argv=None):
         return _refuse(COULD_NOT_RUN, f"--json {args.json}: its folder does not exist")
     if args.check_timeout <= 0:
         return _refuse(COULD_NOT_RUN, f"--check-timeout {args.check_timeout}: must be positive")
+    if args.restarts < 0:
+        return _refuse(COULD_NOT_RUN, f"--restarts {args.restarts}: must be 0 or more")
     if args.device == "cuda":
         need, have = max(w for w, _ in launches), torch.cuda.device_count()
         if have < need:
             return _refuse(NOTHING_CHECKED, f"--device cuda: SKIP, the launches need {need} GPUs "
                            f"(one per process) and this machine has {have}")
-    args.seed = random.SystemRandom().randrange(10**6) if args.seed is None else args.seed
     metadata = _metadata(args, launches, dtypes)
-    print(f"verify: t = {metadata['launches']}; seed {args.seed} (--seed {args.seed} reproduces)",
-          flush=True)
-    config = Config(args.adapters, dtypes, args.seed, args.device, args.check_timeout)
-    rows = []
+    print(f"verify: t = {metadata['launches']}; seed {args.seed} (--seed {args.seed} reproduces); "
+          f"contract {CONTRACT}", flush=True)
+    config = Config(args.adapters, dtypes, args.seed, args.device, args.check_timeout,
+                    restarts=args.restarts)
+    rows, declared = [], {}
     try:
         for world, group_size in launches:
-            rows += run_world(config, world, group_size)
+            rows += run_world(config, world, group_size, declared)
     except CouldNotRun as error:
         return _refuse(COULD_NOT_RUN, str(error))
-    print(table(rows, verbose=args.verbose))
-    print(summary(rows, metadata))
+    print(table(rows, verbose=args.verbose, failures_only=args.failures_only))
+    print(summary(rows, metadata, declared))
     if args.json:
-        write_json(rows, args.json, metadata)
+        write_json(rows, args.json, metadata, declared)
     return exit_status(rows)
 
 

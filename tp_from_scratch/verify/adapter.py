@@ -15,7 +15,8 @@
         sp_gather=..., sp_scatter=...,                            # mapping(group, x) on dim 1 (T)
         sp_layernorm=lambda group, norm: module,                  # LayerNorm on a sequence shard
         sp_block=lambda group, block: module,                     # a verify.sp.Block, sequence-parallel
-        expected_failures={"g/inputs untouched": "in place by design"},
+        expected_failures={"g/inputs untouched": "in place by design"},   # per check (contract 3)
+        contract=3,                                               # the version it was written for
     )
 
 The whole contract, with a complete adapter for a library written from scratch, is in
@@ -25,9 +26,19 @@ lo:hi of it, a row layer columns lo:hi, with [lo, hi) = layout(n, rank, t)); ``f
 returns one tensor. Every field but ``name`` may be left out: the checks that need it report
 NOT PROVIDED. A check needing a feature missing from ``supports`` reports SKIP (``supports``
 is opt-out: leaving it out claims every feature but "comm"). ``expected_failures`` maps
-"component/check" patterns (fnmatch: "scatter/*", "*/default init") to the reason; a FAIL
-or ERROR row they match reads XFAIL with that reason. "comm" in supports: the library takes
-one of our Comms as ``group``, so the suite can also run it on simulated ranks (run_spmd).
+patterns of the checks the library fails on purpose to the reason: "component/check" (fnmatch:
+"scatter/*", "*/default init") names a check wherever it is measured ("g/inputs untouched":
+g's inputs-untouched quantity in every g row), "component/row/check" the check inside one
+row ("column/4-D input/exception"). A row whose every failing check is expected reads XFAIL;
+one that passes although a pattern expected a failure reads XPASS. "comm" in supports: the
+library takes one of our Comms as ``group``, so the suite can also run it on simulated ranks
+(run_spmd).
+
+The contract is versioned (CONTRACT, CHANGES below; docs/verify.md section 2 says what each
+version changed). ``contract`` is the version an adapter was written for (default: the current
+one). An adapter declaring an older one runs unchanged: its expected_failures keep their old
+meaning (a "component/row" pattern covers the whole row) and every row of a check added since
+says so in its detail.
 """
 import fnmatch
 import math
@@ -37,6 +48,23 @@ from typing import Callable, Optional
 from tp_from_scratch.sharding import shard_range
 
 FEATURES = ("uneven", "gather_output", "scatter_input", "padding_idx", "ignore_index", "comm")
+
+CONTRACT = 3
+# what each version of the contract changed (docs/verify.md section 2 has the same list)
+CHANGES = {
+    2: "default init compared across t (not with nn.Linear's draw); input variants (2-D, 4-D, bias=False, "
+       "non-contiguous, two passes, uneven sizes on every path, random shapes); the SP fields sp_gather, "
+       "sp_scatter, sp_layernorm, sp_block, whose T is split by layout and covered by 'uneven'; "
+       "expected_failures by row",
+    3: "expected_failures by check: 'component/check' names a check wherever it is measured, "
+       "'component/row/check' one row's (a 'component/row' pattern covered the whole row); XPASS; new checks: "
+       "two forwards before the backwards (column, row, embedding, sp layernorm, sp block), forward under "
+       "torch.no_grad and torch.inference_mode (every component), the SP block's fc1 output over the whole "
+       "sequence in order (token order); severities error (raised, hung) and placement (memory) apart from value",
+}
+# the checks a row may measure (the last part of an expected_failures pattern)
+CHECKS = ("forward", "grad input", "grad weight", "grad bias", "SGD step", "AdamW step", "inputs untouched",
+          "fresh output", "collectives", "default init", "no-grad forward", "exception")
 
 
 def chunk_range(n, rank, t):
@@ -67,6 +95,7 @@ class Adapter:
     sp_layernorm: Optional[Callable] = None
     sp_block: Optional[Callable] = None
     expected_failures: dict = field(default_factory=dict)
+    contract: Optional[int] = None
 
     def __post_init__(self):
         unknown = set(self.supports) - set(FEATURES)
@@ -78,10 +107,37 @@ class Adapter:
             if "/" not in pattern or not str(reason).strip():
                 raise ValueError(f"adapter {self.name!r}: expected_failures[{pattern!r}] needs a "
                                  f"'component/check' pattern and a reason, got {reason!r}")
+        if self.contract is not None and not 1 <= self.contract <= CONTRACT:
+            raise ValueError(f"adapter {self.name!r}: contract {self.contract}: this suite knows 1 to {CONTRACT}")
+        self.contract = CONTRACT if self.contract is None else self.contract
 
-    def expected_failure(self, component, check):
-        """The reason the adapter gave for expecting this check to fail, or None."""
+    def expected_failure(self, component, row, check=None):
+        """(reason, pattern) of the expectation that ``check`` (a quantity's check, see CHECKS)
+        of this row fails, or None. Contract 3: "component/check" matches the check,
+        "component/row/check" the check in that row. An adapter of an older contract: a
+        "component/row" pattern matches the whole row, whatever fails in it."""
         for pattern, reason in self.expected_failures.items():
-            if fnmatch.fnmatchcase(f"{component}/{check}", pattern):
-                return reason
+            parts = pattern.split("/")
+            if not fnmatch.fnmatchcase(component, parts[0]):
+                continue
+            if self.contract < 3:
+                if fnmatch.fnmatchcase(row, "/".join(parts[1:])):
+                    return reason, pattern
+            elif len(parts) == 2 and check is not None and fnmatch.fnmatchcase(check, parts[1]):
+                return reason, pattern
+            elif len(parts) >= 3 and fnmatch.fnmatchcase(row, parts[1]) and check is not None \
+                    and fnmatch.fnmatchcase(check, "/".join(parts[2:])):
+                return reason, pattern
+        return None
+
+    def row_pattern(self, component, row):
+        """A contract-3 pattern "component/X" that names this row but none of the checks a row
+        measures (it meant the whole row, as before contract 3), or None."""
+        if self.contract < 3:
+            return None
+        for pattern in self.expected_failures:
+            parts = pattern.split("/")
+            if len(parts) == 2 and fnmatch.fnmatchcase(component, parts[0]) and \
+                    fnmatch.fnmatchcase(row, parts[1]) and not any(fnmatch.fnmatchcase(c, parts[1]) for c in CHECKS):
+                return pattern
         return None

@@ -104,10 +104,6 @@ def to_full(group, local, layout):
     return torch.cat(pieces[::layout.replicas], dim=dim)
 
 
-def _local(x):
-    return x.to_local() if isinstance(x, DTensor) else x
-
-
 @dataclass
 class Event:
     """One recorded tensor: ``kind`` is "input", "output" or "output gradient"."""
@@ -250,7 +246,11 @@ def compare_event(group, event, expected, *, layout_of, dtype, layers, precision
     fine = all_gather(group, torch.tensor([within(full, expected, bound)], dtype=torch.long), dim=0)
     if fine.all():
         return None
-    pieces = gather_pieces(group, _local(local)) if not isinstance(local, DTensor) else None
+    pieces = None
+    if not isinstance(local, DTensor):
+        pieces = gather_pieces(group, local)
+    elif len(local.placements) == 1 and local.placements[0].is_shard():   # its pieces, in rank order
+        pieces, layout = gather_pieces(group, local.to_local()), sharded(local.placements[0].dim % local.dim() - local.dim())
     pattern, detail = diagnose(full, expected, pieces, layout, bound, tp_world_size(group), head)
     if event.kind == "input" and previous is not None and not previous.name.startswith(event.name):
         parent = _owner(event.name)

@@ -31,6 +31,8 @@ from pathlib import Path
 import torch
 
 from tp_from_scratch.comm.launchers import free_port, subprocess_env
+from tp_from_scratch.verify.report import busy
+from tp_from_scratch.verify.supervisor import PROGRESS
 from tp_from_scratch.verify.worker import FINISHED, RESTART
 
 COULD_NOT_RUN, NOTHING_CHECKED, SOME_FAIL, ALL_EQUAL = 2, 3, 1, 0
@@ -69,6 +71,8 @@ def parser():
 
 def _launches(text):
     default = os.environ.get("WORLD_SIZE", "2") if "RANK" in os.environ else "2,3,4,2of4"
+    if text is not None and not text.strip():
+        raise Refused(f"--t {text!r}: no launch given (e.g. --t 3 or --t 2,2of4)")
     out = []
     for entry in (text or default).split(","):
         group, _, world = entry.partition("of")
@@ -221,9 +225,11 @@ def _end(procs):
         p.wait()
 
 
-def _watch(procs, store, launch, stall):
+def _watch(procs, store, launch, stall, tick=None):
     last, moved = None, time.monotonic()
     while True:
+        if tick is not None:
+            tick(store.add(f"{launch}/progress", 0))
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
             return codes
@@ -257,10 +263,17 @@ def run_world(world, items, args):
         logs = Path(tmp)
         items_file = str(logs / "items.json")
         Path(items_file).write_text(json.dumps(items))
+        said = [time.monotonic() + PROGRESS]
+
+        def tick(published):   # every rank publishes each configuration's record
+            if time.monotonic() > said[0]:
+                said[0] = time.monotonic() + PROGRESS
+                print(f"verify model: {world} processes: {after + 1 + published // world} of {len(items)} "
+                      "configurations done", file=sys.stderr, flush=True)
         for attempt in range(len(items) + 1):
             launch = f"w{world}/{attempt}"
             procs = _spawn(world, items_file, store.port, launch, after, args, logs)
-            codes = _watch(procs, store, launch, args.timeout + 60)
+            codes = _watch(procs, store, launch, args.timeout + 60, tick)
             for i in range(after + 1, len(items)):
                 keys = [f"{launch}/done/{i}/{r}" for r in range(world)]
                 if all(store.check([k]) for k in keys):
@@ -286,7 +299,8 @@ def run_world(world, items, args):
                     states.append(dict(rec, rank=r))
                 else:
                     phase = at.split(" ", 1)[1] if at.startswith(f"{stuck} ") else "start-up"
-                    how = ("ended by the supervisor" if codes[r] == "ended" else f"exited with code {codes[r]}")
+                    how = ("ended by the supervisor; " + busy(args.timeout, "--timeout") if codes[r] == "ended"
+                           else f"exited with code {codes[r]}")
                     states.append(dict(verdict="stuck", phase=phase, where="", divergence="", checks=[], rank=r,
                                        group_index=-1, message=f"rank {r} did not finish ({how}) in its {phase}: "
                                        f"{_tail(logs, launch, r, 2)}"))

@@ -59,19 +59,19 @@ class _SequenceParallelLayerNorm(nn.Module):
 
 
 class _SequenceParallelBlock(nn.Module):
-    """verify.sp.Block with Lesson 7's layers: LN on the shard, one all-gather into fc1,
-    fc2 reduce-scattered back to the shard."""
+    """verify.sp.Block with Lesson 7's layers: LN on the shard, one all-gather into fc1, the
+    block's mix on the whole sequence, fc2 reduce-scattered back to the shard."""
 
     def __init__(self, group, block):
         super().__init__()
-        self.group, self.ln = group, block.ln
+        self.group, self.ln, self.mix = group, block.ln, block.mix
         self.fc1 = ColumnParallelLinear.from_linear(block.fc1, group=group)
         self.fc2 = RowParallelLinear.from_linear(block.fc2, group=group)
 
     def forward(self, x, sizes=None):              # (B, T_r, H) -> (B, T_r, H); sizes: every T_r
         h = sequence_parallel_layer_norm(self.group, x, self.ln)
         (a,) = column_linears_from_sequence(self.group, h, [self.fc1], sizes)  # (B, T, FFN/t)
-        return x + row_linear_to_sequence(self.group, F.gelu(a), self.fc2)
+        return x + row_linear_to_sequence(self.group, self.mix(F.gelu(a)), self.fc2)
 
 
 ADAPTER.sp_gather = gather_from_sequence_parallel_region

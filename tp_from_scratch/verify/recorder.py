@@ -53,6 +53,24 @@ def describe(error):
     return f"{type(error).__name__}: {message}" + (f" (at {where})" if where else "")
 
 
+def holds_block(whole, block, exact=False):
+    """Whether ``whole`` holds ``block`` as a slice along the one dim where their sizes differ
+    (a tensor replicated where this rank's block of it was expected)."""
+    if whole.dim() != block.dim():
+        return False
+    dims = [d for d in range(whole.dim()) if whole.shape[d] != block.shape[d]]
+    if len(dims) != 1 or whole.shape[dims[0]] < block.shape[dims[0]]:
+        return False
+    d, n = dims[0], block.shape[dims[0]]
+    for start in range(whole.shape[d] - n + 1):
+        try:
+            assert_matches_reference(whole.narrow(d, start, n), block, name="block", exact=exact)
+            return True
+        except AssertionError:
+            continue
+    return False
+
+
 @dataclass
 class Entry:
     """One measured quantity of a check ("dW", "X untouched", ...)."""
@@ -62,6 +80,7 @@ class Entry:
     bound: float = 0.0
     why: str = ""
     raised: bool = False
+    severity: str = None    # set where the name does not tell it (a placement)
 
 
 class CollectiveMeter(TorchDispatchMode):
@@ -127,7 +146,8 @@ class Recorder:
         self.counts = {"forward": [0, 0], "backward": [0, 0]}   # [calls, bytes]
 
     def match(self, got, expected, *, name, rank, exact=False):
-        placed = f" (a DTensor placed {tuple(got.placements)})" if hasattr(got, "placements") else ""
+        placements = tuple(got.placements) if hasattr(got, "placements") else None
+        placed = f" (a DTensor placed {placements})" if placements else ""
         got, expected = _local(got), _local(expected)
         try:
             assert_matches_reference(got, expected, name=name, rank=rank, exact=exact)
@@ -136,7 +156,13 @@ class Recorder:
             why = " ".join(str(error).split()) + placed
         same_shape = tuple(got.shape) == tuple(expected.shape)
         error = max_error(got, expected) if same_shape else math.inf
-        self.entries.append(Entry(name, not why, error, allowed_error(expected, exact=exact), why))
+        kind = None
+        if why and placements and not same_shape and holds_block(got, expected, exact):
+            kind = "placement"   # the values are right, the placement (and memory) is not
+            why += (f"; its values are right: rank {rank} holds the whole {tuple(got.shape)} where its "
+                    f"block {tuple(expected.shape)} was expected (t times the memory)")
+        self.entries.append(Entry(name, not why, error, allowed_error(expected, exact=exact), why,
+                                  severity=kind))
 
     def holds(self, ok, *, name, rank, why):
         self.entries.append(Entry(name, bool(ok), why="" if ok else f"{why} (rank {rank})"))

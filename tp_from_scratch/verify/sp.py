@@ -11,7 +11,9 @@ so the references need no communication:
                  whole sequence's (each rank's covers only its positions: they are all-reduced)
     sp block     Block below, run sequence-parallel: x shard in, y shard out; fc1 column-
                  parallel, fc2 row-parallel (weight blocks as for the layers), LayerNorm and
-                 fc2's bias replicated with the whole sequence's gradients
+                 fc2's bias replicated with the whole sequence's gradients; in the token-order
+                 check the block's mix is a causal mean over T, so the order of the gathered
+                 positions shows (contract 3: the adapter's block calls block.mix)
 
 The input variants are the suite's (suite.all_cases hands them in): 2-D (B, T) for the
 mappings, 4-D (B, T, 2, H), a non-contiguous input, two passes whose parameter gradients must
@@ -34,17 +36,29 @@ B, T, H, FFN = 2, 12, 8, 12
 SHAPE = (B, T, H)
 
 
-class Block(nn.Module):
-    """The single-device pre-LN MLP block an sp_block factory receives: x + fc2(gelu(fc1(ln(x))))."""
+class CausalMean(nn.Module):
+    """h_i -> (h_0 + ... + h_i) / (i + 1) along T (dim 1), feature by feature: token mixing that
+    depends on the order of the positions, and acts on any slice of the features (FFN/t)."""
 
-    def __init__(self, hidden=H, ffn=FFN, dtype=None):
+    def forward(self, h):                        # (B, T, ..., F) -> the same
+        count = torch.arange(1, h.shape[1] + 1, dtype=h.dtype, device=h.device)
+        return h.cumsum(1) / count.view(1, -1, *[1] * (h.dim() - 2))
+
+
+class Block(nn.Module):
+    """The single-device pre-LN MLP block an sp_block factory receives:
+    x + fc2(mix(gelu(fc1(ln(x))))), ``mix`` the identity except in the token-order check, where it
+    is a CausalMean over the whole sequence (contract 3: an adapter's block calls block.mix)."""
+
+    def __init__(self, hidden=H, ffn=FFN, dtype=None, mix=False):
         super().__init__()
         self.ln = nn.LayerNorm(hidden, dtype=dtype)
         self.fc1 = nn.Linear(hidden, ffn, dtype=dtype)
         self.fc2 = nn.Linear(ffn, hidden, dtype=dtype)
+        self.mix = CausalMean() if mix else nn.Identity()
 
     def forward(self, x):                        # (B, T, ..., H) -> (B, T, ..., H)
-        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+        return x + self.fc2(self.mix(F.gelu(self.fc1(self.ln(x)))))
 
 
 def _tensor(a, dtype, device, grad=False):
@@ -141,11 +155,14 @@ def check_sp_layernorm(group, dtype, seed, *, make, layout, judge, device="cpu",
 
 
 def check_sp_block(group, dtype, seed, *, make, layout, judge, device="cpu", shape=SHAPE,
-                   feed=None, passes=1):
-    """Block run sequence-parallel: Y and dX shards, every parameter's gradient (its block)."""
+                   feed=None, passes=1, mix=False):
+    """Block run sequence-parallel: Y and dX shards, every parameter's gradient (its block).
+    mix: the block's mix is a CausalMean, so the order of the gathered positions shows (the
+    token-order check: a gather that puts the ranks' positions in another order, undone by the
+    reduce-scatter, is invisible to a block that treats each position alone)."""
     rank, t = tp_rank(group), tp_world_size(group)
     rng = rank_rng(seed, 0)
-    block = Block(hidden=shape[-1], dtype=dtype).to(device)
+    block = Block(hidden=shape[-1], dtype=dtype, mix=mix).to(device)
     with torch.no_grad():  # drawn from the seed, not torch's RNG (which simulated ranks share)
         for p in block.parameters():
             p.copy_(_tensor(random_array(rng, tuple(p.shape)), dtype, device))
@@ -167,23 +184,27 @@ def check_sp_block(group, dtype, seed, *, make, layout, judge, device="cpu", sha
 
 
 def cases(Case, *, t, seed, supports, non_contiguous, random_sizes, uneven):
-    """The SP cases of the suite, each component on the suite's input variants (suite.all_cases
-    appends them and hands in its non_contiguous, random_sizes and uneven size)."""
-    out = []
+    """The SP cases of the suite, a list per component, each component on the suite's input
+    variants (suite.all_cases appends them and hands in its non_contiguous, random_sizes and
+    uneven size)."""
+    groups = []
     for component, field, check_fn in (("sp gather", "sp_gather", check_sp_mapping),
                                        ("sp scatter", "sp_scatter", check_sp_mapping),
                                        ("sp layernorm", "sp_layernorm", check_sp_layernorm),
                                        ("sp block", "sp_block", check_sp_block)):
         mapping = check_fn is check_sp_mapping
+        out = []
+        groups.append(out)
 
         def add(check, needs=(), inputs="", component=component, field=field, check_fn=check_fn,
-                mapping=mapping, **options):
+                mapping=mapping, since=None, contract=1, note="", **options):
             def run(r):
                 given = getattr(r.adapter, field)
                 check_fn(r.group, r.dtype, r.seed, layout=r.adapter.layout, judge=r.judge,
                          device=r.device, **(dict(kind=component, fn=given) if mapping else
                                              dict(make=given)), **options)
-            out.append(Case(component, check, run, field, needs=needs, inputs=inputs))
+            out.append(Case(component, check, run, field, needs=needs, inputs=inputs, since=since,
+                            contract=contract, note=note))
 
         add(None)
         if mapping:                      # a LayerNorm over H needs H: no (B, T) input
@@ -196,4 +217,7 @@ def cases(Case, *, t, seed, supports, non_contiguous, random_sizes, uneven):
         batch, length, hidden = random_sizes(seed, component, t, "uneven" in supports)
         shape = (batch[0], length, *batch[1:], hidden)
         add("random shapes", shape=shape, inputs=f"x {shape}, seed {seed}")
-    return out
+        if component == "sp block":
+            add("token order", mix=True, since=3, contract=3,
+                note="the block's mix, a causal mean over T, is block.mix(h) between fc1 and fc2")
+    return groups

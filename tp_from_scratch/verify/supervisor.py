@@ -4,15 +4,19 @@
                                            (group_size == world) or a world cut into TP groups
 
 The supervisor serves a TCPStore of its own (workers/worker.py's Fence writes each item's
-records there), starts ``world`` worker processes with a fresh port, and polls:
+records there), starts ``world`` worker processes with a fresh port, and polls (printing the
+progress every PROGRESS seconds):
     - every worker FINISHED: done;
-    - a worker left with RESTART (the ranks came out of a check out of step) or GAVE_UP (a
-      peer's record never came), or died: the rest are ended at once (a rank stuck in a
-      collective cannot end itself), the check they were in becomes a row naming every
+    - a worker left with RESTART (the ranks of a TP group came out of a check out of step) or
+      GAVE_UP (a peer's record never came), or died: the rest are ended at once (a rank stuck in
+      a collective cannot end itself), the check they were in becomes a row naming every
       rank's state, and fresh workers resume after it;
     - no record at all for ``stall`` seconds (every rank stuck outside a collective): the
       same, with the item each rank was in.
-A deadlocking adapter thus costs about one check timeout plus one start of the workers.
+A deadlocking adapter thus costs about one check timeout plus one start of the workers. Each
+adapter may cost ``restarts`` fresh starts (--restarts); past them its remaining checks are
+given up (one row says so), so one misbehaving adapter cannot use up the launch and every
+other adapter keeps its full results.
 """
 import json
 import os
@@ -28,11 +32,13 @@ from pathlib import Path
 import torch.distributed as dist
 
 from tp_from_scratch.comm.launchers import free_port, subprocess_env
-from tp_from_scratch.verify.report import merge, rank_states
+from tp_from_scratch.verify.report import _echo, busy, merge, rank_states
 from tp_from_scratch.verify.suite import row
 from tp_from_scratch.verify.worker import FINISHED, GAVE_UP, RESTART, out_of_step, parse_key
 
-MAX_RESTARTS = 50
+MAX_RESTARTS = 50     # fresh starts of one launch, whatever the adapters (a backstop)
+RESTARTS = 5          # fresh starts one adapter may cost (--restarts)
+PROGRESS = 10.0       # seconds between two progress lines
 
 
 @dataclass
@@ -43,6 +49,8 @@ class Config:
     device: str = "cpu"
     check_timeout: float = 10.0
     stall: float = 120.0
+    restarts: int = RESTARTS
+    progress: object = None       # progress(line): where the progress lines go (None: stderr)
 
 
 class CouldNotRun(RuntimeError):
@@ -80,9 +88,10 @@ def _progress(store, launch):
     return store.add(f"{launch}/progress", 0)   # records published so far
 
 
-def _watch(procs, store, launch, stall):
+def _watch(procs, store, launch, stall, tick=None):
     """Wait until every worker has exited, ending them all once one leaves abnormally or
-    nothing moves for ``stall`` seconds. Returns {rank: exit code or 'killed'}."""
+    nothing moves for ``stall`` seconds; tick(records so far) now and then. Returns {rank:
+    exit code or 'ended'}."""
     last, moved = -1, time.monotonic()
     while True:
         codes = [p.poll() for p in procs]
@@ -94,6 +103,8 @@ def _watch(procs, store, launch, stall):
             _end(procs)
             return {r: ("ended" if c is None else c) for r, c in enumerate(codes)}
         now = _progress(store, launch)
+        if tick is not None:
+            tick(now)
         if now != last:
             last, moved = now, time.monotonic()
         elif time.monotonic() - moved > stall:
@@ -122,39 +133,73 @@ def _tail(logs, launch, rank, lines=6):
     return " | ".join(text[-lines:])
 
 
-def _state(code, at, log_tail):
+def _state(code, at, log_tail, check_timeout=10.0):
     if code == "ended":
-        return f"did not finish: stuck in {at or 'start-up'} (ended by the supervisor)"
+        return (f"did not finish: stuck in {at or 'start-up'} (ended by the supervisor; "
+                f"{busy(check_timeout, '--check-timeout')})")
     if code == GAVE_UP:
         return f"finished {at}; gave up waiting for the other ranks"
     return f"process exited with code {code} in {at or 'start-up'}: {log_tail}"
 
 
-def run_world(config, world, group_size):
-    """Every adapter's merged rows for one launch of ``world`` workers in TP groups of ``group_size``."""
+def run_world(config, world, group_size, declared=None):
+    """Every adapter's merged rows for one launch of ``world`` workers in TP groups of ``group_size``.
+    declared: a dict to fill with {adapter name: {contract, patterns}} (its expected_failures, for XPASS)."""
     with tempfile.TemporaryDirectory(prefix="verify_") as logs:
-        rows = _run_world(config, world, group_size, Path(logs), config.adapters)
+        rows = _run_world(config, world, group_size, Path(logs), config.adapters,
+                          {} if declared is None else declared)
     return [dict(r, world=world) for r in rows]   # t = group_size; world > t: a strict subgroup
 
 
-def _run_world(config, world, group_size, logs, names):
+class _Progress:
+    """Prints 't = 3: 152 checks done; now <adapter> float64' every PROGRESS seconds."""
+
+    def __init__(self, config, shape, world, names):
+        self.config, self.shape, self.world, self.names = config, shape, world, names
+        self.done_before, self.next = 0, time.monotonic() + PROGRESS
+        self.say = config.progress or (lambda line: print(line, file=sys.stderr, flush=True))
+
+    def tick(self, store, launch, published):
+        if time.monotonic() < self.next:
+            return
+        self.next = time.monotonic() + PROGRESS
+        at = _get(store, f"{launch}/at/0") or ""
+        now = ""
+        if at and at.split()[0].count(".") == 3:
+            a, stage, d, _ = parse_key(at.split()[0])
+            now = f"; now {self.names.get(a, self.config.adapters[a])}" + (
+                f" {self.config.dtypes[d]}" if stage == 2 else f" ({('load', 'setup')[stage]})")
+        self.say(f"verify: t = {self.shape}: {self.done_before + published // self.world} checks done{now}")
+
+
+def _run_world(config, world, group_size, logs, specs, declared):
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=30))
     t = group_size
     shape = f"{world}x{group_size}"
-    rows, after, broken = [], "", set()
+    launch_name = str(t) if world == t else f"{t}of{world}"
+    names = {}                       # adapter index -> its name, once loaded
+    progress = _Progress(config, launch_name, world, names)
+    rows, after, broken, spent = [], "", set(), {}
     for attempt in range(MAX_RESTARTS):
         launch = f"{shape}/{attempt}"
         procs = _spawn(config, world, group_size, store.port, launch, after, broken, logs)
-        codes = _watch(procs, store, launch, config.stall)
+        codes = _watch(procs, store, launch, config.stall,
+                       lambda published, launch=launch: progress.tick(store, launch, published))
         records = _records(store, launch, world)
         done = sorted(records, key=parse_key)
         complete = [i for i in done if len(records[i]) == world]
+        progress.done_before += len(complete)
         for item in complete:
+            first = records[item][0]
+            if parse_key(item)[1] == 0 and "name" in first:
+                names[parse_key(item)[0]] = first["name"]
+                declared[first["name"]] = dict(contract=first["contract"], patterns=first["patterns"])
             per_rank = [records[item][r]["rows"] for r in range(world)]
             rows += merge(per_rank)
             if parse_key(item)[1] == 2 and out_of_step(list(records[item].values())):
-                rows.append(_out_of_step_row(_what(store, launch, item, names), records[item], t))
+                rows.append(_out_of_step_row(_what(store, launch, item, specs), records[item], t,
+                                             config.check_timeout))
         if all(code == FINISHED for code in codes.values()):
             return rows
         ats = {r: _get(store, f"{launch}/at/{r}") for r in range(world)}   # "item [phase]"
@@ -169,23 +214,32 @@ def _run_world(config, world, group_size, logs, names):
         if stuck:
             item = stuck[0]
         elif any(code == RESTART for code in codes.values()) and complete:
+            item = None
             after = complete[-1]   # out of step after it (slow leavers were ended, not stuck)
-            continue
         else:
             item = min((a.split()[0] for a in ats.values() if a), key=parse_key)
-        states = {}
-        for r in range(world):
-            if r in records.get(item, {}):
-                record = records[item][r]
-                states[r] = "finished: " + (record["message"] or "no exception")
-            else:
-                states[r] = _state(codes[r], ats[r], _tail(logs, launch, r))
-        rows.append(_stuck_row(_what(store, launch, item, names), states, t))
-        if parse_key(item)[1] < 2:
-            broken.add(parse_key(item)[0])
-        after = item
+        if item is not None:
+            states = {}
+            for r in range(world):
+                if r in records.get(item, {}):
+                    record = records[item][r]
+                    states[r] = "finished: " + (record["message"] or "no exception")
+                else:
+                    states[r] = _state(codes[r], ats[r], _tail(logs, launch, r), config.check_timeout)
+            rows.append(_stuck_row(_what(store, launch, item, specs), states, t))
+            if parse_key(item)[1] < 2:
+                broken.add(parse_key(item)[0])
+            after = item
+        culprit = parse_key(after)[0]
+        spent[culprit] = spent.get(culprit, 0) + 1
+        if spent[culprit] > config.restarts and culprit not in broken:
+            broken.add(culprit)   # the fresh workers skip its remaining checks
+            rows.append(row(names.get(culprit, specs[culprit]), "(all)", "(all)", "-", t, "ERROR",
+                            f"gave up on this adapter after {spent[culprit]} fresh starts of the {launch_name} "
+                            f"workers (--restarts {config.restarts}): its remaining checks did not run; "
+                            "every other adapter keeps its rows", severity="error"))
     rows.append(row("(verify)", "(all)", "(all)", "-", t, "ERROR",
-                    f"gave up after {MAX_RESTARTS} fresh starts of the {shape} workers"))
+                    f"gave up after {MAX_RESTARTS} fresh starts of the {shape} workers", severity="error"))
     return rows
 
 
@@ -203,14 +257,17 @@ def _stuck_row(what, states, t):
     adapter, component, check, dtype = what
     return row(adapter, component, check, dtype, t, "ERROR",
                "the ranks did not finish this check together: " + rank_states(states),
-               ranks={str(r): s for r, s in states.items()}, failed_ranks=sorted(states))
+               ranks={str(r): s for r, s in states.items()}, failed_ranks=sorted(states), severity="error")
 
 
-def _out_of_step_row(what, records, t):
+def _out_of_step_row(what, records, t, check_timeout=10.0):
     adapter, component, check, dtype = what
-    states = {r: f"{rec['calls'][0]} forward / {rec['calls'][1]} backward collective(s)"
+    states = {r: (f"group {rec.get('group', 0)}: " if len({x.get("group", 0) for x in records.values()}) > 1
+                  else "") + f"{rec['calls'][0]} forward / {rec['calls'][1]} backward collective(s)"
                  + (f", raised {rec['message']}" if rec["raised"] else "")
               for r, rec in sorted(records.items())}
+    hint = (f"; a collective timed out: a rank skipped it, or {busy(check_timeout, '--check-timeout')}"
+            if any(_echo(rec["message"]) for rec in records.values()) else "")
     return row(adapter, component, "ranks in step", dtype, t, "ERROR",
-               f"after {check}: " + rank_states(states) + "; fresh workers went on from the next check",
-               ranks={str(r): s for r, s in states.items()}, failed_ranks=sorted(states))
+               f"after {check}: " + rank_states(states) + hint + "; fresh workers went on from the next check",
+               ranks={str(r): s for r, s in states.items()}, failed_ranks=sorted(states), severity="error")

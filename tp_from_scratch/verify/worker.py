@@ -14,9 +14,10 @@ All ranks read the same records, so they take the same decision without talking 
 process group (which a misbehaving adapter may have left mid-collective):
     - load or setup failed on some rank: the adapter's checks are skipped everywhere (F24:
       the failing rank's own error is the row, at once);
-    - the ranks are out of step (different collective counts, some raised and some did not,
+    - the ranks of a TP group are out of step (different collective counts within the group,
       or a collective timed out): every rank leaves with RESTART, and the supervisor starts
-      fresh processes from the next item;
+      fresh processes from the next item (two TP groups on different data may make different
+      numbers of calls: that is no desynchronisation);
     - a rank's record never comes (it is stuck in a collective its peers skipped): the
       others leave with GAVE_UP after the wait; the supervisor ends the stuck ones.
 The process group's own timeout is the check timeout, so a rank stuck in a collective
@@ -99,12 +100,16 @@ class Fence:
 
 
 def out_of_step(records):
-    """Whether the ranks may have left the process group mid-collective: they made different
-    numbers of collective calls, or one failed in the transport (timed out, peer gone).
-    (Some ranks raising after the same collectives as the others leaves the group sound.)"""
-    calls = {tuple(r["calls"]) for r in records}
+    """Whether the ranks of some TP group may have left it mid-collective: they made different
+    numbers of collective calls, or one failed in the transport (timed out, peer gone). Judged
+    per TP group (a record's "group"): two groups run on different data, and a library may make
+    another number of calls in each. (Ranks raising after the same collectives as the others
+    leave the group sound.)"""
+    calls = {}
+    for r in records:
+        calls.setdefault(r.get("group", 0), set()).add(tuple(r["calls"]))
     timed_out = any(word in r["message"].lower() for r in records for word in _OUT_OF_STEP)
-    return len(calls) > 1 or timed_out
+    return any(len(c) > 1 for c in calls.values()) or timed_out
 
 
 def _groups(group_size, device, timeout):
@@ -151,6 +156,9 @@ def main(argv=None):
             if stage == 0:
                 record = _load(spec)
                 adapter = record.pop("adapter", None)
+                if adapter is not None:   # for the summary: the contract, and what XPASS is judged on
+                    record.update(name=adapter.name, contract=adapter.contract, patterns={
+                        k: str(v) for k, v in adapter.expected_failures.items()})
             else:
                 record = _setup(adapter, tp)
             if quiet:
@@ -171,7 +179,7 @@ def main(argv=None):
                     continue
                 if not case.runs_for(adapter):  # a NOT PROVIDED or SKIP row: nothing to fence
                     fence.publish(item, dict(rows=run_case(case, tp, dtype, adapter), calls=[0, 0],
-                                             raised=False, message=""))
+                                             raised=False, message="", group=group_index))
                     continue
                 fence.announce(item, adapter.name, case.component, case.check or "(all)",
                                str(dtype).replace("torch.", ""))
@@ -181,7 +189,7 @@ def main(argv=None):
                 raised = [r["detail"] for r in rows if r["status"] == "ERROR"]
                 calls = _calls(rows)
                 fence.publish(item, dict(rows=rows, calls=calls, raised=bool(raised),
-                                         message="; ".join(raised)))
+                                         message="; ".join(raised), group=group_index))
                 if out_of_step(fence.everyone(item, fence.timeout)):
                     exit_now(RESTART)
     store.set(fence.key("finished", rank), "1")
