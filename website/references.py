@@ -29,7 +29,7 @@ REFERENCES = [
     (r"Patarasuk & Yuan",
      "Patarasuk and Yuan 2009, Bandwidth optimal all-reduce algorithms for clusters of workstations",
      "https://doi.org/10.1016/j.jpdc.2008.09.002"),
-    (r"Tensor-Parallelism with Partially Synchronized Activations|Lamprecht et al\.",
+    (r"Tensor-Parallelism with Partially Synchronized Activations",
      "Tensor-Parallelism with Partially Synchronized Activations (CAAT-Net, 2025)",
      "https://arxiv.org/abs/2506.19645"),
     (r"arXiv:?\s?(?P<arxiv>\d{4}\.\d{4,5})", "arXiv {arxiv}", "https://arxiv.org/abs/{arxiv}"),

@@ -17,7 +17,7 @@ Every block of Megatron TP ends its attention and its MLP with g: an all-reduce 
 (B, T, H) activation, forward, and another one backward. On large TP groups these all-reduces
 are what the GPUs wait for. The 2025 advance that reduces the communication overhead of
 large clusters is to **not synchronize all of it**: *Tensor-Parallelism with Partially
-Synchronized Activations* (Lamprecht, Karnieli, Hanani, Giladi, Soudry; CAAT-Net, NeurIPS 2025)
+Synchronized Activations* (CAAT-Net, arXiv 2506.19645, NeurIPS 2025)
 all-reduces only a leading fraction p of the H hidden channels and lets each rank keep its
 own value in the rest. The paper reports cutting the TP communication by up to half (p = 0.5)
 with no significant loss in pretraining quality for Llama-style models up to 7B parameters.

@@ -1,4 +1,4 @@
-"""Lesson 8: partially synchronized activations (CAAT-Net, Lamprecht et al., NeurIPS 2025).
+"""Lesson 8: partially synchronized activations (CAAT-Net, arXiv 2506.19645, NeurIPS 2025).
 
 At the two row-parallel outputs of every block only the leading p*H hidden channels are
 all-reduced; the rest stay private to each rank, so each rank carries its own residual

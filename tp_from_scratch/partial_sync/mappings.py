@@ -1,6 +1,6 @@
 """The partial reduce: all-reduce only the leading p*H hidden channels, keep the rest private.
 
-CAAT-Net (Lamprecht et al., 2025) replaces g, the all-reduce at the two row-parallel outputs
+CAAT-Net (arXiv 2506.19645, 2025) replaces g, the all-reduce at the two row-parallel outputs
 of every block, by this operator. With k = synced_channels(H, p):
 
     forward   z[..., :k] = sum over ranks of x[..., :k]     Partial -> Replicated (all-reduce)
