@@ -316,6 +316,16 @@ def test_formulas_are_not_retyped():
     assert crossing == ["tp_from_scratch.nn.collectives"], crossing
 
 
+def test_lessons_from_6_on_train_through_the_one_step():
+    # from Lesson 6 on a notebook that trains calls gpt.step.train_step; a loop of its own
+    # (zero_grad; loss.backward(); optimizer.step()) is the training step written twice
+    loops = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for path in sorted((ROOT / "lessons" / "src").glob("[0-9][0-9]_*.py")) if int(path.name[:2]) >= 6
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if re.search(r"\bopt(?:imizer)?\.step\(\)", line)]
+    assert not loops, "\n".join(loops) + "\n: call tp_from_scratch.gpt.step.train_step"
+
+
 
 # ---------------------------------------------------------------------------------------
 # Earlier lessons never name later ones

@@ -201,6 +201,7 @@ held by two ranks), against the single-device GPT."""),
     new_code_cell("""import copy
 from tp_from_scratch.gpt.model import GPTConfig, init_gpt
 from tp_from_scratch.gpt.parallelize import gpt_to_tp, shard_state_dict
+from tp_from_scratch.gpt.step import train_step
 from tp_from_scratch.sequence_parallel.model import gpt_to_sp
 
 gpt_config = GPTConfig(vocab_size=67, seq_len=16, n_layers=2, hidden=32, n_heads=4, n_kv_heads=2)
@@ -208,13 +209,9 @@ gen = torch.Generator().manual_seed(1)
 batches = [(torch.randint(0, 67, (2, 15), generator=gen), torch.randint(0, 67, (2, 15), generator=gen))
            for _ in range(4)]
 
-def train(model):
+def train(model):   # Lesson 6's step (gpt.step.train_step) on each batch
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for idx, targets in batches:
-        _, loss = model(idx, targets)
-        opt.zero_grad(); loss.backward(); opt.step()
-        losses.append(loss.item())
+    losses = [train_step(model, opt, idx, targets).item() for idx, targets in batches]
     return losses, model.state_dict()
 
 reference = init_gpt(gpt_config, seed=0, dtype=torch.float64)
