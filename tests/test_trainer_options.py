@@ -229,3 +229,29 @@ def test_every_trainer_prints_the_same_equal_steps_verdict_and_exits_by_it(monke
     assert verdict.endswith(" (allowed by --equal-steps 1)") == (equal_steps == 1), verdict
     assert "comparison (tolerance" in out   # the header the verdict line stands under
     assert exit_info.value.code == status, out[-2000:]
+
+
+# Lesson 6's ViT (gpt.vit) has --equal-steps too and prints the same Comparison; its verdict needs
+# a world of 2, so the launcher is left out: the world reads 2 and the "TP" model is the single-device
+# one (vit_to_tp: identity), the per-step check failing from step 1 on as above
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("equal_steps, status", [(1, 0), (2, 1)])
+def test_the_vit_prints_the_same_equal_steps_verdict_and_exits_by_it(monkeypatch, capsys, equal_steps, status):
+    import argparse
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from tp_from_scratch.gpt import vit
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(dist, "group", SimpleNamespace(WORLD="the world of 2"))
+    monkeypatch.setattr(vit, "vit_to_tp", lambda group, model: model)
+    monkeypatch.setattr(train, "verdict", lambda loss, ref, step, tol: (step < 1, "equal" if step < 1 else "DIFFERS"))
+    args = argparse.Namespace(steps=3, dtype="float32", seed=0, compare_single=True, equal_steps=equal_steps)
+    code = vit.train_and_compare(args)
+    out = capsys.readouterr().out
+    verdict = next((line for line in out.splitlines() if line.startswith("steps 0..0 equal to one device")), None)
+    assert verdict is not None and "step 1 differs" in verdict, out[-2000:]
+    assert verdict.endswith(" (allowed by --equal-steps 1)") == (equal_steps == 1), verdict
+    assert "comparison (tolerance" in out and code == status, out[-2000:]
