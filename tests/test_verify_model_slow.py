@@ -6,10 +6,14 @@ skipped otherwise. Minutes on 2 cores:
 * one world of 4 processes: transformers' TP at t = 4 (2 KV heads < 4 and 3 heads crash, the even
   config is equal, 2of4 is not offered), the DTensor example and its planted bugs and the course's
   Llama at t = 4 and in two TP groups of 2;
+* the command as the issue and docs/verify.md print it, under torchrun on 2 processes: a tiny
+  random Llama saved with save_pretrained is equal (exit 0), the same with one KV head reports
+  its crash without a traceback of ours (exit 1);
 * the transformers zoo, as docs/verify.md prints it (`python -m tp_from_scratch.verify.zoo`);
 * torchtitan's Llama 3 with its TP plan (examples/torchtitan_llama.py), where torchtitan is installed.
 """
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -19,7 +23,7 @@ import torch
 
 from tests.test_verify_model import REPO, launch, named, simulated
 from tests.verify_model_planted_dtensor import PLANTED as PLANTED_DTENSOR
-from tp_from_scratch.comm.launchers import run_command, subprocess_env
+from tp_from_scratch.comm.launchers import run_command, subprocess_env, torchrun_command
 
 DTENSOR = REPO / "tests" / "verify_model_planted_dtensor.py"
 
@@ -66,6 +70,29 @@ def test_at_t_4_and_in_two_groups_of_2(four):
         for t in (2, 4):
             row = rows[(bug, t, 4)]
             assert named(row["divergence"], module) and says in row["divergence"], (bug, t, row["divergence"])
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name, status, verdict", [("even", 0, "equal"), ("kv1", 1, "crashed")])
+def test_under_torchrun_as_printed(tmp_path, name, status, verdict):
+    # `torchrun --nproc-per-node 2 -m tp_from_scratch.verify model --hf DIR --tp-plan auto`: rank 0
+    # supervises a world of 2, the other rank leaves; the exit status is the report's
+    from tp_from_scratch.verify import zoo
+    [(_, path)] = zoo.write(str(tmp_path), names=(name,))
+    result = run_command(torchrun_command(2, "tp_from_scratch.verify", "model", "--hf", path, "--tp-plan", "auto",
+                                          "--dtypes", "float64", "--json", tmp_path / "report.json"),
+                         timeout=850, cwd=REPO, env=subprocess_env(HF_HUB_OFFLINE="1"))
+    assert result.returncode == status, result.stdout[-3000:]
+    [row] = json.loads((tmp_path / "report.json").read_text())["configurations"]
+    assert (row["verdict"], row["group"], row["world"]) == (verdict, 2, 2), row
+    # the report (up to its summary line) is ours and has no traceback; torchrun adds its own
+    # failure summary after it when the exit status is not 0 (docs/verify.md says so)
+    report = result.stdout.split(f"1 {verdict}  (", 1)[0]
+    assert re.search(rf"^{re.escape('hf:' + path)}\s+2\s+{verdict}", report, re.M) and "Traceback" not in report, \
+        result.stdout[-3000:]
+    if verdict == "crashed":
+        assert "crashed in forward in model.layers.0.self_attn" in report and \
+            "first divergence: model.layers.0.self_attn.k_proj" in report, report[-3000:]
 
 
 @pytest.mark.timeout(900)
