@@ -106,6 +106,22 @@ def test_cost_model_stage_parameters_add_up_to_the_model():
     assert sum(cost.stage_parameter_count(config, 1, 0, 2, r) for r in range(2)) > whole / 2
 
 
+@pytest.mark.parametrize("pp", [1, 2, 3])
+def test_the_stages_tp_all_reduces_add_up_to_lesson_6s_inventory(pp):
+    # the cost model reads the TP calls from gpt.inventory.collective_calls (not a list of its
+    # own): over the stages of a pipeline they are the whole model's, call for call and element
+    # for element, the embedding's on the first stage and the loss's and LM head's on the last
+    from tp_from_scratch.gpt.inventory import collective_calls
+    config = GPTConfig(n_layers=5, hidden=32, n_heads=4, n_kv_heads=2, seq_len=16)
+    t, sequences = 2, 3
+    stages = [cost.tp_calls(config, t, sequences * config.seq_len, cost.stage_blocks(5, s, pp), s == 0, s == pp - 1)
+              for s in range(pp)]
+    whole = [(c.calls, c.elements) for c in collective_calls(config, t, sequences) if c.group == "tp"]
+    total = lambda calls: (sum(n for n, _ in calls), sum(n * e for n, e in calls))  # noqa: E731
+    assert total([c for stage in stages for c in stage]) == total(whole)
+    assert cost.tp_calls(config, 1, 48, 5, True, True) == []
+
+
 VARIANTS = [  # one launch of 4 processes, every mesh and sync in turn, all against one device
     "--variant=",                    # dp=2 x tp=2, Lesson 6's hand-written average
     "--variant=--ddp",               # ... PyTorch's DistributedDataParallel

@@ -17,7 +17,9 @@ Activations are not predicted here: cost.model.activation_bytes is Korthikanti e
 for 16-bit activations with dropout; the comparison prints it beside our measured count of
 the bytes autograd keeps, which is neither (float32, no dropout).
 """
-from tp_from_scratch.gpt.inventory import parameters
+from dataclasses import replace
+
+from tp_from_scratch.gpt.inventory import collective_calls, parameters
 from tp_from_scratch.sharding import shard_range
 
 DDP_BUCKET_BYTES = 25 * 2 ** 20   # DistributedDataParallel's default bucket_cap_mb
@@ -78,16 +80,14 @@ def memory(config, dp=1, pp=1, t=1, zero=0, itemsize=4, stage=0, tp_rank=0, dp_r
 
 def tp_calls(config, t, tokens, blocks, first, last):
     """(calls, elements) of the TP all-reduces one micro-batch of ``tokens`` tokens makes on a
-    stage of ``blocks`` blocks (gpt.inventory.collective_calls, restricted to the stage)."""
-    H = config.hidden
+    stage of ``blocks`` blocks: gpt.inventory.collective_calls of a model of those blocks, the
+    embedding's g on the first stage only, the cross-entropy's and the LM head's on the last."""
     if t == 1:
         return []
-    calls = [(4 * blocks, tokens * H)]          # forward g after o and proj; backward f before q/k/v and fc
-    if first:
-        calls.append((1, tokens * H))           # the vocab-parallel embedding's g
-    if last:
-        calls += [(3, tokens), (1, tokens * H)]  # cross-entropy's max, target, sum-exp; LM head f
-    return calls
+    ends = {"embedding": first, "cross-entropy": last, "LM head": last}   # the calls outside the blocks
+    stage = replace(config, n_layers=blocks)
+    return [(c.calls, c.elements) for c in collective_calls(stage, t, tokens // config.seq_len)
+            if c.group == "tp" and all(keep or not c.where.startswith(end) for end, keep in ends.items())]
 
 
 def step_bytes(config, batch, dp=1, pp=1, t=1, zero=0, ddp=False, micro_batches=1, itemsize=4,
