@@ -142,12 +142,16 @@ def config_from_hf(hf, where="config.json"):
                      n_kv_heads=hf.get("num_key_value_heads") or nh, ffn=hf["intermediate_size"],
                      norm_eps=hf.get("rms_norm_eps", 1e-6),
                      rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-                     tie_embeddings=hf.get("tie_word_embeddings", False))
+                     tie_embeddings=hf.get("tie_word_embeddings", False),
+                     pad_token_id=hf.get("pad_token_id"))   # LlamaModel's padding_idx (GPT2Model has none)
 
 
 def export_kind(config):
     """'gpt2' or 'llama': the Hugging Face class that computes exactly what ``config`` does."""
     if (config.norm, config.position, config.mlp) == ("layernorm", "learned", "gelu") and config.bias:
+        if config.pad_token_id is not None:
+            raise ConversionError(f"pad_token_id={config.pad_token_id}: GPT-2's embedding has no padding row "
+                                  "(transformers' GPT2Model ignores pad_token_id), so no GPT-2 computes this model")
         return "gpt2"
     if (config.norm, config.position, config.mlp, config.bias) == ("rmsnorm", "rope", "swiglu", False):
         return "llama"
@@ -172,7 +176,7 @@ def hf_config(config):
             "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_kv_heads,
             "head_dim": config.head_size, "max_position_embeddings": config.seq_len,
             "rms_norm_eps": config.norm_eps, "hidden_act": "silu", "attention_bias": False,
-            "mlp_bias": False, "rope_theta": config.rope_theta,
+            "mlp_bias": False, "rope_theta": config.rope_theta, "pad_token_id": config.pad_token_id,
             "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta}}
 
 
