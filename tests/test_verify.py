@@ -613,3 +613,22 @@ def test_every_check_new_in_this_contract_is_named_in_the_docs_with_its_contract
     assert {since for _, since in new} == {CONTRACT} and len(new) >= 3, new
     for check, since in sorted(new):   # "**token order** (sp block; contract 3)"
         assert re.search(re.escape(f"**{check}**") + rf" \([^)]*contract {since}\)", doc), check
+
+
+def test_progress_lines_say_how_far_and_which_adapter_while_it_runs(monkeypatch):
+    # one line every PROGRESS seconds while the workers run, not only the table at the end
+    # (the launched tests see these lines too: test_a_rank_that_hangs_raises_or_skips_costs_one_named_row)
+    from tp_from_scratch.verify import supervisor
+
+    class Store:   # the supervisor's key-value store, holding where rank 0 is
+        def check(self, keys):
+            return keys == ["L/at/0"]
+
+        def get(self, key):
+            return b"1.2.0.5 forward"   # adapter 1, its checks (stage 2), dtype 0, item 5
+    monkeypatch.setattr(supervisor, "PROGRESS", 0.0)
+    lines = []
+    config = supervisor.Config(adapters=["a.py:ADAPTER", "b.py:ADAPTER"], dtypes=["float64"], progress=lines.append)
+    progress = supervisor._Progress(config, "3", 3, {1: "adapter b"})
+    progress.tick(Store(), "L", published=9)
+    assert lines == ["verify: t = 3: 3 checks done; now adapter b float64"], lines
