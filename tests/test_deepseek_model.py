@@ -105,6 +105,15 @@ def test_pad_token_id_and_tied_embeddings_imported_from_files_equal_transformers
                 assert_matches_reference(g, expected, name=f"grad {name} ({files})", rank=r)
             if files == "padding":
                 assert torch.count_nonzero(grads["embed_tokens.weight"][pad]) == 0, f"rank {r}: padding row"
+    if files != "padding":   # exported back: save_pretrained's files of a tied model (no head of its own)
+        import json
+        from tp_from_scratch.comm import Comm
+        from tp_from_scratch.deepseek.model import load_hf, save_hf
+        save_hf(tmp_path / "back", load_hf(tmp_path, group=Comm(0, 1)))
+        original, back = load_file(tmp_path / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+        original.pop("lm_head.weight", None)
+        assert set(back) == set(original) and all(torch.equal(back[k], v) for k, v in original.items())
+        assert json.loads((tmp_path / "back" / "config.json").read_text())["tie_word_embeddings"] is True
 
 
 @pytest.mark.parametrize("t", [2, 4])
