@@ -149,8 +149,71 @@ def test_a_tensor_of_another_shape_is_refused_naming_it(fixtures, tmp_path, caps
     hf = copy_of(fixtures, "llama", tmp_path)
     edit_config(hf, intermediate_size=96)          # the file's MLP is 128 wide
     line = refusal(convert.main, ["import", hf, "--single", tmp_path / "x.pt"], capsys)
-    assert "'blocks.0.mlp.gate.weight' is (128, 32), the config makes it (96, 32)" in line, line
+    assert (f"{hf / 'model.safetensors'}: tensor 'model.layers.0.mlp.gate_proj.weight' is (128, 32), "
+            "the config makes it (96, 32)") in line, line
     assert not (tmp_path / "x.pt").exists()
+
+
+# A damaged tensor, in the four ways the issue-38 probe tried on DeepSeek-V3's import, for each
+# importer: (file tensor, how it is damaged, the shape the config makes it, or None: missing).
+# The GPT-2 c_attn one column too long was imported silently before (its q, k, v split dropped
+# the extra row); the others were tracebacks (DeepSeek) or named our tensor, not the file's.
+DAMAGE = {
+    "gpt2": [("transformer.h.1.attn.c_attn.weight", "one column too long", (32, 96)),
+             ("transformer.h.0.mlp.c_proj.weight", "one row short", (128, 32)),
+             ("transformer.h.1.attn.c_attn.bias", "missing", None),
+             ("transformer.wpe.weight", "transposed", (16, 32))],
+    "llama": [("model.layers.1.self_attn.q_proj.weight", "one row too long", (32, 32)),
+              ("model.layers.0.mlp.down_proj.weight", "one column short", (32, 128)),
+              ("model.layers.1.mlp.up_proj.weight", "missing", None),
+              ("model.layers.0.self_attn.k_proj.weight", "transposed", (16, 32))],
+    "deepseek": [("model.layers.1.self_attn.q_b_proj.weight", "one row too long", (40, 16)),
+                 ("model.layers.1.mlp.experts.3.down_proj.weight", "one column short", (32, 12)),
+                 ("model.layers.2.mlp.experts.5.up_proj.weight", "missing", None),
+                 ("model.layers.1.self_attn.kv_b_proj.weight", "transposed", (44, 8))],
+}
+
+
+def damaged(tensor, how):
+    return {"one column too long": lambda: torch.cat([tensor, tensor[:, :1]], dim=1),
+            "one row too long": lambda: torch.cat([tensor, tensor[:1]]),
+            "one row short": lambda: tensor[:-1], "one column short": lambda: tensor[:, :-1],
+            "transposed": lambda: tensor.t()}[how]().contiguous()
+
+
+@pytest.fixture(scope="module")
+def deepseek_files(tmp_path_factory):
+    """A tiny DeepseekV3ForCausalLM's save_pretrained directory (experts one by one)."""
+    from tests.hf_models import deepseek_v3
+    path = tmp_path_factory.mktemp("hf_deepseek") / "hf"
+    deepseek_v3(seed=38).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("arch, case", [(a, i) for a in DAMAGE for i in range(4)],
+                         ids=[f"{a}-{how}" for a, cases in DAMAGE.items() for _, how, _ in cases])
+def test_a_damaged_tensor_is_refused_in_one_line_naming_file_tensor_and_shapes(arch, case, fixtures, tmp_path,
+                                                                               capsys, request):
+    from safetensors.torch import load_file, save_file
+    from tp_from_scratch.deepseek import convert as ds_convert
+    source = request.getfixturevalue("deepseek_files") if arch == "deepseek" else fixtures[arch]
+    hf = shutil.copytree(source, tmp_path / arch)
+    name, how, shape = DAMAGE[arch][case]
+    tensors = load_file(hf / "model.safetensors")
+    assert tuple(tensors[name].shape) == (shape or tuple(tensors[name].shape)), "the fixture's own shape"
+    if how == "missing":
+        del tensors[name]
+    else:
+        tensors[name] = damaged(tensors[name], how)
+    save_file(tensors, hf / "model.safetensors")
+    main = ds_convert.main if arch == "deepseek" else convert.main
+    line = refusal(main, ["import", hf, "--out", tmp_path / "out"], capsys)
+    if how == "missing":
+        assert f"{hf / 'model.safetensors'} has no tensor {name!r}" in line, line
+    else:
+        assert (f"{hf / 'model.safetensors'}: tensor {name!r} is {tuple(tensors[name].shape)}, "
+                f"the config makes it {shape}") in line, line
+    assert not (tmp_path / "out").exists()
 
 
 def test_linear_rope_scaling_is_refused_naming_that_type():

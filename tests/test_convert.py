@@ -33,8 +33,9 @@ def hf_reference(hf, x, y):
     return logits.detach(), loss.detach(), {n: p.grad.clone() for n, p in hf.named_parameters()}
 
 
-def check_tp_against_hf(comm, config, full, x, y, ref):
-    """On one rank: the TP model from the imported weights against transformers' results."""
+def check_tp_against_hf(comm, config, full, x, y, ref, pad=None):
+    """On one rank: the TP model from the imported weights against transformers' results (and,
+    with ``pad``, the padding row's embedding gradient exactly zero, on the rank that holds it)."""
     logits_ref, loss_ref, grads_ref = ref
     rank = tp_rank(comm)
     model = gpt_to_tp(comm, full, config)
@@ -47,6 +48,10 @@ def check_tp_against_hf(comm, config, full, x, y, ref):
     as_hf = convert.to_hf(grads, config)
     for name, g in grads_ref.items():
         assert_matches_reference(as_hf[name], g, name=f"grad of {name} against transformers", rank=rank)
+    if pad is not None:
+        start, stop = model.wte.vocab_start, model.wte.vocab_stop
+        if start <= pad < stop:
+            assert torch.count_nonzero(model.wte.weight.grad[pad - start]) == 0, f"rank {rank}: padding row's gradient"
 
 
 def imported(hf, tmp_path):
@@ -55,17 +60,24 @@ def imported(hf, tmp_path):
     return config, full
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama-gqa", "llama-one-kv-head-tied"])
+@pytest.mark.parametrize("name", ["gpt2", "gpt2-pad-token-ignored", "llama-gqa", "llama-one-kv-head-tied",
+                                  "llama-padding"])
 def test_imported_model_equals_transformers_at_t_1_2_4(name, tmp_path):
+    x, y = global_batch(0, 3, 16, 67, seed=5)
+    pad = int(x[0, 0])   # a token of the batch: LlamaModel's embedding gives its row no gradient, GPT2Model's does
     hf = {"gpt2": lambda: hf_models.gpt2(),
+          "gpt2-pad-token-ignored": lambda: hf_models.gpt2(pad_token_id=pad),
           "llama-gqa": lambda: hf_models.llama(),  # nkv = 2: replicated over 2 ranks at t = 4
           "llama-one-kv-head-tied": lambda: hf_models.llama(num_key_value_heads=1, tie_word_embeddings=True,
-                                                            rms_norm_eps=1e-5)}[name]()
+                                                            rms_norm_eps=1e-5),
+          "llama-padding": lambda: hf_models.llama(pad_token_id=pad)}[name]()
     config, full = imported(hf, tmp_path)
-    x, y = global_batch(0, 3, 16, 67, seed=5)
     ref = hf_reference(hf, x, y)
+    if name == "llama-padding":   # the reference is what the test says it is
+        assert torch.count_nonzero(ref[2]["model.embed_tokens.weight"][pad]) == 0 and config.pad_token_id == pad
     for tp in (1, 2, 4):
-        run_spmd(lambda comm: check_tp_against_hf(comm, config, full, x, y, ref), tp)
+        run_spmd(lambda comm: check_tp_against_hf(comm, config, full, x, y, ref,
+                                                  config.pad_token_id if name == "llama-padding" else None), tp)
 
 
 def test_unpatched_llama_agrees_in_float32(tmp_path):

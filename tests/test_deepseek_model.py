@@ -66,6 +66,56 @@ def test_logits_and_every_gradient_equal_transformers(t, layout):
             assert_matches_reference(g, expected, name=f"grad {name}", rank=r)
 
 
+def _rank_from_files(comm, path, layout, ids, dlogits):
+    from tp_from_scratch.deepseek.model import load_hf
+    model = load_hf(path, group=comm, layout=layout)
+    logits = model(ids)
+    (logits * dlogits).sum().backward()
+    return logits.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("files", ["padding", "tied", "tied-with-a-copy"])
+def test_pad_token_id_and_tied_embeddings_imported_from_files_equal_transformers(files, tmp_path):
+    # pad_token_id: transformers' embedding gives the padding row no gradient (nn.Embedding's
+    # padding_idx); tie_word_embeddings: one parameter, embedding and head, whose gradient sums
+    # both uses. save_pretrained leaves a tied head out; other files carry a copy of it.
+    from safetensors.torch import load_file, save_file
+    pad = 5
+    hf = deepseek_v3(seed=40, **({"pad_token_id": pad} if files == "padding" else {"tie_word_embeddings": True}))
+    if files != "padding":
+        assert hf.lm_head.weight is hf.model.embed_tokens.weight, "transformers' reference is not tied"
+    ids = ids_for(41, hf.config.vocab_size)
+    ids[:, 1] = pad
+    dlogits = torch.tensor(rank_rng(42).standard_normal((2, 7, hf.config.vocab_size)))
+    logits_ref, grads_ref = reference_run(hf, ids, dlogits)
+    if files == "padding":
+        assert torch.count_nonzero(grads_ref["model.embed_tokens.weight"][pad]) == 0
+    hf.save_pretrained(tmp_path)
+    if files == "tied-with-a-copy":
+        sd = load_file(tmp_path / "model.safetensors")
+        sd["lm_head.weight"] = sd["model.embed_tokens.weight"].clone()
+        save_file(sd, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    layout = INFERENCE_LAYOUTS[0]
+    for t in (1, 2):
+        for r, (logits, grads) in enumerate(run_spmd(_rank_from_files, t, tmp_path, layout, ids, dlogits)):
+            assert_matches_reference(logits, logits_ref, name=f"logits ({files})", rank=r)
+            assert sorted(hf_name(n) for n in grads) == sorted(grads_ref), "the same parameters (tied: one)"
+            for name, g in grads.items():
+                expected = shard(name, grads_ref[hf_name(name)], layout, t, r)
+                assert_matches_reference(g, expected, name=f"grad {name} ({files})", rank=r)
+            if files == "padding":
+                assert torch.count_nonzero(grads["embed_tokens.weight"][pad]) == 0, f"rank {r}: padding row"
+    if files != "padding":   # exported back: save_pretrained's files of a tied model (no head of its own)
+        import json
+        from tp_from_scratch.comm import Comm
+        from tp_from_scratch.deepseek.model import load_hf, save_hf
+        save_hf(tmp_path / "back", load_hf(tmp_path, group=Comm(0, 1)))
+        original, back = load_file(tmp_path / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+        original.pop("lm_head.weight", None)
+        assert set(back) == set(original) and all(torch.equal(back[k], v) for k, v in original.items())
+        assert json.loads((tmp_path / "back" / "config.json").read_text())["tie_word_embeddings"] is True
+
+
 @pytest.mark.parametrize("t", [2, 4])
 def test_queries_without_a_latent_equal_transformers(t):
     # q_lora_rank=None (DeepSeek-V2-Lite's form, kept by DeepseekV3): q_proj split by heads

@@ -24,17 +24,22 @@ import functools
 import importlib.util
 import json
 import os
+import re
 import sys
 import threading
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tests import verify_adapters
 from tests.verify_adapters import FUSED_CROSS_ENTROPY, INPUT_TARGETS, MODE_TARGETS, TARGETS, exercise_adapter
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.comm.launchers import run_command, subprocess_env
+from tp_from_scratch.nn.linear import RowParallelLinear
+from tp_from_scratch.nn.mappings import reduce_from_tp_region
+from tp_from_scratch.testing import rank_rng
 from tp_from_scratch.tools.grading import load_implementation
 from tp_from_scratch.verify import exit_status, merge, run_suite, summary, table, write_json
 from tp_from_scratch.verify.report import xpasses
@@ -545,3 +550,85 @@ def test_a_rank_that_hangs_raises_or_skips_costs_one_named_row(launched):
         mine = [r for r in rows if r["adapter"] == name and r["status"] not in ("NOT PROVIDED", "SKIP")]
         assert {r["status"] for r in mine} == {"PASS"}, table(mine)
         assert len({r["component"] for r in mine}) == components and len(mine) > 10 * components
+
+
+# --- issue 38 audit: what the contract-3 claims lacked a test for ------------------------------
+
+class _RowInferenceModeSkipsReduce(RowParallelLinear):
+    """Reduces under torch.no_grad() but not under torch.inference_mode() (a generation path
+    that checks the one and not the other): only the inference_mode forward can see it."""
+
+    def forward(self, x):
+        partial = F.linear(x, self.weight)
+        y = partial if torch.is_inference_mode_enabled() else reduce_from_tp_region(self.group, partial)
+        return y if self.bias is None else y + self.bias
+
+
+def test_the_no_grad_check_runs_inference_mode_apart_from_no_grad():
+    adapter = dataclasses.replace(verify_adapters.ROW_NO_GRAD_SKIPS_REDUCE, name="bug: row skips under inference_mode",
+                                  row=lambda group, linear, input_is_parallel=True:
+                                  _RowInferenceModeSkipsReduce.from_linear(linear, group=group))
+    rows = _simulated(adapter, 2, (torch.float64,))
+    assert failed(rows, adapter.name) == {("row", "no_grad / inference_mode forward")}, table(rows)
+    row = next(r for r in rows if r["check"] == "no_grad / inference_mode forward" and r["component"] == "row")
+    assert "no-grad Y under torch.inference_mode()" in row["detail"], row["detail"]
+    assert "no-grad Y under torch.no_grad()" not in row["detail"], row["detail"]   # that forward is right
+
+
+class _Placed:
+    """A stand-in for a DTensor: a local tensor and its placements."""
+
+    def __init__(self, local, placements):
+        self.local, self.placements = local, placements
+
+    def to_local(self):
+        return self.local
+
+
+def test_a_gradient_with_right_values_placed_whole_is_a_placement_failure_listed_after_value_ones():
+    # DTensor's embedding gradient: the whole (V, H) on every rank where its (V/t, H) block was
+    # expected. The values are right: a memory and placement defect, not a wrong value
+    from tp_from_scratch.verify.recorder import Recorder
+    from tp_from_scratch.verify.suite import _severity
+    whole = torch.tensor(rank_rng(38, 0).standard_normal((6, 4)))
+    recorder = Recorder(None)
+    recorder.match(_Placed(whole, ("Replicate()",)), whole[3:], name="grad weight", rank=1)
+    recorder.match(_Placed(whole + 1e-3, ("Replicate()",)), whole[3:], name="grad weight", rank=1)  # wrong too
+    placed, wrong = recorder.entries
+    assert not placed.ok and _severity(placed) == "placement" and "its values are right" in placed.why, placed
+    assert not wrong.ok and _severity(wrong) == "value", wrong
+    rows = [dict(_row("FAIL"), severity="placement", check="grad weight"), dict(_row("FAIL"), check="forward")]
+    text = summary(rows)
+    assert text.index("value failures (1 rows)") < text.index("placement failures (1 rows)"), text
+
+
+def test_every_check_new_in_this_contract_is_named_in_the_docs_with_its_contract():
+    # an adapter author reads what changed in docs/verify.md: each check a contract added is
+    # listed there by its name and contract, and the table of contracts reaches this one
+    from tp_from_scratch.verify.adapter import CONTRACT
+    from tp_from_scratch.verify.suite import all_cases
+    doc = (REPO / "docs" / "verify.md").read_text()
+    assert f"\n| {CONTRACT} | " in doc and f"**contract {CONTRACT}**" in doc
+    new = {(c.check, c.since) for c in all_cases(2, 0, frozenset(FEATURES)) if c.since}
+    assert {since for _, since in new} == {CONTRACT} and len(new) >= 3, new
+    for check, since in sorted(new):   # "**token order** (sp block; contract 3)"
+        assert re.search(re.escape(f"**{check}**") + rf" \([^)]*contract {since}\)", doc), check
+
+
+def test_progress_lines_say_how_far_and_which_adapter_while_it_runs(monkeypatch):
+    # one line every PROGRESS seconds while the workers run, not only the table at the end
+    # (the launched tests see these lines too: test_a_rank_that_hangs_raises_or_skips_costs_one_named_row)
+    from tp_from_scratch.verify import supervisor
+
+    class Store:   # the supervisor's key-value store, holding where rank 0 is
+        def check(self, keys):
+            return keys == ["L/at/0"]
+
+        def get(self, key):
+            return b"1.2.0.5 forward"   # adapter 1, its checks (stage 2), dtype 0, item 5
+    monkeypatch.setattr(supervisor, "PROGRESS", 0.0)
+    lines = []
+    config = supervisor.Config(adapters=["a.py:ADAPTER", "b.py:ADAPTER"], dtypes=["float64"], progress=lines.append)
+    progress = supervisor._Progress(config, "3", 3, {1: "adapter b"})
+    progress.tick(Store(), "L", published=9)
+    assert lines == ["verify: t = 3: 3 checks done; now adapter b float64"], lines

@@ -11,9 +11,11 @@ The directory is what ``save_pretrained`` writes (config.json and safetensors fi
 by one, as DeepSeek-V3's own files, or stacked, as transformers 5 keeps them in memory). The names
 map one to one (``model.hf_name``); only the experts are stacked and unstacked. A config the
 course cannot map (another routing method, a RoPE other than plain or YaRN, attention biases, ...) is refused by name
-before anything is written (model.check_config), as is a tensor without a place in the model
-(but the multi-token-prediction layers, skipped with a warning), a float8 weight, and a GPT's
-checkpoint on export. Nothing is downloaded, and transformers is never imported (the tests
+before anything is written (model.check_config), as is a tensor missing, without a place in the
+model (but the multi-token-prediction layers, skipped with a warning) or of another shape than
+the config makes it (each named with its file and both shapes, before any is stacked), a float8
+weight, and a GPT's checkpoint on export. ``pad_token_id`` and ``tie_word_embeddings`` are read
+as transformers reads them (model.py). Nothing is downloaded, and transformers is never imported (the tests
 use it to check the result).
 """
 import argparse

@@ -53,6 +53,9 @@ def check_config(config, t, layout="experts on all tokens"):
             raise ValueError(f"rope_type='yarn' needs {key} ({what}) in rope_parameters")
     if config.attention_bias:
         raise ValueError("attention_bias=True is not supported: DeepSeek-V3 has no attention biases")
+    pad = pad_token_id(config)
+    if pad is not None and not (type(pad) is int and 0 <= pad < config.vocab_size):
+        raise ValueError(f"pad_token_id {pad!r} is not a token id in [0, vocab_size={config.vocab_size})")
     whole = 1 if layout == "expert parallel" else t   # attention and dense FFNs: whole under EP
     check_divisible(config.num_attention_heads, whole, "num_attention_heads")
     check_divisible(config.intermediate_size, whole, "intermediate_size (dense layers)")
@@ -98,11 +101,14 @@ class ParallelDeepseekV3(nn.Module):
         super().__init__()
         moe = check_config(config, tp_world_size(group), layout)
         self.config, self.group, self.layout = config, group, layout
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # pad_token_id's row gets no gradient, as in transformers (nn.Embedding's padding_idx)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=pad_token_id(config))
         self.layers = nn.ModuleList(DecoderLayer(config, i, layout, moe, group=group)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if tied(config):   # tie_word_embeddings: the head IS the embedding (one parameter, one gradient)
+            self.lm_head.weight = self.embed_tokens.weight
 
     def forward(self, ids, cache=None):
         past = cache.length() if cache is not None else 0
@@ -123,6 +129,16 @@ class ParallelDeepseekV3(nn.Module):
         """Data parallelism's all-reduce after backward: each replicated gradient summed over the ranks."""
         for p in self.replicated_parameters():
             p.grad = all_reduce(self.group, p.grad)
+
+
+def pad_token_id(config):
+    """The padding row of the embedding (transformers' padding_idx), or None."""
+    return getattr(config, "pad_token_id", None)
+
+
+def tied(config):
+    """Does the LM head reuse the embedding (transformers' tie_word_embeddings, default False)?"""
+    return bool(getattr(config, "tie_word_embeddings", False))
 
 
 # ---- transformers' names and layouts ------------------------------------------------------
@@ -153,6 +169,8 @@ def from_hf_state_dict(config, sd, *, group, layout="experts on all tokens", dty
     skipped with a warning, and quantized weights (float8 with their scales) are refused."""
     model = ParallelDeepseekV3(config, group=group, layout=layout).to(dtype)
     t, r = tp_world_size(group), tp_rank(group)
+    if tied(config) and "lm_head.weight" not in sd:   # a tied model's files hold the embedding only
+        sd = {**sd, "lm_head.weight": sd.get(hf_name("embed_tokens.weight"))}
     wanted = {hf_name(n) for n in model.state_dict()}
     missing = sorted(wanted - set(sd))
     if missing:
@@ -228,6 +246,8 @@ def config_from_hf(hf):
                                  "rope_type": scaling.get("rope_type", (hf.get("rope_scaling") or {}).get("type", "default"))}
     hf.setdefault("rope_interleave", True)
     hf.setdefault("attention_bias", False)
+    hf.setdefault("tie_word_embeddings", False)   # DeepseekV3Config's defaults
+    hf.setdefault("pad_token_id", None)
     return DeepseekConfig(**hf)
 
 
@@ -251,10 +271,11 @@ def stack_experts(sd, config):
     return sd
 
 
-def unstack_experts(sd, config):
-    """The inverse of stack_experts: one gate, up and down weight per expert, for the files."""
+def unstack_experts(sd, config, prefixes=None):
+    """The inverse of stack_experts: one gate, up and down weight per expert, for the files
+    (only the MoE layers named in ``prefixes``, where given)."""
     sd = dict(sd)
-    for prefix in _experts_prefixes(config):
+    for prefix in _experts_prefixes(config) if prefixes is None else prefixes:
         gate_up, down = sd.pop(f"{prefix}.gate_up_proj"), sd.pop(f"{prefix}.down_proj")
         for e in range(config.n_routed_experts):
             sd[f"{prefix}.{e}.gate_proj.weight"], sd[f"{prefix}.{e}.up_proj.weight"] = gate_up[e].chunk(2)
@@ -262,18 +283,39 @@ def unstack_experts(sd, config):
     return sd
 
 
+def hf_shapes(config, sd):
+    """{file name: shape} of every tensor a save_pretrained file of ``config`` holds, read off a
+    one-rank model built on the meta device (shapes, no memory). Each MoE layer's experts one by
+    one, or stacked where ``sd`` holds them stacked; a tied head only where ``sd`` holds a copy."""
+    with torch.device("meta"):
+        full = to_hf_state_dict(ParallelDeepseekV3(config, group=Comm(0, 1)))
+    apart = [p for p in _experts_prefixes(config) if f"{p}.gate_up_proj" not in sd]
+    shapes = {k: tuple(v.shape) for k, v in unstack_experts(full, config, apart).items()}
+    if tied(config) and "lm_head.weight" not in sd:
+        del shapes["lm_head.weight"]
+    return shapes
+
+
 def load_hf(path, *, group, layout="experts on all tokens", dtype=torch.float64):
-    """Rank r's model from a save_pretrained directory or .safetensors file (gpt.convert.read_hf)."""
-    from tp_from_scratch.gpt.convert import read_hf
-    hf, sd, _ = read_hf(path)
+    """Rank r's model from a save_pretrained directory or .safetensors file (gpt.convert.read_hf).
+    Every tensor's name and shape is checked against the config before any is stacked or cut."""
+    from tp_from_scratch.gpt.convert import check_tensors, head_tied_as_transformers, read_hf, require_head
+    hf, sd, where = read_hf(path)
     config = config_from_hf(hf)
     check_config(config, tp_world_size(group), layout)  # before any tensor is touched
+    require_head(sd, tied(config), where)
+    check_tensors(sd, hf_shapes(config, sd), where)
+    config.tie_word_embeddings = head_tied_as_transformers(sd, tied(config), hf_name("embed_tokens.weight"), where)
+    if tied(config):
+        sd.pop("lm_head.weight", None)                   # the embedding's copy
     return from_hf_state_dict(config, stack_experts(sd, config), group=group, layout=layout, dtype=dtype)
 
 
 def save_hf(directory, model):
     """A directory transformers' DeepseekV3ForCausalLM.from_pretrained reads: config.json and
-    model.safetensors, from a one-rank model."""
+    model.safetensors, from a one-rank model (a tied head left out: transformers ties it back)."""
     from tp_from_scratch.gpt.convert import write_hf_files
     sd = unstack_experts(to_hf_state_dict(model), model.config)
+    if tied(model.config):
+        sd.pop("lm_head.weight")
     write_hf_files(directory, sd, {**model.config.to_dict(), "model_type": "deepseek_v3"})

@@ -142,12 +142,16 @@ def config_from_hf(hf, where="config.json"):
                      n_kv_heads=hf.get("num_key_value_heads") or nh, ffn=hf["intermediate_size"],
                      norm_eps=hf.get("rms_norm_eps", 1e-6),
                      rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-                     tie_embeddings=hf.get("tie_word_embeddings", False))
+                     tie_embeddings=hf.get("tie_word_embeddings", False),
+                     pad_token_id=hf.get("pad_token_id"))   # LlamaModel's padding_idx (GPT2Model has none)
 
 
 def export_kind(config):
     """'gpt2' or 'llama': the Hugging Face class that computes exactly what ``config`` does."""
     if (config.norm, config.position, config.mlp) == ("layernorm", "learned", "gelu") and config.bias:
+        if config.pad_token_id is not None:
+            raise ConversionError(f"pad_token_id={config.pad_token_id}: GPT-2's embedding has no padding row "
+                                  "(transformers' GPT2Model ignores pad_token_id), so no GPT-2 computes this model")
         return "gpt2"
     if (config.norm, config.position, config.mlp, config.bias) == ("rmsnorm", "rope", "swiglu", False):
         return "llama"
@@ -172,7 +176,7 @@ def hf_config(config):
             "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_kv_heads,
             "head_dim": config.head_size, "max_position_embeddings": config.seq_len,
             "rms_norm_eps": config.norm_eps, "hidden_act": "silu", "attention_bias": False,
-            "mlp_bias": False, "rope_theta": config.rope_theta,
+            "mlp_bias": False, "rope_theta": config.rope_theta, "pad_token_id": config.pad_token_id,
             "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta}}
 
 
@@ -192,20 +196,66 @@ def _prefix(sd, kind, where):
                           f"(looked for {[p + EMBEDDING[kind] for p in PREFIXES[kind]]})")
 
 
-def tie_as_transformers(sd, config, where="the checkpoint"):
-    """``config``, untied when it says tied but ``sd`` holds an lm_head.weight that is not the
-    embedding: transformers' from_pretrained then keeps both and warns (the file, not the
-    config, says what the model computes); an equal copy (old .bin files hold one) stays tied."""
+def check_tensors(sd, expected, where):
+    """Refuse, in one line naming the file ``where`` and the tensor, a state dict read from it
+    that lacks a tensor of ``expected`` (file name -> shape) or holds one of another shape:
+    before any model is built, so no tensor is split, stacked or loaded on a wrong guess."""
+    for name, shape in expected.items():
+        if name not in sd:
+            raise ConversionError(f"{where} has no tensor {name!r}")
+        if tuple(sd[name].shape) != tuple(shape):
+            raise ConversionError(f"{where}: tensor {name!r} is {tuple(sd[name].shape)}, the config "
+                                  f"makes it {tuple(shape)}")
+
+
+def require_head(sd, tied, where="the checkpoint"):
+    """An untied config needs the file's own lm_head.weight: refuse, naming both, where it has none."""
+    if not tied and "lm_head.weight" not in sd:
+        raise ConversionError(f"{where} has no lm_head.weight, but config.json says "
+                              f"tie_word_embeddings=false (a head of its own)")
+
+
+def head_tied_as_transformers(sd, tied, embedding, where="the checkpoint", config_key="tie_word_embeddings"):
+    """Whether the LM head is the embedding ``sd[embedding]``, as transformers' from_pretrained
+    decides: a tied config whose file holds an lm_head.weight that is not the embedding is kept
+    untied, with a warning (the file, not the config, says what the model computes); an equal
+    copy (old .bin files and some save_pretrained files hold one) stays tied."""
     head = sd.get("lm_head.weight")
-    if not config.tie_embeddings or head is None:
-        return config
+    if not tied or head is None:
+        return tied
+    if head.shape == sd[embedding].shape and torch.equal(head, sd[embedding]):
+        return True
+    warnings.warn(f"{where}: config.json says {config_key}=true but lm_head.weight differs from "
+                  f"{embedding}; kept untied, as transformers does", ConversionWarning)
+    return False
+
+
+def tie_as_transformers(sd, config, where="the checkpoint"):
+    """``config``, untied where transformers' from_pretrained would keep the file's head apart
+    (head_tied_as_transformers)."""
     kind = export_kind(config)
-    embedding = sd[_prefix(sd, kind, where) + EMBEDDING[kind]]
-    if torch.equal(head, embedding):
+    embedding = _prefix(sd, kind, where) + EMBEDDING[kind]
+    if head_tied_as_transformers(sd, config.tie_embeddings, embedding, where) == config.tie_embeddings:
         return config
-    warnings.warn(f"{where}: config.json says tie_word_embeddings=true but lm_head.weight differs from "
-                  f"{EMBEDDING[kind]}; kept untied, as transformers does", ConversionWarning)
     return dataclasses.replace(config, tie_embeddings=False)
+
+
+def hf_shapes(config, sd, where="the checkpoint"):
+    """{file name: shape} of every tensor a Hugging Face file of ``config`` holds, under the
+    prefix ``sd`` uses; read off a model built on the meta device (shapes, no memory). A tied
+    config's lm_head.weight is expected only where the file holds one (a copy)."""
+    kind = export_kind(config)
+    config.validate()
+    with torch.device("meta"):
+        ours = GPT(config).state_dict()
+    if config.tie_embeddings:
+        ours["lm_head.weight"] = ours["wte.weight"]
+    p, standard = _prefix(sd, kind, where), PREFIXES[kind][0]
+    shapes = {(p + k[len(standard):] if k.startswith(standard) else k): tuple(v.shape)
+              for k, v in to_hf(ours, config).items()}
+    if config.tie_embeddings and "lm_head.weight" not in sd:
+        del shapes["lm_head.weight"]
+    return shapes
 
 
 def from_hf(sd, config, where="the checkpoint"):
@@ -250,9 +300,7 @@ def from_hf(sd, config, where="the checkpoint"):
                 out[f"{b}mlp.{part}.weight"] = take(f"{h}mlp.{part}_proj.weight")
         out["ln_f.weight"] = take(p + "norm.weight")
     if not config.tie_embeddings:
-        if "lm_head.weight" not in sd:
-            raise ConversionError(f"{where} has no lm_head.weight, but config.json says "
-                                  f"tie_word_embeddings=false (a head of its own)")
+        require_head(sd, False, where)
         out["lm_head.weight"] = take("lm_head.weight")
     else:
         used.add("lm_head.weight")                           # a tied head is the embedding
@@ -296,7 +344,7 @@ def to_hf(sd, config):
             w = [sd[f"{b}attn.{x}.weight"] for x in "qkv"]
             bias = [sd.get(f"{b}attn.{x}.bias") for x in "qkv"]
             if bias[1] is None:                               # no key bias: exactly zero (see model.py)
-                bias[1] = torch.zeros(w[1].shape[0], dtype=w[1].dtype)
+                bias[1] = torch.zeros(w[1].shape[0], dtype=w[1].dtype, device=w[1].device)
             # GQA -> multi-head: each KV head repeated for the g query heads that read it
             w[1:] = [_repeat_heads(x, g, config.head_size) for x in w[1:]]
             bias[1:] = [_repeat_heads(x, g, config.head_size) for x in bias[1:]]
@@ -431,6 +479,8 @@ def load_hf(path, config_path=None, dtype=None):
     """(our GPTConfig, our full state dict) from a Hugging Face checkpoint on disk."""
     hf, sd, where = read_hf(path, config_path)
     config = config_from_hf(hf, str(config_path_of(path, config_path)))
+    require_head(sd, config.tie_embeddings, where)
+    check_tensors(sd, hf_shapes(config, sd, where), where)   # every name and shape, before any split
     config = tie_as_transformers(sd, config, where)
     full = from_hf(sd, config, where)
     if dtype is not None:

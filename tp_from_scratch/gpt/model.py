@@ -77,6 +77,8 @@ class GPTConfig:
     bias: bool = None           # biases on the linear layers
     key_bias: bool = None       # a bias on k as well (GPT-2 has one; softmax ignores it, see Attention)
     causal: bool = True         # False: every position attends to every other (the ViT, gpt/vit.py)
+    pad_token_id: int = None    # a token whose embedding row gets no gradient (nn.Embedding's
+                                # padding_idx; a Llama import's pad_token_id, as transformers reads it)
 
     def __post_init__(self):
         if self.ffn == 0:
@@ -110,6 +112,10 @@ class GPTConfig:
                 raise ValueError(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
         if self.position == "rope" and self.head_size % 2 != 0:
             raise ValueError(f"RoPE turns pairs of a head's dimensions: head size {self.head_size} is odd")
+        if self.pad_token_id is not None and not (type(self.pad_token_id) is int
+                                                  and 0 <= self.pad_token_id < self.vocab_size):
+            raise ValueError(f"pad_token_id {self.pad_token_id!r} is not a token id in [0, vocab_size="
+                             f"{self.vocab_size})")
         if tp < 1:
             raise ValueError(f"tp must be at least 1, got {tp}")
         for name, size in [("ffn size", self.ffn), ("vocab size", self.vocab_size),
@@ -317,7 +323,7 @@ class GPT(nn.Module):
         super().__init__()
         config.validate(1)
         self.config = config
-        self.wte = nn.Embedding(config.vocab_size, config.hidden)
+        self.wte = nn.Embedding(config.vocab_size, config.hidden, padding_idx=config.pad_token_id)
         if config.position == "learned":
             self.wpe = nn.Embedding(config.seq_len, config.hidden)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
