@@ -46,6 +46,7 @@ from tp_from_scratch.gpt.model import GPTConfig
 from tp_from_scratch.gpt.parallelize import shard_tensor, unshard_tensor
 
 FORMAT = "tp_from_scratch checkpoint v1"
+DCP_FORMAT = "tp_from_scratch DCP checkpoint v1"   # gpt/dcp.py's: PyTorch DCP files and this meta.json
 SINGLE_FORMAT = "tp_from_scratch single-device state dict v1"
 KEEP = 2  # complete checkpoints kept in a root; older ones are deleted after a save
 
@@ -311,9 +312,10 @@ def _prune(root, keep):
     for old in complete[:-keep]:
         if old.name != current:
             shutil.rmtree(old, ignore_errors=True)
-    # directories of saves that never finished (a killed process) are garbage too, unless new
-    for partial in root.glob("step_*"):
-        if not (partial / "meta.json").exists() and partial.name < complete[-1].name:
+    # directories of saves that never finished (a killed process) are garbage too, unless new;
+    # a DCP save stages into .step_*.staging (gpt/dcp.py)
+    for partial in [*root.glob("step_*"), *root.glob(".step_*.staging")]:
+        if not (partial / "meta.json").exists() and partial.name.lstrip(".") < complete[-1].name:
             shutil.rmtree(partial, ignore_errors=True)
 
 
@@ -324,9 +326,14 @@ def _prune(root, keep):
 def read_metadata(root):
     """(checkpoint directory, metadata dict) of the newest complete checkpoint in ``root``.
 
-    ``root`` may also be one checkpoint directory (holding meta.json) itself.
+    ``root`` may also be one checkpoint directory (holding meta.json) itself: the course's, or a
+    DCP directory the course wrote (.metadata beside meta.json; gpt/dcp.py). A DCP directory
+    without meta.json (another tool's) is refused: its model, config and step are unknown.
     """
     root = Path(root)
+    if (root / ".metadata").exists() and not (root / "meta.json").exists():
+        raise CheckpointError(f"{root} is a PyTorch DCP checkpoint without tp_from_scratch's meta.json (written by "
+                              f"another tool, or a save that never finished): its model, config and step are unknown")
     if (root / "meta.json").exists():
         directory = root
     elif (root / "latest").exists():
@@ -342,7 +349,7 @@ def read_metadata(root):
         raise CheckpointError(f"checkpoint {directory} has no meta.json (an unfinished save?)") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointError(f"checkpoint metadata {path} is corrupt or truncated: {e}") from None
-    if meta.get("format") != FORMAT:
+    if meta.get("format") not in (FORMAT, DCP_FORMAT):
         raise CheckpointError(f"{path} is not a {FORMAT!r} file (format {meta.get('format')!r})")
     return directory, meta
 
@@ -388,6 +395,9 @@ def load_full(root, config=None, description=GPT, sharding=GPT_SHARDING):
     check_description(meta, description, directory)
     if config is not None:
         check_config(meta["config"], config, directory, sharding)
+    if meta["format"] == DCP_FORMAT:   # full tensors assembled by DCP's planner from any t's chunks
+        from tp_from_scratch.gpt import dcp
+        return {**dcp.load_full(directory, meta), "config": sharding.config_of(meta["config"])}
     payloads = [read_shard(directory, r) for r in meta["shards"]]
 
     def glue(name, pieces):
@@ -401,7 +411,15 @@ def load_full(root, config=None, description=GPT, sharding=GPT_SHARDING):
 
 
 def load_shard(root, config, tp, rank, description=GPT, sharding=GPT_SHARDING):
-    """This TP rank's model state, optimizer state and (same tp only) RNG state, and the step."""
+    """This TP rank's model state, optimizer state and (same tp only) RNG state, and the step.
+    A DCP checkpoint: DCP's planner reads exactly this rank's pieces, whatever t saved it."""
+    if not Path(root).is_file():
+        directory, meta = read_metadata(root)
+        if meta["format"] == DCP_FORMAT:
+            from tp_from_scratch.gpt import dcp
+            check_description(meta, description, directory)
+            check_config(meta["config"], config, directory, sharding)
+            return dcp.load_shard(directory, meta, config, tp, rank, sharding)
     full = load_full(root, config, description, sharding)
     model = {k: sharding.shard(k, v, tp, rank, config) for k, v in full["model"].items()}
     optimizer = shard_optimizer_state(full["optimizer"], tp, rank, config, sharding)
@@ -461,11 +479,17 @@ def main(argv=None):
                   f"from tp={full['meta']['tp']}")
         else:   # any model: info reads every shard (size and sha256) and glues nothing
             directory, meta = read_metadata(args.root)
-            for record in meta["shards"]:
-                read_shard(directory, record)
+            if meta["format"] == DCP_FORMAT:
+                from tp_from_scratch.gpt import dcp
+                dcp.verify(directory, meta)
+                checked = f"PyTorch DCP checkpoint: {len(meta['files'])} files verified (size and sha256)"
+            else:
+                for record in meta["shards"]:
+                    read_shard(directory, record)
+                checked = f"{len(meta['shards'])} shards verified (size and sha256)"
             print(json.dumps({k: meta[k] for k in ("step", "tp", "config")}, indent=1))
             print(f"holds {describe(description_of(meta))}")
-            print(f"{len(meta['shards'])} shards verified (size and sha256)")
+            print(checked)
     except CheckpointError as e:
         parser.exit(1, f"error: {e}\n")
 
