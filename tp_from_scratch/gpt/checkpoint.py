@@ -40,8 +40,12 @@ import time
 import uuid
 from pathlib import Path
 
-import torch
+from contextlib import contextmanager
 
+import torch
+import torch.distributed as dist
+
+from tp_from_scratch.gpt import dcp
 from tp_from_scratch.gpt.model import GPTConfig
 from tp_from_scratch.gpt.parallelize import shard_tensor, unshard_tensor
 
@@ -320,6 +324,71 @@ def _prune(root, keep):
 
 
 # ---------------------------------------------------------------------------------------
+# Writing in PyTorch DCP's format (gpt/dcp.py): staged, then committed like the shards above
+# ---------------------------------------------------------------------------------------
+
+def staging_name(name):
+    """Where a DCP save of checkpoint ``name`` is written before it is renamed into place."""
+    return f".{name}.staging"
+
+
+def commit_dcp(root, name, config, tp, step, extra=None, description=None, keep=KEEP):
+    """Rank 0, once DCP has written the staging directory: meta.json (the description, the config
+    and every file's size and sha256), the rename into place, then ``latest``. Before the rename
+    no step_* directory exists; before ``latest`` the previous checkpoint is current."""
+    root = Path(root)
+    staging = root / staging_name(name)
+    meta = {"format": DCP_FORMAT, "step": step, "tp": tp, "config": config.to_dict(),
+            "model": description or description_of({"tp": tp, "config": config.to_dict(), **(extra or {})}),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "files": dcp.file_records(staging), **(extra or {})}
+    write_atomic(staging / "meta.json", json.dumps(meta, indent=1).encode())
+    os.rename(staging, root / name)   # atomic: the directory appears whole
+    _fsync_dir(root)
+    write_atomic(root / "latest", f"{name}\n".encode())
+    _prune(root, keep)
+    return meta
+
+
+def save_dcp(group, root, step, model_state, optimizer_state, config, tp, tp_rank, extra=None,
+             description=None, sharding=GPT_SHARDING):
+    """The trainers' --save-format dcp: every rank of the default group calls it with its TP
+    ``group``, its pieces and its optimizer state by name; rank 0 commits (collective)."""
+    names = [new_checkpoint_name(step) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(names, src=0)
+    Path(root).mkdir(parents=True, exist_ok=True)
+    dcp.save(group, Path(root) / staging_name(names[0]), step, model_state, optimizer_state, config, tp, tp_rank,
+             {"config": config.to_dict(), **(extra or {})}, sharding)
+    if dist.get_rank() == 0:
+        commit_dcp(root, names[0], config, tp, step, extra, description)
+    dist.barrier()
+
+
+def write_dcp(root, model_state, optimizer_state, config, tp, step=0, extra=None, description=None,
+              sharding=GPT_SHARDING):
+    """A DCP checkpoint of FULL tensors (and optimizer state by name) as ``tp`` ranks save it, one
+    file each, written in one process: a conversion, or a test's checkpoint. Returns its meta."""
+    shapes = {k: tuple(v.shape) for k, v in model_state.items()}
+    states = [dcp.rank_state({k: sharding.shard(k, v, tp, r, config) for k, v in model_state.items()},
+                             shard_optimizer_state(optimizer_state, tp, r, config, sharding), step, shapes,
+                             tp, r, config, sharding)
+              for r in range(tp)]
+    name = new_checkpoint_name(step)
+    Path(root).mkdir(parents=True, exist_ok=True)
+    dcp.save_ranks(Path(root) / staging_name(name), states)
+    return commit_dcp(root, name, config, tp, step, extra, description)
+
+
+@contextmanager
+def dcp_errors():
+    """gpt/dcp.py's DCPError as this file's CheckpointError (what every entry point reports in one line)."""
+    try:
+        yield
+    except dcp.DCPError as e:
+        raise CheckpointError(str(e)) from None
+
+
+# ---------------------------------------------------------------------------------------
 # Reading
 # ---------------------------------------------------------------------------------------
 
@@ -396,8 +465,8 @@ def load_full(root, config=None, description=GPT, sharding=GPT_SHARDING):
     if config is not None:
         check_config(meta["config"], config, directory, sharding)
     if meta["format"] == DCP_FORMAT:   # full tensors assembled by DCP's planner from any t's chunks
-        from tp_from_scratch.gpt import dcp
-        return {**dcp.load_full(directory, meta), "config": sharding.config_of(meta["config"])}
+        with dcp_errors():
+            return {**dcp.load_full(directory, meta), "config": sharding.config_of(meta["config"])}
     payloads = [read_shard(directory, r) for r in meta["shards"]]
 
     def glue(name, pieces):
@@ -416,10 +485,10 @@ def load_shard(root, config, tp, rank, description=GPT, sharding=GPT_SHARDING):
     if not Path(root).is_file():
         directory, meta = read_metadata(root)
         if meta["format"] == DCP_FORMAT:
-            from tp_from_scratch.gpt import dcp
             check_description(meta, description, directory)
             check_config(meta["config"], config, directory, sharding)
-            return dcp.load_shard(directory, meta, config, tp, rank, sharding)
+            with dcp_errors():
+                return dcp.load_shard(directory, meta, config, tp, rank, sharding)
     full = load_full(root, config, description, sharding)
     model = {k: sharding.shard(k, v, tp, rank, config) for k, v in full["model"].items()}
     optimizer = shard_optimizer_state(full["optimizer"], tp, rank, config, sharding)
@@ -480,8 +549,8 @@ def main(argv=None):
         else:   # any model: info reads every shard (size and sha256) and glues nothing
             directory, meta = read_metadata(args.root)
             if meta["format"] == DCP_FORMAT:
-                from tp_from_scratch.gpt import dcp
-                dcp.verify(directory, meta)
+                with dcp_errors():
+                    dcp.verify(directory, meta)
                 checked = f"PyTorch DCP checkpoint: {len(meta['files'])} files verified (size and sha256)"
             else:
                 for record in meta["shards"]:

@@ -1,7 +1,8 @@
 """Checkpoints other tools read: PyTorch Distributed Checkpoint (DCP), cut by the course's plan.
 
 ``--save DIR --save-format dcp`` writes what torchtitan and FSDP2/DTensor code write
-(``torch.distributed.checkpoint``), in the course's root layout:
+(``torch.distributed.checkpoint``), in the course's root layout (gpt/checkpoint.py stages,
+checksums and commits it as it does its own format):
 
     DIR/latest                         name of the newest complete checkpoint (one line)
     DIR/step_00000050-1a2b3c4d/
@@ -11,35 +12,30 @@
                                        the command that loads it), sha256 and size of every file
 
 The keys are the single-device model's ``state_dict()`` names (torchtitan's convention: the
-model's tensors at the top level), AdamW's moments under ``optimizer.state.<name>.<key>`` (the
+model's tensors at the top level), AdamW's state under ``optimizer.state.<name>.<key>`` (the
 names ``get_optimizer_state_dict(..., flatten_optimizer_state_dict=True)`` gives), and the step
-under ``train_state.step``. Each rank stores its piece with its TRUE place in the full tensor:
-``placement`` applies the model's Sharding (the plan: gpt.parallelize's cut, or DeepSeek-V3's) to
-a tensor of positions and reads off which rows or columns it took, so the course's uneven
+under ``train_state.step``. Each rank stores its piece at its TRUE place in the full tensor:
+``placement`` applies the model's Sharding (the plan's cut, whatever model a lesson trains) to a
+tensor of positions and reads off which rows or columns the piece took, so the course's uneven
 splits (numpy.array_split: 3, 3, 2, 2 rows of 10 at t = 4), KV heads held by several ranks and
-DeepSeek-V3's stacked gate/up halves are stored where they belong. DCP's planner then reshards
-at load: a reader at any t asks for its own chunks (``load_shard``) and DCP reads the overlaps.
-(A plain ``DTensor.from_local(piece, shape=...)`` of an uneven piece saves without complaint and
-fails only at load: DTensor assumes torch.chunk's split, 3, 3, 3, 1; tests/test_dcp.py shows it.)
+stacked halves cut alike (two chunks on one rank) are each stored where they belong. DCP's
+planner then reshards at load: a reader at any t asks for its own chunks (``load_shard``) and
+DCP reads the overlaps. A plain ``DTensor.from_local(piece, shape=...)`` of an uneven piece
+saves without complaint and fails only at load: DTensor assumes torch.chunk's split (3, 3, 3, 1);
+tests/test_dcp_launched.py shows both.
 
-A save is staged: DCP writes into a hidden directory, rank 0 adds meta.json, renames the
-directory into place and switches ``latest`` last, as the course's own format does, so a kill
-at any moment leaves the previous checkpoint loadable. What DCP itself does not keep: the
-course's description and checksums (meta.json holds them), the RNG state (not saved: the
-course's training draws no random numbers after init), and the optimizer's param_groups
-(learning rate and betas come from the command line, as in the course's own format).
+What DCP itself does not keep, and the course's files do: the model description and the
+checksums (meta.json holds them), the RNG state (not saved), and the optimizer's param_groups
+(learning rate and betas come from the command line, as with the course's own format).
 
-    Pieces                              one rank's pieces of a tensor, at their offsets (for DCP)
+    Pieces                               one rank's pieces of a tensor, at their offsets (for DCP)
     placement(name, shape, tp, rank, ...)   where that rank's piece of ``name`` sits
-    rank_state(...)                     one rank's DCP state dict, from its model and optimizer
-    save(group, root, ...)              the trainers' save (collective over the default group)
-    write(root, model, optimizer, ...)  a checkpoint of full tensors at ``tp`` ranks, in one process
-    load_full / load_shard              the whole state, or one rank's pieces at any t (no group)
+    rank_state(...)                      one rank's DCP state dict, from its model and optimizer
+    save(group, directory, ...)          a trainer rank's part of a save (collective)
+    save_ranks(directory, states)        every rank's part, in one process
+    load_full / load_shard               the whole state, or one rank's pieces at any t (no group)
 """
 import hashlib
-import json
-import os
-import time
 from pathlib import Path
 
 import torch
@@ -52,17 +48,19 @@ from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadat
                                                    TensorStorageMetadata)
 from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
-from tp_from_scratch.gpt import checkpoint as ckpt
-
 OPTIMIZER, STEP = "optimizer.state.", "train_state.step"
 MARKER = ".metadata"   # what makes a directory a DCP checkpoint
+
+
+class DCPError(RuntimeError, ValueError):
+    """A DCP directory that cannot be used (gpt/checkpoint.py reports it as a CheckpointError)."""
 
 
 # ---------------------------------------------------------------------------------------
 # Where a rank's piece sits in the full tensor, read from the plan
 # ---------------------------------------------------------------------------------------
 
-def placement(name, shape, tp, rank, config, sharding=ckpt.GPT_SHARDING):
+def placement(name, shape, tp, rank, config, sharding):
     """[(offsets, axis, start, length)]: the runs of rank ``rank``'s piece of tensor ``name``
     (full shape ``shape``) in the full tensor, in the piece's order: ``length`` slices along
     ``axis`` from piece position ``start`` sit at ``offsets``. [(zeros, None, 0, 0)] when whole.
@@ -123,14 +121,14 @@ class Pieces(torch.Tensor):
         return next(piece for offsets, piece in self.chunks if offsets == index.offset)
 
 
-def pieces_of(name, local, shape, tp, rank, config, sharding=ckpt.GPT_SHARDING):
+def pieces_of(name, local, shape, tp, rank, config, sharding):
     """Pieces of this rank's ``local`` piece of tensor ``name`` (full ``shape``), placed by the plan."""
     chunks = [(offsets, local if axis is None else local.narrow(axis, start, length).contiguous())
               for offsets, axis, start, length in placement(name, shape, tp, rank, config, sharding)]
     return Pieces(shape, chunks, local.dtype)
 
 
-def empty_pieces(name, shape, dtype, tp, rank, config, sharding=ckpt.GPT_SHARDING):
+def empty_pieces(name, shape, dtype, tp, rank, config, sharding):
     """Pieces of zeros where rank ``rank`` at ``tp`` holds tensor ``name``: what a load fills."""
     runs = placement(name, shape, tp, rank, config, sharding)
     chunks = [(offsets, torch.zeros(shape if axis is None else [length if d == axis else n
@@ -146,7 +144,7 @@ def glued(pieces, runs):
     return tensors[0] if axis is None else torch.cat(tensors, dim=axis)
 
 
-def full_shapes(local_shapes, meta, sharding=ckpt.GPT_SHARDING):
+def full_shapes(local_shapes, meta, sharding):
     """{name: full shape} from every TP rank's piece shapes (rank order), glued by the Sharding
     on the meta device (no data): the shapes a DCP checkpoint records."""
     return {name: tuple(sharding.unshard(name, [torch.empty(s[name], device="meta") for s in local_shapes],
@@ -154,7 +152,7 @@ def full_shapes(local_shapes, meta, sharding=ckpt.GPT_SHARDING):
             for name in local_shapes[0]}
 
 
-def rank_state(model_state, optimizer_state, step, shapes, tp, rank, config, sharding=ckpt.GPT_SHARDING):
+def rank_state(model_state, optimizer_state, step, shapes, tp, rank, config, sharding):
     """One rank's DCP state dict: its pieces of every weight and AdamW moment (placed by the plan,
     under the single-device names), the optimizer's scalars and the step as plain tensors."""
     def place(name, value):
@@ -169,12 +167,8 @@ def rank_state(model_state, optimizer_state, step, shapes, tp, rank, config, sha
 
 
 # ---------------------------------------------------------------------------------------
-# Writing: staged, checksummed, committed as the course's own format
+# Writing (gpt/checkpoint.py stages, checksums and commits it, as its own format)
 # ---------------------------------------------------------------------------------------
-
-def staging_name(name):
-    return f".{name}.staging"
-
 
 def file_records(directory):
     """{file: {"bytes", "sha256"}} of every file DCP wrote in ``directory``."""
@@ -185,42 +179,17 @@ def file_records(directory):
     return records
 
 
-def commit(root, name, config, tp, step, extra=None, description=None, keep=ckpt.KEEP):
-    """Rank 0, once DCP has written the staging directory: meta.json, the rename into place, then
-    ``latest``. Before the rename no step_* directory exists; before ``latest`` the old one is current."""
-    root = Path(root)
-    staging = root / staging_name(name)
-    meta = {"format": ckpt.DCP_FORMAT, "step": step, "tp": tp, "config": config.to_dict(),
-            "model": description or ckpt.description_of({"tp": tp, "config": config.to_dict(), **(extra or {})}),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "files": file_records(staging), **(extra or {})}
-    ckpt.write_atomic(staging / "meta.json", json.dumps(meta, indent=1).encode())
-    os.rename(staging, root / name)   # atomic: the directory appears whole
-    ckpt._fsync_dir(root)
-    ckpt.write_atomic(root / "latest", f"{name}\n".encode())
-    ckpt._prune(root, keep)
-    return meta
-
-
-def save(group, root, step, model_state, optimizer_state, config, tp, tp_rank, meta_extra=None,
-         description=None, sharding=ckpt.GPT_SHARDING):
-    """The trainers' DCP save: every rank of the default group calls it (DP replicas too: DCP
-    keeps one copy of identical chunks). ``group``: the TP group, over which the piece shapes are
-    all-gathered to find each tensor's full shape. Rank 0 commits (collective)."""
-    names = [ckpt.new_checkpoint_name(step) if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(names, src=0)
+def save(group, directory, step, model_state, optimizer_state, config, tp, tp_rank, meta, sharding):
+    """This rank's part of a trainer's DCP save into ``directory`` (collective over the default
+    group: DP replicas too, DCP keeps one copy of identical chunks). ``group``: the TP group, over
+    which the piece shapes are all-gathered; glued by the Sharding (with ``meta``: the config and
+    the model's own entries), they are each tensor's full shape."""
     local = {k: tuple(v.shape) for k, v in model_state.items()}
     shapes = [None] * tp
     dist.all_gather_object(shapes, local, group=group)
-    meta = {"config": config.to_dict(), **(meta_extra or {})}
     full = full_shapes(shapes, meta, sharding)
-    state = rank_state(model_state, optimizer_state, step, full, tp, tp_rank, config, sharding)
-    Path(root).mkdir(parents=True, exist_ok=True)
-    dcp.save(state, checkpoint_id=Path(root) / staging_name(names[0]))
-    if dist.get_rank() == 0:
-        commit(root, names[0], config, tp, step, meta_extra, description)
-    dist.barrier()
-    return names[0]
+    dcp.save(rank_state(model_state, optimizer_state, step, full, tp, tp_rank, config, sharding),
+             checkpoint_id=directory)
 
 
 def save_ranks(directory, states):
@@ -244,24 +213,8 @@ def save_ranks(directory, states):
     writers[0].finish(metadata=metadata, results=results)
 
 
-def write(root, model_state, optimizer_state, config, tp, step=0, extra=None, description=None,
-          sharding=ckpt.GPT_SHARDING):
-    """A DCP checkpoint of FULL tensors as ``tp`` ranks of the course save it (one file each), in
-    one process: a conversion, or a test's checkpoint. Returns its meta.json."""
-    shapes = {k: tuple(v.shape) for k, v in model_state.items()}
-    states = []
-    for r in range(tp):
-        local = {k: sharding.shard(k, v, tp, r, config) for k, v in model_state.items()}
-        optim = ckpt.shard_optimizer_state(optimizer_state, tp, r, config, sharding)
-        states.append(rank_state(local, optim, step, shapes, tp, r, config, sharding))
-    name = ckpt.new_checkpoint_name(step)
-    Path(root).mkdir(parents=True, exist_ok=True)
-    save_ranks(Path(root) / staging_name(name), states)
-    return commit(root, name, config, tp, step, extra, description)
-
-
 # ---------------------------------------------------------------------------------------
-# Reading: verified, then DCP's planner, no process group
+# Reading: verified against meta.json's records, then DCP's planner, no process group
 # ---------------------------------------------------------------------------------------
 
 def verify(directory, meta):
@@ -271,12 +224,12 @@ def verify(directory, meta):
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            raise ckpt.CheckpointError(f"checkpoint file {path} is missing") from None
+            raise DCPError(f"checkpoint file {path} is missing") from None
         if len(data) != record["bytes"]:
-            raise ckpt.CheckpointError(f"checkpoint file {path} is truncated or corrupt: "
+            raise DCPError(f"checkpoint file {path} is truncated or corrupt: "
                                        f"{len(data)} bytes, the metadata says {record['bytes']}")
         if hashlib.sha256(data).hexdigest() != record["sha256"]:
-            raise ckpt.CheckpointError(f"checkpoint file {path} is corrupt: its sha256 does not match the metadata")
+            raise DCPError(f"checkpoint file {path} is corrupt: its sha256 does not match the metadata")
 
 
 def stored(directory):
@@ -284,7 +237,7 @@ def stored(directory):
     try:
         metadata = FileSystemReader(directory).read_metadata()
     except Exception as e:   # a damaged pickle raises several types
-        raise ckpt.CheckpointError(f"DCP metadata {Path(directory) / MARKER} is unreadable: {e}") from None
+        raise DCPError(f"DCP metadata {Path(directory) / MARKER} is unreadable: {e}") from None
     return {k: v for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
 
 
@@ -294,44 +247,46 @@ def _load(state, directory):
         dcp.load(state, checkpoint_id=directory, no_dist=True)
     except (CheckpointException, RuntimeError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()
-        raise ckpt.CheckpointError(f"DCP checkpoint {directory} cannot be read for this model: "
+        raise DCPError(f"DCP checkpoint {directory} cannot be read for this model: "
                                    f"{first[-1] if first else type(e).__name__}") from None
 
 
-def load_full(directory, meta):
-    """The whole DCP checkpoint in ``directory`` (already described by ``meta``), in
-    checkpoint.load_full's form: {"meta", "step", "model", "optimizer", "rng"}."""
-    verify(directory, meta)
-    state = {k: torch.empty(md.size, dtype=md.properties.dtype) for k, md in stored(directory).items()}
-    _load(state, directory)
-    step = int(state.pop(STEP, torch.tensor(meta["step"])))
-    if step != meta["step"]:
-        raise ckpt.CheckpointError(f"checkpoint {directory}: meta.json says step {meta['step']}, DCP's "
-                                   f"{STEP} {step}")
+def split_state(state, meta, directory):
+    """(step, model state, optimizer state by name) of a loaded DCP state dict. The step is
+    DCP's train_state.step, else meta.json's (another tool's checkpoint may have neither: 0)."""
+    state = dict(state)
+    step = int(state.pop(STEP)) if STEP in state else int(meta.get("step", 0))
+    if "step" in meta and step != meta["step"]:
+        raise DCPError(f"checkpoint {directory}: meta.json says step {meta['step']}, DCP's {STEP} {step}")
     optimizer = {}
     for key in [k for k in state if k.startswith(OPTIMIZER)]:
         name, _, entry = key[len(OPTIMIZER):].rpartition(".")
         optimizer.setdefault(name, {})[entry] = state.pop(key)
-    return {"meta": meta, "step": step, "model": state, "optimizer": optimizer, "rng": [None]}
+    return step, state, optimizer
 
 
-def load_shard(directory, meta, config, tp, rank, sharding=ckpt.GPT_SHARDING):
-    """Rank ``rank``'s pieces at ``tp`` of every weight and moment, read by DCP's planner from
-    whatever chunks were saved (any t): checkpoint.load_shard's form. No process group."""
+def load_full(directory, meta):
+    """The whole DCP checkpoint in ``directory`` (described by meta.json's ``meta``, or {} for
+    another tool's), in checkpoint.load_full's form: {"meta", "step", "model", "optimizer", "rng"}."""
     verify(directory, meta)
-    tensors, runs = stored(directory), {}
-    state = {}
-    for key, md in tensors.items():
+    state = {k: torch.empty(md.size, dtype=md.properties.dtype) for k, md in stored(directory).items()}
+    _load(state, directory)
+    step, model, optimizer = split_state(state, meta, directory)
+    return {"meta": meta, "step": step, "model": model, "optimizer": optimizer, "rng": [None]}
+
+
+def load_shard(directory, meta, config, tp, rank, sharding):
+    """Rank ``rank``'s pieces at ``tp`` of every weight and moment, read by DCP's planner from
+    whatever chunks were saved (any t, any tool): checkpoint.load_shard's form. No process group."""
+    verify(directory, meta)
+    state, runs = {}, {}
+    for key, md in stored(directory).items():
         name = key[len(OPTIMIZER):].rpartition(".")[0] if key.startswith(OPTIMIZER) else key
-        if len(md.size) == 0 or key == STEP:
+        if len(md.size) == 0:   # scalars (the step, AdamW's step count): whole
             state[key] = torch.empty(md.size, dtype=md.properties.dtype)
         else:
             state[key], runs[key] = empty_pieces(name, md.size, md.properties.dtype, tp, rank, config, sharding)
     _load(state, directory)
-    local = {k: glued(v, runs[k]) if k in runs else v for k, v in state.items()}
-    step = int(local.pop(STEP))
-    optimizer = {}
-    for key in [k for k in local if k.startswith(OPTIMIZER)]:
-        name, _, entry = key[len(OPTIMIZER):].rpartition(".")
-        optimizer.setdefault(name, {})[entry] = local.pop(key)
-    return {"step": step, "model": local, "optimizer": optimizer, "rng": None, "meta": meta}
+    step, model, optimizer = split_state({k: glued(v, runs[k]) if k in runs else v for k, v in state.items()},
+                                         meta, directory)
+    return {"step": step, "model": model, "optimizer": optimizer, "rng": None, "meta": meta}

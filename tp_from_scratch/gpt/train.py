@@ -157,9 +157,8 @@ def save(run, model, optimizer, step):
             "seed": opts.seed, "batch_size": opts.batch_size, **run.hooks.model.meta}
     description = run.hooks.model.checkpoint_description(opts.model)
     if opts.save_format == "dcp":
-        from tp_from_scratch.gpt import dcp
-        dcp.save(mesh.tp_group, opts.save, step, model.state_dict(), ckpt.optimizer_state_by_name(model, optimizer),
-                 opts.model, mesh.tp, mesh.tp_rank, meta, description, run.hooks.model.sharding)
+        ckpt.save_dcp(mesh.tp_group, opts.save, step, model.state_dict(), ckpt.optimizer_state_by_name(model, optimizer),
+                      opts.model, mesh.tp, mesh.tp_rank, meta, description, run.hooks.model.sharding)
         return
     names = [ckpt.new_checkpoint_name(step) if mesh.rank == 0 else None]
     dist.broadcast_object_list(names, src=0)
