@@ -222,14 +222,6 @@ def test_a_failed_dcp_save_leaves_the_previous_checkpoint_and_its_leftovers_go(t
     assert ckpt.load_full(tmp_path, CONFIG)["step"] == 3 and not list(tmp_path.glob(".step_*"))
 
 
-def test_the_flag_is_refused_without_save(monkeypatch, capsys):
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    monkeypatch.setenv("RANK", "0")
-    with pytest.raises(SystemExit):
-        train.main(["--save-format", "dcp"])
-    assert "--save-format says how --save DIR is written: give --save too" in capsys.readouterr().err
-
-
 # For each kill point K, the child writes DCP checkpoint A (step 1) into root/K, then forks; the fork
 # writes checkpoint B (step 2) and SIGKILLs itself at K. One Python start-up for all K.
 KILLER = textwrap.dedent("""
