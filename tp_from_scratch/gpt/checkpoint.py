@@ -30,6 +30,12 @@ and glued is a Sharding (the GPT's by default); a later lesson's model passes it
 the rest of this file serves both. Every rank reads
 all shards, which is fine for this course's sizes; a large model would read only the
 slices it needs. All ranks must see the same filesystem (one machine, or a shared disk).
+
+The same root may hold checkpoints in PyTorch's Distributed Checkpoint format instead
+(``--save-format dcp``; gpt/dcp.py): DCP's ``.metadata`` and ``.distcp`` files beside a meta.json
+of format DCP_FORMAT, staged in a hidden directory and renamed into place before ``latest`` moves.
+Every reader here takes either format; a DCP one is read by DCP's planner (``load_shard``: this
+rank's chunks only) after every file's size and sha256 are checked.
 """
 import hashlib
 import io

@@ -218,7 +218,8 @@ def save_ranks(directory, states):
 # ---------------------------------------------------------------------------------------
 
 def verify(directory, meta):
-    """Raise a CheckpointError unless every file meta.json lists has its size and sha256."""
+    """Raise a DCPError unless every file meta.json lists has its size and sha256 ({} for another
+    tool's directory: nothing to check)."""
     for file, record in meta.get("files", {}).items():
         path = Path(directory) / file
         try:
@@ -227,7 +228,7 @@ def verify(directory, meta):
             raise DCPError(f"checkpoint file {path} is missing") from None
         if len(data) != record["bytes"]:
             raise DCPError(f"checkpoint file {path} is truncated or corrupt: "
-                                       f"{len(data)} bytes, the metadata says {record['bytes']}")
+                           f"{len(data)} bytes, the metadata says {record['bytes']}")
         if hashlib.sha256(data).hexdigest() != record["sha256"]:
             raise DCPError(f"checkpoint file {path} is corrupt: its sha256 does not match the metadata")
 
@@ -248,7 +249,7 @@ def _load(state, directory):
     except (CheckpointException, RuntimeError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()
         raise DCPError(f"DCP checkpoint {directory} cannot be read for this model: "
-                                   f"{first[-1] if first else type(e).__name__}") from None
+                       f"{first[-1] if first else type(e).__name__}") from None
 
 
 def split_state(state, meta, directory):
