@@ -58,6 +58,19 @@ def test_a_dcp_checkpoint_resumes_at_another_t_with_the_uninterrupted_losses(lau
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+def test_a_deepseek_v3_dcp_checkpoint_resumes_in_another_layout_and_t(launched):
+    # saved under expert parallelism at t = 2 (experts dealt out whole), resumed at t = 4 with every
+    # rank all tokens, its heads and its experts: the same losses as the run that went on
+    uninterrupted, got = losses(launched / "ds-uninterrupted-ep2.jsonl"), losses(launched / "ds-resumed-tp4.jsonl")
+    assert sorted(got) == [2, 3], sorted(got)
+    for step in (2, 3):
+        assert_matches_reference(np.float64(got[step]), np.float64(uninterrupted[step]),
+                                 name=f"DeepSeek-V3 resumed: loss at step {step}",
+                                 tol=tolerance("float64", layers=2, steps=step))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_the_uneven_trap_fails_with_from_local_and_passes_with_the_course_writer(launched):
     # 10 rows at t = 4: the course's plan gives 3, 3, 2, 2 (numpy.array_split); DTensor's Shard(0)
     # means torch.chunk's 3, 3, 3, 1. Saved through from_local, the save reports success and the

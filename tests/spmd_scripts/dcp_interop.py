@@ -4,7 +4,8 @@
 
 1. The trainer (gpt.train.run), float64: 6 steps at dp=2 x tp=2 saving in DCP's format at step 3
    (--save-every 3 --save-format dcp), then resumed from that step at tp=4 and at tp=1 (dp=4);
-   losses in DIR/<name>.jsonl.
+   DeepSeek-V3's (Lesson 12's hooks on the same run): 4 steps under expert parallelism at t = 2
+   saving at step 2, resumed at t = 4 in the tensor-parallel layout; losses in DIR/<name>.jsonl.
 2. The uneven trap: the embedding of a GPT with V = 10 cut by the course's plan at t = 4 (3, 3,
    2, 2 rows), saved once through DTensor.from_local(..., shape, stride) (DIR/trap-from-local)
    and once through the course's writer, gpt/dcp.py (DIR/trap-course).
@@ -38,6 +39,11 @@ TRAIN = ["--vocab-size", "13", "--seq-len", "8", "--layers", "1", "--hidden", "1
 RUNS = [("uninterrupted-tp2", 2, ["--save", "{dir}/ck", "--save-every", str(SAVED_AT), "--save-format", "dcp"]),
         ("resumed-tp4", 4, ["--load", "{at}"]),
         ("resumed-tp1", 1, ["--load", "{at}"])]
+DEEPSEEK = ["--dtype", "float64", "--no-progress", "--timeout", "60", "--steps", "4", "--batch-size", "4",
+            "--experts", "4", "--seq-len", "8"]
+DEEPSEEK_RUNS = [("ds-uninterrupted-ep2", 2, ["--layout", "ep", "--save", "{dir}/ds", "--save-every", "2",
+                                               "--save-format", "dcp"]),
+                 ("ds-resumed-tp4", 4, ["--layout", "tp", "--load", "{at}"])]
 TRAP = GPTConfig(vocab_size=10, seq_len=8, n_layers=1, hidden=8, n_heads=2, n_kv_heads=2, ffn=16)
 DTENSOR = GPTConfig(vocab_size=16, seq_len=8, n_layers=1, hidden=16, n_heads=4, n_kv_heads=4, ffn=32)
 SEED = 5
@@ -50,6 +56,13 @@ def trainer_runs(out, meshes):
         opts = train.parse([*TRAIN, *[f.format(dir=out, at=at) for f in flags], "--tp", str(tp),
                             "--metrics", str(out / f"{name}.jsonl")])
         status |= train.run(opts, meshes[tp])
+    from tp_from_scratch.deepseek import train as ds_train
+    for name, tp, flags in DEEPSEEK_RUNS:
+        at = next((d for d in sorted((out / "ds").glob("step_*")) if read_metadata(d)[1]["step"] == 2), None)
+        argv = [*DEEPSEEK, *[f.format(dir=out, at=at) for f in flags], "--tp", str(tp),
+                "--metrics", str(out / f"{name}.jsonl")]
+        opts = ds_train.DeepSeekTrainConfig.from_args(ds_train.build_parser().parse_args(argv))
+        status |= train.run(opts, meshes[tp], ds_train.hooks_for(opts))
     return status
 
 

@@ -36,6 +36,7 @@ checksums (meta.json holds them), the RNG state (not saved), and the optimizer's
     load_full / load_shard               the whole state, or one rank's pieces at any t (no group)
 """
 import hashlib
+import warnings
 from pathlib import Path
 
 import torch
@@ -245,7 +246,9 @@ def stored(directory):
 def _load(state, directory):
     """dcp.load in this process alone (no_dist): every value of ``state`` filled in place."""
     try:
-        dcp.load(state, checkpoint_id=directory, no_dist=True)
+        with warnings.catch_warnings():   # DCP's note that no process group is used: that is the point
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=directory, no_dist=True)
     except (CheckpointException, RuntimeError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()
         raise DCPError(f"DCP checkpoint {directory} cannot be read for this model: "
