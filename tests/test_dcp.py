@@ -68,6 +68,22 @@ def test_saved_at_t2_every_rank_at_another_t_reads_its_pieces_bitwise(tmp_path, 
                 assert_matches_reference(local["optimizer"][name][k], want, name=f"{k} of {name}", rank=r, exact=True)
 
 
+def test_each_piece_is_stored_once_at_its_true_offset(tmp_path):
+    # saved at t = 4: the vocabulary rows at their array_split offsets (13 rows: 4, 3, 3, 3), each
+    # of the 2 KV heads once although two ranks hold it, a norm (whole on every rank) once
+    model, optimizer = trained(CONFIG, seed=0)
+    ckpt.write_dcp(tmp_path, model, optimizer, CONFIG, tp=4)
+    stored = torch_dcp.FileSystemReader(step_directory(tmp_path)).read_metadata().state_dict_metadata
+
+    def chunks(key):
+        return sorted((tuple(c.offsets), tuple(c.sizes)) for c in stored[key].chunks)
+
+    assert chunks("wte.weight") == [((0, 0), (4, 16)), ((4, 0), (3, 16)), ((7, 0), (3, 16)), ((10, 0), (3, 16))]
+    assert chunks("optimizer.state.wte.weight.exp_avg") == chunks("wte.weight")
+    assert chunks("blocks.0.attn.k.weight") == [((0, 0), (4, 16)), ((4, 0), (4, 16))]
+    assert chunks("ln_f.weight") == [((0,), (16,))]
+
+
 def test_any_tool_reads_it_whole_without_a_process_group(tmp_path):
     # t = 1 the way an engineer's script does it: dcp.load into full tensors, no process group;
     # and dcp_to_torch_save's single file holds exactly what `checkpoint export` writes
