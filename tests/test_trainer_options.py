@@ -170,6 +170,7 @@ def entry(name):
                                      "parallelisms.train"])
 @pytest.mark.parametrize("argv, message", [
     (["--save-every", 2], "--save-every N saves into --save DIR: give --save too"),
+    (["--save-format", "dcp"], "--save-format says how --save DIR is written: give --save too"),
     (["--equal-steps", 2], "--equal-steps N says how many steps must equal one device's: give --compare-single"),
     (["--eval-every", -1], "--eval-every must be at least 0, got -1"),
     (["--steps", -1], "--steps must be at least 0, got -1"),

@@ -30,6 +30,12 @@ and glued is a Sharding (the GPT's by default); a later lesson's model passes it
 the rest of this file serves both. Every rank reads
 all shards, which is fine for this course's sizes; a large model would read only the
 slices it needs. All ranks must see the same filesystem (one machine, or a shared disk).
+
+The same root may hold checkpoints in PyTorch's Distributed Checkpoint format instead
+(``--save-format dcp``; gpt/dcp.py): DCP's ``.metadata`` and ``.distcp`` files beside a meta.json
+of format DCP_FORMAT, staged in a hidden directory and renamed into place before ``latest`` moves.
+Every reader here takes either format; a DCP one is read by DCP's planner (``load_shard``: this
+rank's chunks only) after every file's size and sha256 are checked.
 """
 import hashlib
 import io
@@ -40,12 +46,17 @@ import time
 import uuid
 from pathlib import Path
 
-import torch
+from contextlib import contextmanager
 
+import torch
+import torch.distributed as dist
+
+from tp_from_scratch.gpt import dcp
 from tp_from_scratch.gpt.model import GPTConfig
 from tp_from_scratch.gpt.parallelize import shard_tensor, unshard_tensor
 
 FORMAT = "tp_from_scratch checkpoint v1"
+DCP_FORMAT = "tp_from_scratch DCP checkpoint v1"   # gpt/dcp.py's: PyTorch DCP files and this meta.json
 SINGLE_FORMAT = "tp_from_scratch single-device state dict v1"
 KEEP = 2  # complete checkpoints kept in a root; older ones are deleted after a save
 
@@ -311,10 +322,76 @@ def _prune(root, keep):
     for old in complete[:-keep]:
         if old.name != current:
             shutil.rmtree(old, ignore_errors=True)
-    # directories of saves that never finished (a killed process) are garbage too, unless new
-    for partial in root.glob("step_*"):
-        if not (partial / "meta.json").exists() and partial.name < complete[-1].name:
+    # directories of saves that never finished (a killed process) are garbage too, unless new;
+    # a DCP save stages into .step_*.staging (gpt/dcp.py)
+    for partial in [*root.glob("step_*"), *root.glob(".step_*.staging")]:
+        if not (partial / "meta.json").exists() and partial.name.lstrip(".") < complete[-1].name:
             shutil.rmtree(partial, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Writing in PyTorch DCP's format (gpt/dcp.py): staged, then committed like the shards above
+# ---------------------------------------------------------------------------------------
+
+def staging_name(name):
+    """Where a DCP save of checkpoint ``name`` is written before it is renamed into place."""
+    return f".{name}.staging"
+
+
+def commit_dcp(root, name, config, tp, step, extra=None, description=None, keep=KEEP):
+    """Rank 0, once DCP has written the staging directory: meta.json (the description, the config
+    and every file's size and sha256), the rename into place, then ``latest``. Before the rename
+    no step_* directory exists; before ``latest`` the previous checkpoint is current."""
+    root = Path(root)
+    staging = root / staging_name(name)
+    meta = {"format": DCP_FORMAT, "step": step, "tp": tp, "config": config.to_dict(),
+            "model": description or description_of({"tp": tp, "config": config.to_dict(), **(extra or {})}),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "files": dcp.file_records(staging), **(extra or {})}
+    write_atomic(staging / "meta.json", json.dumps(meta, indent=1).encode())
+    os.rename(staging, root / name)   # atomic: the directory appears whole
+    _fsync_dir(root)
+    write_atomic(root / "latest", f"{name}\n".encode())
+    _prune(root, keep)
+    return meta
+
+
+def save_dcp(group, root, step, model_state, optimizer_state, config, tp, tp_rank, extra=None,
+             description=None, sharding=GPT_SHARDING):
+    """The trainers' --save-format dcp: every rank of the default group calls it with its TP
+    ``group``, its pieces and its optimizer state by name; rank 0 commits (collective)."""
+    names = [new_checkpoint_name(step) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(names, src=0)
+    Path(root).mkdir(parents=True, exist_ok=True)
+    dcp.save(group, Path(root) / staging_name(names[0]), step, model_state, optimizer_state, config, tp, tp_rank,
+             {"config": config.to_dict(), **(extra or {})}, sharding)
+    if dist.get_rank() == 0:
+        commit_dcp(root, names[0], config, tp, step, extra, description)
+    dist.barrier()
+
+
+def write_dcp(root, model_state, optimizer_state, config, tp, step=0, extra=None, description=None,
+              sharding=GPT_SHARDING):
+    """A DCP checkpoint of FULL tensors (and optimizer state by name) as ``tp`` ranks save it, one
+    file each, written in one process: a conversion, or a test's checkpoint. Returns its meta."""
+    shapes = {k: tuple(v.shape) for k, v in model_state.items()}
+    states = [dcp.rank_state({k: sharding.shard(k, v, tp, r, config) for k, v in model_state.items()},
+                             shard_optimizer_state(optimizer_state, tp, r, config, sharding), step, shapes,
+                             tp, r, config, sharding)
+              for r in range(tp)]
+    name = new_checkpoint_name(step)
+    Path(root).mkdir(parents=True, exist_ok=True)
+    dcp.save_ranks(Path(root) / staging_name(name), states)
+    return commit_dcp(root, name, config, tp, step, extra, description)
+
+
+@contextmanager
+def dcp_errors():
+    """gpt/dcp.py's DCPError as this file's CheckpointError (what every entry point reports in one line)."""
+    try:
+        yield
+    except dcp.DCPError as e:
+        raise CheckpointError(str(e)) from None
 
 
 # ---------------------------------------------------------------------------------------
@@ -324,9 +401,14 @@ def _prune(root, keep):
 def read_metadata(root):
     """(checkpoint directory, metadata dict) of the newest complete checkpoint in ``root``.
 
-    ``root`` may also be one checkpoint directory (holding meta.json) itself.
+    ``root`` may also be one checkpoint directory (holding meta.json) itself: the course's, or a
+    DCP directory the course wrote (.metadata beside meta.json; gpt/dcp.py). A DCP directory
+    without meta.json (another tool's) is refused: its model, config and step are unknown.
     """
     root = Path(root)
+    if (root / ".metadata").exists() and not (root / "meta.json").exists():
+        raise CheckpointError(f"{root} is a PyTorch DCP checkpoint without tp_from_scratch's meta.json (written by "
+                              f"another tool, or a save that never finished): its model, config and step are unknown")
     if (root / "meta.json").exists():
         directory = root
     elif (root / "latest").exists():
@@ -342,7 +424,7 @@ def read_metadata(root):
         raise CheckpointError(f"checkpoint {directory} has no meta.json (an unfinished save?)") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointError(f"checkpoint metadata {path} is corrupt or truncated: {e}") from None
-    if meta.get("format") != FORMAT:
+    if meta.get("format") not in (FORMAT, DCP_FORMAT):
         raise CheckpointError(f"{path} is not a {FORMAT!r} file (format {meta.get('format')!r})")
     return directory, meta
 
@@ -388,6 +470,9 @@ def load_full(root, config=None, description=GPT, sharding=GPT_SHARDING):
     check_description(meta, description, directory)
     if config is not None:
         check_config(meta["config"], config, directory, sharding)
+    if meta["format"] == DCP_FORMAT:   # full tensors assembled by DCP's planner from any t's chunks
+        with dcp_errors():
+            return {**dcp.load_full(directory, meta), "config": sharding.config_of(meta["config"])}
     payloads = [read_shard(directory, r) for r in meta["shards"]]
 
     def glue(name, pieces):
@@ -401,7 +486,15 @@ def load_full(root, config=None, description=GPT, sharding=GPT_SHARDING):
 
 
 def load_shard(root, config, tp, rank, description=GPT, sharding=GPT_SHARDING):
-    """This TP rank's model state, optimizer state and (same tp only) RNG state, and the step."""
+    """This TP rank's model state, optimizer state and (same tp only) RNG state, and the step.
+    A DCP checkpoint: DCP's planner reads exactly this rank's pieces, whatever t saved it."""
+    if not Path(root).is_file():
+        directory, meta = read_metadata(root)
+        if meta["format"] == DCP_FORMAT:
+            check_description(meta, description, directory)
+            check_config(meta["config"], config, directory, sharding)
+            with dcp_errors():
+                return dcp.load_shard(directory, meta, config, tp, rank, sharding)
     full = load_full(root, config, description, sharding)
     model = {k: sharding.shard(k, v, tp, rank, config) for k, v in full["model"].items()}
     optimizer = shard_optimizer_state(full["optimizer"], tp, rank, config, sharding)
@@ -461,11 +554,17 @@ def main(argv=None):
                   f"from tp={full['meta']['tp']}")
         else:   # any model: info reads every shard (size and sha256) and glues nothing
             directory, meta = read_metadata(args.root)
-            for record in meta["shards"]:
-                read_shard(directory, record)
+            if meta["format"] == DCP_FORMAT:
+                with dcp_errors():
+                    dcp.verify(directory, meta)
+                checked = f"PyTorch DCP checkpoint: {len(meta['files'])} files verified (size and sha256)"
+            else:
+                for record in meta["shards"]:
+                    read_shard(directory, record)
+                checked = f"{len(meta['shards'])} shards verified (size and sha256)"
             print(json.dumps({k: meta[k] for k in ("step", "tp", "config")}, indent=1))
             print(f"holds {describe(description_of(meta))}")
-            print(f"{len(meta['shards'])} shards verified (size and sha256)")
+            print(checked)
     except CheckpointError as e:
         parser.exit(1, f"error: {e}\n")
 

@@ -202,6 +202,9 @@ def add_train_flags(parser, d):
     p.add_argument("--metrics", metavar="PATH", help="JSON Lines, one object per step (rank 0 writes)")
     p.add_argument("--save", metavar="DIR", help="write a sharded checkpoint at the end (and every --save-every)")
     p.add_argument("--save-every", type=int, default=d.save_every, metavar="N")
+    p.add_argument("--save-format", choices=["course", "dcp"], default=d.save_format,
+                   help="course: this course's sharded files (gpt/checkpoint.py); dcp: PyTorch Distributed "
+                        "Checkpoint, which torchtitan and DTensor code read (gpt/dcp.py); --load reads either")
     p.add_argument("--load", metavar="DIR_OR_FILE",
                    help="resume from a checkpoint (any tp), or start from an exported single-device .pt")
     p.add_argument("--compare-single", action="store_true",
@@ -232,6 +235,8 @@ def train_flag_problem(opts):
         positive("--equal-steps", opts.equal_steps), greater_than_zero("--timeout", opts.timeout),
         greater_than_zero("--lr", opts.lr),
         "--save-every N saves into --save DIR: give --save too" if opts.save_every and not opts.save else None,
+        "--save-format says how --save DIR is written: give --save too"
+        if opts.save_format != "course" and not opts.save else None,
         "--equal-steps N says how many steps must equal one device's: give --compare-single or --plot"
         if opts.equal_steps is not None and not opts.compares else None)
 
@@ -258,6 +263,7 @@ class TrainConfig:
     metrics: Optional[str] = None
     save: Optional[str] = None
     save_every: int = 0
+    save_format: str = "course"
     load: Optional[str] = None
     compare_single: bool = False
     equal_steps: Optional[int] = None

@@ -9,6 +9,9 @@
     # save at tp=2, resume at tp=4
     .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --steps 20 --save runs/ckpt
     .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.gpt.train --tp 4 --steps 50 --load runs/ckpt
+    # the same in PyTorch Distributed Checkpoint's format (torchtitan's), resumed at tp=1
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --steps 20 --save runs/dcp --save-format dcp
+    .venv/bin/python -m tp_from_scratch.gpt.train --steps 50 --load runs/dcp
     # one process, no launcher: the text corpus, a validation loss every 10 steps
     .venv/bin/python -m tp_from_scratch.gpt.train --data text --steps 30 --eval-every 10
     # one node with 8 GPUs: tp=8 (NCCL)
@@ -144,10 +147,19 @@ def build(run, start):
 
 def save(run, model, optimizer, step):
     """A sharded checkpoint: the TP ranks of DP replica 0 write, rank 0 commits (collective).
+    --save-format dcp: every rank hands its pieces to PyTorch's DCP (gpt/dcp.py), which keeps
+    one copy of each.
 
     The metadata records the settings a resume must agree with, the model description every
     loader checks, and the model's own entries (ModelKind.meta)."""
     opts, mesh = run.opts, run.mesh
+    meta = {"dtype": opts.dtype, "optimizer": opts.optimizer, "lr": opts.learning_rate,
+            "seed": opts.seed, "batch_size": opts.batch_size, **run.hooks.model.meta}
+    description = run.hooks.model.checkpoint_description(opts.model)
+    if opts.save_format == "dcp":
+        ckpt.save_dcp(mesh.tp_group, opts.save, step, model.state_dict(), ckpt.optimizer_state_by_name(model, optimizer),
+                      opts.model, mesh.tp, mesh.tp_rank, meta, description, run.hooks.model.sharding)
+        return
     names = [ckpt.new_checkpoint_name(step) if mesh.rank == 0 else None]
     dist.broadcast_object_list(names, src=0)
     record = None
@@ -157,10 +169,8 @@ def save(run, model, optimizer, step):
     records = [None] * mesh.world
     dist.all_gather_object(records, record)
     if mesh.rank == 0:
-        meta = {"dtype": opts.dtype, "optimizer": opts.optimizer, "lr": opts.learning_rate,
-                "seed": opts.seed, "batch_size": opts.batch_size, **run.hooks.model.meta}
         ckpt.commit(opts.save, names[0], opts.model, mesh.tp, step, [r for r in records if r], meta,
-                    description=run.hooks.model.checkpoint_description(opts.model))
+                    description=description)
     dist.barrier()
 
 
@@ -376,7 +386,8 @@ def report(run, first, losses, comparison, elapsed):
                              [comparison.tolerance(step) for step in steps], opts.dtype)
         print(f"loss curves: {opts.plot}")
     if opts.save:
-        print(f"checkpoint: {opts.save} (step {opts.steps}, tp={mesh.tp})")
+        what = " in PyTorch DCP's format" if opts.save_format == "dcp" else ""
+        print(f"checkpoint: {opts.save} (step {opts.steps}, tp={mesh.tp}){what}")
 
 
 def train_on_comm(comm, argv=()):
