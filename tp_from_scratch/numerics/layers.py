@@ -26,10 +26,10 @@ in the graph's order, the same at every t. The layers therefore refuse input_is_
 a caller must not apply f around them.
 
 ``check_invariant(config, t, leaves)`` names the first size of a GPTConfig the fixed tree cannot
-serve at t. Also measured (Lesson 13): the element-wise SiLU and tanh-GELU kernels take a scalar
-path, with other bits, for the last (count mod 32) float32 elements of a tensor, so an MLP's
-activation is t-invariant only when B*T*F/t is a multiple of 32 float32 (16 float64) numbers:
-two 512-bit vectors, the kernel's step on this machine (AVX512).
+serve at t. Also measured (Lesson 13): the element-wise SiLU and tanh-GELU kernels may give other
+bits for the elements of a tensor's tail that do not fill a vector (count mod 16 float32 numbers,
+one 512-bit vector, on this machine's AVX512; 8 with AVX2), so an MLP's activation is t-invariant
+when B*T*F/t is a multiple of that step at every t (B*T a multiple of 16 is enough).
 """
 import torch
 
