@@ -129,8 +129,7 @@ def test_the_trainers_clip_grad_norm_trains_as_clip_grad_norm_on_one_device(case
                                      rank=rank, tol=tolerance(torch.float64, steps=step))
 
 
-@pytest.mark.parametrize("trainer", ["sequence_parallel.train", "partial_sync.train", "parallelisms.train",
-                                     "deepseek.train"])
+@pytest.mark.parametrize("trainer", ["partial_sync.train", "parallelisms.train", "deepseek.train"])
 def test_a_trainer_whose_norm_is_not_proven_refuses_clip_grad_norm_by_name(monkeypatch, capsys, trainer):
     import importlib
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -156,13 +155,16 @@ def test_gpt_train_refuses_a_clip_grad_norm_it_cannot_honour(monkeypatch, capsys
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_clip_grad_norm_on_a_dp_x_tp_mesh_under_torchrun_equals_one_device():
-    # dp = 2 x tp = 2, llama with one KV head (replicated on both TP ranks), float64: every
-    # step's loss equal to the single-device run clipped by torch's clip_grad_norm_
+@pytest.mark.parametrize("trainer,arch", [("gpt.train", ["--arch", "llama", "--kv-heads", "1"]),
+                                          ("sequence_parallel.train", ["--arch", "gpt2"])],
+                         ids=["gpt-llama-one-kv-head", "sp-gpt2-layernorms"])
+def test_clip_grad_norm_on_a_dp_x_tp_mesh_under_torchrun_equals_one_device(trainer, arch):
+    # dp = 2 x tp = 2, float64: every step's loss equal to the single-device run clipped by
+    # torch's clip_grad_norm_. Llama's one KV head is replicated on both TP ranks; under SP the
+    # LayerNorms' gradients are summed over the sequence shards, then replicated
     from tp_from_scratch.comm.launchers import run_command, torchrun_command
-    result = run_command(torchrun_command(4, "tp_from_scratch.gpt.train", "--tp", "2", "--arch", "llama",
-                                          "--kv-heads", "1", "--heads", "4", "--hidden", "32", "--layers", "2",
-                                          "--steps", "10", "--dtype", "float64", "--clip-grad-norm", "0.1",
-                                          "--compare-single", "--no-progress"), timeout=380)
+    result = run_command(torchrun_command(4, f"tp_from_scratch.{trainer}", "--tp", "2", *arch, "--heads", "4",
+                                          "--hidden", "32", "--layers", "2", "--steps", "10", "--dtype", "float64",
+                                          "--clip-grad-norm", "0.1", "--compare-single", "--no-progress"), timeout=380)
     assert result.returncode == 0, result.stdout[-3000:]
     assert "single-device comparison: 10 of 10 steps equal" in result.stdout, result.stdout[-3000:]

@@ -55,9 +55,6 @@ def validate(opts, world_size):
     """Lesson 6's checks, and what the DTensor plan does not offer; None if fine."""
     if opts.impl == "dtensor" and opts.recompute_attention:
         return "--recompute-attention is ours: run it with --impl scratch"
-    if opts.clip_grad_norm is not None:
-        return ("--clip-grad-norm is not offered by sequence_parallel.train yet: no test proves its norm "
-                "(the sequence-sharded LayerNorms' gradients) equal to one device's; use gpt.train")
     return train.validate(opts, world_size)
 
 
