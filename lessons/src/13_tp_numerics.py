@@ -39,9 +39,10 @@ order across and within GPUs" (abstract). This lesson does that from scratch, on
 
 Where things are (`tp_from_scratch/numerics/`): `tree.py` (the fixed tree on a Comm, numpy;
 Exercise 13's reference), `reduction.py` (the same tree on torch tensors, on a Comm or a
-ProcessGroup), `matmul.py`, `layers.py` and `cross_entropy.py` (the invariant layers), `measure.py`
-(this lesson's measurements), `bench.py`, `clip.py`, `doubling.py`, and `check.py`, which runs the
-claims on real processes:
+ProcessGroup), `matmul.py`, `layers.py` and `cross_entropy.py` (the invariant layers), `model.py`
+and `train.py` (the invariant GPT, and Lesson 6's trainer on it), `measure.py` (this lesson's
+measurements), `bench.py`, `clip.py`, `doubling.py`, and `check.py`, which runs the claims on real
+processes:
 
     .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.numerics.check
 
@@ -128,16 +129,19 @@ of the tensor by a scalar loop. If the two paths round differently, an element's
 where it falls, and a rank's shard of F/t features puts elements elsewhere than one device's F.
 Lengths up to 128 at which f(x[:n]) differs from the first n elements of f(x), for one of 8
 random x (float32):"""),
-    new_code_cell("""for name, lengths in measure.elementwise_tail_bits().items():
-    multiples = [n for n in lengths if n % 16 == 0]
+    new_code_cell("""step = measure.elementwise_step()
+print(f"ATen's element-wise loop takes {step} float32 numbers per step on this CPU")
+for name, lengths in measure.elementwise_tail_bits().items():
+    multiples = [n for n in lengths if n % step == 0]
     print(f"{name:<12} {len(lengths):>3} of 128 lengths differ {str(lengths[:3])[:-1] + ', ...]' if len(lengths) > 3 else lengths}; "
-          f"multiples of 16 among them: {multiples}")"""),
-    new_markdown_cell(r"""exp agrees at every length, the exact GeLU everywhere but on a tensor of one element; SiLU
-(Llama's MLP) and the tanh GeLU (GPT-2's) do not, but never on a length that is a multiple of 16
-float32 numbers: one 512-bit vector, the kernel's step on this machine (AVX512, printed at the
-top; an AVX2 machine's step is 8). A TP MLP's activation holds B*T*F/t numbers per rank: when
-that is a multiple of the step at every t (B*T a multiple of 16 is enough), no element takes the
-scalar path, and every t gives the same bits. The invariant layers do not own the activation, so
+          f"multiples of {step} among them: {multiples}")"""),
+    new_markdown_cell(r"""exp agrees at every length, the exact GeLU everywhere but (as measured here) on a tensor of one
+element; SiLU (Llama's MLP) and the tanh GeLU (GPT-2's) do not, but never on a length that is a
+multiple of the loop's step: ATen's `vectorized_loop` (aten/src/ATen/native/cpu/Loops.h) handles
+two vectors per iteration, 2 x 8 float32 with AVX2, 2 x 16 with AVX512 (the capability printed at
+the top), and the elements past the last whole step with a scalar loop. A TP MLP's activation holds
+B*T*F/t numbers per rank: when that is a multiple of the step at every t (B*T a multiple of 32 is
+enough on both), no element takes the scalar path, and every t gives the same bits. The invariant layers do not own the activation, so
 this is a condition on the batch, stated in `numerics/layers.py`.
 
 ## 2. Making the bits not change
@@ -231,7 +235,10 @@ this course's GPT with 4, Llama with 8) and proves its logits, its loss and ever
 `torch.equal` to t = 1's at t = 2, 4 and 8 on simulated ranks (GPT-2 is skipped at t = 4, where
 its 2 KV heads on 2 ranks each with 2 query heads per rank are refused, as above);
 `tests/test_numerics_launch.py` does the same under mpiexec and torchrun (t = 2 and 4; t = 8 in
-`make test-slow`, `tests/test_slow_tp8.py`).
+`make test-slow`, `tests/test_slow_tp8.py`); `tests/test_numerics_training.py` trains it with AdamW
+(element-wise: equal gradients, equal updates) and decodes greedily, and every loss and every
+generated id is `torch.equal` at t = 1, 2, 4 and 8 (10 steps in `make test`, Llama's 1,000 in
+`make test-slow`).
 
 ### 2d. What breaks it
 
@@ -302,8 +309,10 @@ the single-device reference clipping by torch's `clip_grad_norm_`:
 
     .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --clip-grad-norm 0.5 --dtype float64 --compare-single
 
-prints 50 of 50 steps equal to one device's. sequence_parallel.train, partial_sync.train,
-parallelisms.train and deepseek.train refuse the flag by name until a test proves their placement.
+prints 50 of 50 steps equal to one device's; sequence_parallel.train clips the same way (its
+LayerNorms' gradients are summed over the sequence shards before the norm sees them), while
+partial_sync.train, parallelisms.train and deepseek.train refuse the flag by name until a test
+proves their placement.
 GPT-2 and Llama (one KV head, so replicated on every rank) at t = 4, float64:"""),
     new_code_cell("""def norms(comm, gpt, batch, config):
     model = gpt_to_tp(comm, gpt)
@@ -365,11 +374,17 @@ checks the 2.000000 under torchrun, and 4 at t = 4.)
 * Clip by the norm in which each distinct piece counts once; torch's differentiable all-reduce is
   not Megatron's g.
 
-Lesson 6's trainer clips by the right norm (`--clip-grad-norm`), but does not build its model from
-the invariant layers yet (there is no `--invariant` flag): the layers keep the constructor and
-state dict of Lesson 5's (`numerics.INVARIANT_STYLES` maps each style of the sharding plan to its
-invariant layer), so a model can be built from them with the same plan, as
-`tests/invariant_gpt.py` does for the tests.
+Lesson 6's trainer clips by the right norm (`--clip-grad-norm`). The invariant layers keep the
+constructor and state dict of Lesson 5's (`numerics.INVARIANT_STYLES` maps each style of the
+sharding plan to its invariant layer), so `numerics/model.py` builds the invariant GPT from Lesson
+6's TP GPT, and `numerics.train` is Lesson 6's trainer on it (one hook, as Lesson 7's is): its
+losses are the same bits at t = 1, 2 and 4 (`tests/test_numerics_launch.py`), and what the tree
+cannot serve is refused by name:
+
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.numerics.train --tp 2 --vocab-size 64 --steps 20 --metrics runs/invariant_t2.jsonl
+
+Generation with the invariant model is tested greedily on simulated ranks; `gpt.generate` has no
+invariant mode yet.
 
 ## Exercise 13
 

@@ -27,9 +27,10 @@ a caller must not apply f around them.
 
 ``check_invariant(config, t, leaves)`` names the first size of a GPTConfig the fixed tree cannot
 serve at t. Also measured (Lesson 13): the element-wise SiLU and tanh-GELU kernels may give other
-bits for the elements of a tensor's tail that do not fill a vector (count mod 16 float32 numbers,
-one 512-bit vector, on this machine's AVX512; 8 with AVX2), so an MLP's activation is t-invariant
-when B*T*F/t is a multiple of that step at every t (B*T a multiple of 16 is enough).
+bits for a tensor's last (count mod step) elements, which ATen's vectorized_loop hands to a scalar
+loop (step: two vectors, 16 float32 with AVX2, 32 with AVX512; measure.elementwise_step), so an
+MLP's activation is t-invariant when B*T*F/t is a multiple of the step at every t (B*T a
+multiple of 32 is enough).
 """
 import torch
 

@@ -6,7 +6,7 @@
     matmul_slice_bits      F.linear and invariant_linear on row and column slices
     head_count_bits        attention's per-head bmm and softmax with nh/t heads per rank
     elementwise_tail_bits  element-wise kernels on tensors whose length is not a multiple of the
-                           vector step
+                           vector loop's step (elementwise_step)
     breaking_variants      the tree with a ring, or with a sequential sum inside a rank, in its place
     one_row_shard_bits     BLAS at a shard of one vocabulary row, against invariant_linear
 
@@ -108,6 +108,13 @@ def head_count_bits(ts=(2, 4, 8), batch=4, heads=8, seq=32, head_size=8, seed=0)
 
 ELEMENTWISE = {"exp": torch.exp, "GELU (erf)": F.gelu, "GELU (tanh)": lambda x: F.gelu(x, approximate="tanh"),
                "SiLU": F.silu}
+
+
+def elementwise_step():
+    """Float32 elements per iteration of ATen's vectorized element-wise loop on this CPU: two
+    vectors (aten/src/ATen/native/cpu/Loops.h, vectorized_loop steps 2 * Vec::size(); the
+    elements past the last whole step go through a scalar loop): 32 with AVX512, 16 with AVX2."""
+    return 32 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 16
 
 
 def elementwise_tail_bits(lengths=range(1, 129), seeds=range(8)):

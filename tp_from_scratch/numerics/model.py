@@ -9,7 +9,7 @@ It is built from gpt_to_tp's model (the plan, its state dict, its checkpoints: u
 swapping each parallel linear for its invariant twin (numerics.INVARIANT_STYLES says which) and
 replacing the forward's head and loss; check_invariant refuses first, by name, what the fixed
 tree cannot serve. Also a condition on the batch (numerics/layers.py): B*T a multiple of the
-element-wise kernels' vector step (16 float32 here) keeps the activations t-invariant.
+element-wise loop's step (32 float32 covers AVX2 and AVX512) keeps the activations t-invariant.
 """
 import types
 
