@@ -72,7 +72,7 @@ lint: $(STAMP)
 
 # What does not fit make test's time: t = 8 (Llama 3's TP degree) on 8 processes, minutes on 2 cores
 test-slow: $(STAMP)
-	TP_TEST_SLOW=1 $(PY) -m pytest tests/test_slow_tp8.py tests/test_verify_model_slow.py -q
+	TP_TEST_SLOW=1 $(PY) -m pytest tests/test_slow_tp8.py tests/test_verify_model_slow.py tests/test_numerics_training.py -q
 
 # make grade EX=ex03 grades one exercise; COLLECTIVES=mine runs Exercises 3-5 on your own ex02 ring
 grade: $(STAMP)

@@ -113,6 +113,35 @@ def test_tree_all_reduce_leaves_its_input_and_returns_a_new_array(impl, n_leaves
             f"array, also at t = 1 with one leaf")
 
 
+@pytest.mark.parametrize("t", [1, 4])
+def test_each_call_returns_a_fresh_array_that_a_later_call_leaves_alone(impl, t):
+    # a result is the caller's: a second call (another layer's sum) must not write into the first
+    # call's result, as a reused workspace would; for both functions
+    first, second = draw(1313, 8, (6,)), draw(1314, 8, (6,))
+    x = [random_array(rank_rng(1315, j), (3, 16), np.float32) for j in range(2)]
+    w = [random_array(rank_rng(1316, j), (16, 6), np.float32) for j in range(2)]
+    here = 8 // t
+    cols = np.array_split(np.arange(16), t)
+
+    def body(comm):
+        mine = slice(comm.rank * here, (comm.rank + 1) * here)
+        a = impl.tree_all_reduce(comm, first[mine].copy())
+        kept = np.array(a, copy=True)
+        b = impl.tree_all_reduce(comm, second[mine].copy())
+        c = impl.invariant_row_parallel_matmul(comm, x[0][:, cols[comm.rank]].copy(), w[0][cols[comm.rank]].copy())
+        kept_c = np.array(c, copy=True)
+        impl.invariant_row_parallel_matmul(comm, x[1][:, cols[comm.rank]].copy(), w[1][cols[comm.rank]].copy())
+        return a, kept, b, c, kept_c
+    for rank, (a, kept, b, c, kept_c) in enumerate(spmd(body, t)):
+        assert_matches_reference(a, kept, name=(f"tree_all_reduce's first result after a second call (rank {rank} of "
+                                                f"{t}): return a new array from every call, not a reused buffer"),
+                                 rank=rank, exact=True)
+        assert not np.shares_memory(a, b), f"rank {rank} of {t}: two calls of tree_all_reduce returned one buffer"
+        assert_matches_reference(c, kept_c, name=(f"invariant_row_parallel_matmul's first result after a second call "
+                                                  f"(rank {rank} of {t}): return a new array from every call"),
+                                 rank=rank, exact=True)
+
+
 def refused(impl, t, leaves, n_leaves, pattern, what):
     __tracebackhide__ = True
     with pytest.raises((SPMDError, ValueError)) as caught:

@@ -1,54 +1,18 @@
-"""Test-only glue: a TP GPT assembled from Lesson 13's invariant layers with today's gpt/model.py,
-and the bitwise check of it against t = 1 (tests/test_numerics_layers.py, tests/spmd_scripts/numerics.py).
-
-The glue is ONE function, invariant_tp_gpt, on purpose: the plan-driven ``parallelize(model, group, plan, styles=...)`` (gpt/)
-replaces it with the style table numerics.INVARIANT_STYLES, the identity for the shared f,
-numerics.invariant_lm_head and numerics.invariant_vocab_parallel_cross_entropy.
+"""The invariant GPT's bitwise check against t = 1 (tests/test_numerics_layers.py,
+tests/spmd_scripts/numerics.py, tests/test_numerics_training.py); the model is the library's
+(numerics/model.py's invariant_tp_gpt).
 """
 import functools
-import types
 
 import torch
 
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.compare import assert_matches_reference
-from tp_from_scratch.gpt.model import GPTConfig, embed, init_gpt
-from tp_from_scratch.gpt.parallelize import gpt_to_tp, shard_tensor
-from tp_from_scratch.nn import ColumnParallelLinear, RowParallelLinear
+from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+from tp_from_scratch.gpt.parallelize import shard_tensor
 from tp_from_scratch.nn.mappings import tp_rank, tp_world_size
-from tp_from_scratch.numerics import (DEFAULT_LEAVES, InvariantColumnParallelLinear, InvariantRowParallelLinear,
-                                      check_invariant, invariant_lm_head, invariant_vocab_parallel_cross_entropy)
-
-
-def invariant_tp_gpt(group, gpt, leaves=DEFAULT_LEAVES):
-    """This rank's TP-invariant GPT, from the single-device ``gpt``: forward(idx, targets) ->
-    (local logits (B, T, V/t), loss), the same bits at every t that divides ``leaves``."""
-    check_invariant(gpt.config, tp_world_size(group), leaves)
-    model = gpt_to_tp(group, gpt)
-    for name, module in list(model.named_modules()):
-        if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
-            parent, _, child = name.rpartition(".")
-            kind = InvariantColumnParallelLinear if isinstance(module, ColumnParallelLinear) else InvariantRowParallelLinear
-            extra = {"replicas": module.replicas} if kind is InvariantColumnParallelLinear else {}
-            swap = kind(module.in_features, module.out_features, module.bias is not None, group=group,
-                        leaves=leaves, init=False, dtype=module.weight.dtype, **extra)
-            swap.load_state_dict(module.state_dict())
-            setattr(model.get_submodule(parent), child, swap)
-        if hasattr(module, "copy_in"):
-            module.copy_in = lambda x: x  # each invariant column layer sums its own dX over the tree
-
-    def forward(self, idx, targets=None):
-        x = embed(self, idx)                                        # (B, T, H)
-        for block in self.blocks:
-            x = block(x)
-        logits = invariant_lm_head(self.group, self.ln_f(x), self.head_weight(), self.config.vocab_size, leaves)
-        if targets is None:
-            return logits, None
-        return logits, invariant_vocab_parallel_cross_entropy(self.group, logits.flatten(0, 1), targets.flatten(),
-                                                              vocab_start=self.wte.vocab_start, leaves=leaves)
-
-    model.forward = types.MethodType(forward, model)
-    return model
+from tp_from_scratch.numerics import check_invariant
+from tp_from_scratch.numerics.model import invariant_tp_gpt
 
 
 CONFIGS = [GPTConfig(vocab_size=64, seq_len=16, n_layers=1, hidden=64, n_heads=8, n_kv_heads=nkv, arch=arch)

@@ -11,7 +11,7 @@ without torch. torchrun must also choose its rendezvous (``--standalone``, or ``
 1. Extraction: every command shown in lessons/src/*.py, in the notebooks (cells and outputs),
    in README.md, CONTRIBUTING.md, STYLE.md and docs/*.md, and in the module docstrings of tp_from_scratch/
    and of the exercise stubs, checked for bare launchers.
-2. A sample, one short command per lesson 6-12, run exactly as printed (found in the lesson's
+2. A sample, one short command per lesson 6-13, run exactly as printed (found in the lesson's
    source and in its notebook, then launched from the repository root).
 """
 import argparse
@@ -152,7 +152,7 @@ def test_every_command_shown_uses_the_venvs_launchers(area):
         "\n".join(sorted(set(bad)))
 
 
-# one short command per lesson 6-11, picked by a piece of it; run exactly as the lesson prints it
+# one short command per lesson 6-13, picked by a piece of it; run exactly as the lesson prints it
 SAMPLE = {
     "06_training": "-m tp_from_scratch.gpt.train --steps 3",
     "07_sequence_parallelism": "-m tp_from_scratch.sequence_parallel.check",
@@ -161,6 +161,7 @@ SAMPLE = {
     "10_overlap": "-m tp_from_scratch.overlap.check",
     "11_parallelisms": "-m tp_from_scratch.parallelisms.check zero",
     "12_deepseek_v3_moe": "-m tp_from_scratch.deepseek.planner --tp 8 --ep 64",
+    "13_tp_numerics": "-m tp_from_scratch.numerics.check",
 }
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tp_from_scratch.comm import SPMDError, run_spmd
-from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.compare import assert_matches_reference, tolerance
 from tp_from_scratch.gpt.model import GPTConfig, init_gpt
 from tp_from_scratch.gpt.parallelize import gpt_to_tp, shard_tensor
 from tp_from_scratch.numerics.clip import (clip_grad_norm, gpt_placement, grad_norm, norm_counting_replicas_t_times,
@@ -101,3 +101,70 @@ def test_a_placement_naming_a_group_not_given_is_refused():
         grad_norm([("w", p)], placement=lambda n: {"ep": 1}, groups={"tp": comm})
     with pytest.raises(SPMDError, match=r"names the groups \['ep'\], but groups= has only \['tp'\]"):
         run_spmd(rank, 2)
+
+
+# ---------------------------------------------------------------------------------------
+# --clip-grad-norm in the one trainer (gpt/train.py, gpt/step.py's train_step)
+# ---------------------------------------------------------------------------------------
+
+TRAIN_CASES = {"gpt2": ["--arch", "gpt2", "--heads", 4], "llama-one-kv-head": ["--arch", "llama", "--heads", 4,
+                                                                                "--kv-heads", 1]}
+TINY = ["--hidden", 32, "--layers", 1, "--seq-len", 8, "--steps", 4, "--dtype", "float64"]
+
+
+@pytest.mark.parametrize("case", list(TRAIN_CASES))
+def test_the_trainers_clip_grad_norm_trains_as_clip_grad_norm_on_one_device(case):
+    # t = 4 simulated ranks (llama: its one KV head on all four) against the single-device
+    # reference, which clips with torch.nn.utils.clip_grad_norm_; 0.1 clips every step here
+    from tp_from_scratch.gpt import train
+    from tp_from_scratch.gpt.step import single_device_run
+    argv = [str(a) for a in TRAIN_CASES[case] + TINY + ["--clip-grad-norm", 0.1]]
+    opts = train.parse(argv)
+    want = [loss for _, loss in single_device_run(opts.model, opts)]
+    unclipped = [loss for _, loss in single_device_run(opts.model, train.parse(argv[:-2]))]
+    assert any(abs(a.item() - b.item()) > 1e-9 for a, b in zip(want, unclipped)), "0.1 must actually clip"
+    for rank, losses in enumerate(run_spmd(train.train_on_comm, 4, argv)):
+        for step, (got, ref) in enumerate(zip(losses, want)):
+            assert_matches_reference(torch.tensor(got, dtype=torch.float64), ref, name=f"{case} loss at step {step}",
+                                     rank=rank, tol=tolerance(torch.float64, steps=step))
+
+
+@pytest.mark.parametrize("trainer", ["partial_sync.train", "parallelisms.train", "deepseek.train"])
+def test_a_trainer_whose_norm_is_not_proven_refuses_clip_grad_norm_by_name(monkeypatch, capsys, trainer):
+    import importlib
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit) as exit_info:
+        importlib.import_module(f"tp_from_scratch.{trainer}").main(["--tp", "2", "--clip-grad-norm", "1.0"])
+    assert exit_info.value.code == 2
+    assert f"--clip-grad-norm is not offered by {trainer} yet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--clip-grad-norm", "0"], "--clip-grad-norm must be greater than 0, got 0.0"),
+    (["--clip-grad-norm", "1", "--impl", "dtensor"], "--clip-grad-norm works with --impl scratch only"),
+])
+def test_gpt_train_refuses_a_clip_grad_norm_it_cannot_honour(monkeypatch, capsys, argv, message):
+    from tp_from_scratch.gpt import train
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit):
+        train.main(["--tp", "2", *argv])
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("trainer,arch", [("gpt.train", ["--arch", "llama", "--kv-heads", "1"]),
+                                          ("sequence_parallel.train", ["--arch", "gpt2"])],
+                         ids=["gpt-llama-one-kv-head", "sp-gpt2-layernorms"])
+def test_clip_grad_norm_on_a_dp_x_tp_mesh_under_torchrun_equals_one_device(trainer, arch):
+    # dp = 2 x tp = 2, float64: every step's loss equal to the single-device run clipped by
+    # torch's clip_grad_norm_. Llama's one KV head is replicated on both TP ranks; under SP the
+    # LayerNorms' gradients are summed over the sequence shards, then replicated
+    from tp_from_scratch.comm.launchers import run_command, torchrun_command
+    result = run_command(torchrun_command(4, f"tp_from_scratch.{trainer}", "--tp", "2", *arch, "--heads", "4",
+                                          "--hidden", "32", "--layers", "2", "--steps", "10", "--dtype", "float64",
+                                          "--clip-grad-norm", "0.1", "--compare-single", "--no-progress"), timeout=380)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "single-device comparison: 10 of 10 steps equal" in result.stdout, result.stdout[-3000:]

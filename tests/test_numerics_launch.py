@@ -5,8 +5,10 @@ GPT bit for bit equal to t = 1 at t = 4 and at t = 2 (MPIComm and its sub-commun
 the native process group and its sub-groups); under torchrun also clip_grad_norm on a dp x tp
 mesh against torch's clip_grad_norm_ on one device, and the doubling backward: torch's
 differentiable all-reduces where g belongs give exactly twice the weight gradient at t = 2.
-t = 8 runs in `make test-slow` (tests/test_slow_tp8.py).
+t = 8 runs in `make test-slow` (tests/test_slow_tp8.py). Then numerics.train, Lesson 6's trainer
+on the invariant GPT, launched at t = 1, 2 and 4: the same losses, bit for bit.
 """
+import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
@@ -51,3 +53,31 @@ def test_torchs_differentiable_all_reduce_doubles_the_weight_gradient_at_t2(laun
     assert "_functional_collectives.all_reduce 2.000000 2.000000" in line.group(1)
     # at t = 4, four identical losses: four times
     assert "torch.distributed.nn.functional.all_reduce 4.000000 4.000000" in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_numerics_train_gives_the_same_losses_bit_for_bit_at_t1_t2_and_t4(tmp_path):
+    # Lesson 6's trainer on the invariant GPT under torchrun: every step's loss (float32, as the
+    # --metrics file records it: Python's repr, exact) the same at t = 1, 2 and 4
+    def launch(t):
+        metrics = tmp_path / f"t{t}.jsonl"
+        result = run_command(torchrun_command(t, "tp_from_scratch.numerics.train", "--tp", str(t), "--vocab-size",
+                                              "64", "--steps", "10", "--metrics", str(metrics), "--no-progress"),
+                             timeout=550)
+        assert result.returncode == 0, result.stdout[-3000:]
+        return [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
+    with ThreadPoolExecutor(3) as pool:
+        losses = dict(zip((1, 2, 4), pool.map(launch, (1, 2, 4))))
+    assert len(losses[1]) == 10 and len(set(losses[1])) > 5, losses[1]
+    assert losses[2] == losses[1] and losses[4] == losses[1], losses
+
+
+def test_numerics_train_refuses_what_the_tree_cannot_serve_by_name(monkeypatch, capsys):
+    from tp_from_scratch.numerics import train
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--tp", "2"])                       # the default vocabulary of 67
+    assert exit_info.value.code == 2
+    assert "vocab size 67 is not divisible by the 8 leaves of the fixed reduction tree" in capsys.readouterr().err

@@ -39,9 +39,10 @@ order across and within GPUs" (abstract). This lesson does that from scratch, on
 
 Where things are (`tp_from_scratch/numerics/`): `tree.py` (the fixed tree on a Comm, numpy;
 Exercise 13's reference), `reduction.py` (the same tree on torch tensors, on a Comm or a
-ProcessGroup), `matmul.py`, `layers.py` and `cross_entropy.py` (the invariant layers), `measure.py`
-(this lesson's measurements), `bench.py`, `clip.py`, `doubling.py`, and `check.py`, which runs the
-claims on real processes:
+ProcessGroup), `matmul.py`, `layers.py` and `cross_entropy.py` (the invariant layers), `model.py`
+and `train.py` (the invariant GPT, and Lesson 6's trainer on it), `measure.py` (this lesson's
+measurements), `bench.py`, `clip.py`, `doubling.py`, and `check.py`, which runs the claims on real
+processes:
 
     .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.numerics.check
 
@@ -126,14 +127,21 @@ change; the layers around it do.
 An element-wise function is computed a vector at a time, and the elements left over at the end
 of the tensor by a scalar loop. If the two paths round differently, an element's bits depend on
 where it falls, and a rank's shard of F/t features puts elements elsewhere than one device's F.
-Lengths up to 128 at which f(x[:n]) differs from the first n elements of f(x) (float32):"""),
-    new_code_cell("""for name, lengths in measure.elementwise_tail_bits().items():
-    multiples = [n for n in lengths if n % 32 == 0]
-    print(f"{name:<12} {len(lengths):>3} lengths differ; multiples of 32 among them: {multiples}")"""),
-    new_markdown_cell(r"""exp and the exact GeLU agree on both paths; SiLU (Llama's MLP) and the tanh GeLU (GPT-2's) do
-not, but only on lengths that are not multiples of 32 float32 numbers: the kernel's step is two
-512-bit vectors (AVX512 here). A TP MLP's activation sees B*T*F/t numbers per rank: with B*T a
-multiple of 32 every t gives the same bits. The invariant layers do not own the activation, so
+Lengths up to 128 at which f(x[:n]) differs from the first n elements of f(x), for one of 8
+random x (float32):"""),
+    new_code_cell("""step = measure.elementwise_step()
+print(f"ATen's element-wise loop takes {step} float32 numbers per step on this CPU")
+for name, lengths in measure.elementwise_tail_bits().items():
+    multiples = [n for n in lengths if n % step == 0]
+    print(f"{name:<12} {len(lengths):>3} of 128 lengths differ {str(lengths[:3])[:-1] + ', ...]' if len(lengths) > 3 else lengths}; "
+          f"multiples of {step} among them: {multiples}")"""),
+    new_markdown_cell(r"""exp agrees at every length, the exact GeLU everywhere but (as measured here) on a tensor of one
+element; SiLU (Llama's MLP) and the tanh GeLU (GPT-2's) do not, but never on a length that is a
+multiple of the loop's step: ATen's `vectorized_loop` (aten/src/ATen/native/cpu/Loops.h) handles
+two vectors per iteration, 2 x 8 float32 with AVX2, 2 x 16 with AVX512 (the capability printed at
+the top), and the elements past the last whole step with a scalar loop. A TP MLP's activation holds
+B*T*F/t numbers per rank: when that is a multiple of the step at every t (B*T a multiple of 32 is
+enough on both), no element takes the scalar path, and every t gives the same bits. The invariant layers do not own the activation, so
 this is a condition on the batch, stated in `numerics/layers.py`.
 
 ## 2. Making the bits not change
@@ -223,9 +231,14 @@ for change, t in ((dict(n_kv_heads=4, arch="llama"), 8), (dict(vocab_size=67), 4
     except ValueError as error:
         print(f"t={t}, {change}: refused: {error}")"""),
     new_markdown_cell(r"""`tests/test_numerics_layers.py` assembles a whole GPT from these layers (GPT-2 with 2 KV heads,
-this course's GPT, Llama) and proves its logits, its loss and every gradient `torch.equal` at
-t = 1, 2, 4 and 8 on simulated ranks; `tests/test_numerics_launch.py` does the same under mpiexec
-and torchrun (t = 2 and 4; t = 8 in `make test-slow`).
+this course's GPT with 4, Llama with 8) and proves its logits, its loss and every gradient
+`torch.equal` to t = 1's at t = 2, 4 and 8 on simulated ranks (GPT-2 is skipped at t = 4, where
+its 2 KV heads on 2 ranks each with 2 query heads per rank are refused, as above);
+`tests/test_numerics_launch.py` does the same under mpiexec and torchrun (t = 2 and 4; t = 8 in
+`make test-slow`, `tests/test_slow_tp8.py`); `tests/test_numerics_training.py` trains it with AdamW
+(element-wise: equal gradients, equal updates) and decodes greedily, and every loss and every
+generated id is `torch.equal` at t = 1, 2, 4 and 8 (10 steps in `make test`, Llama's 1,000 in
+`make test-slow`).
 
 ### 2d. What breaks it
 
@@ -238,8 +251,10 @@ logits computed row by row with BLAS and with `invariant_linear`:"""),
 print("one-row vocabulary shards, the same bits as the whole product:", measure.one_row_shard_bits())"""),
     new_markdown_cell(r"""The ring is harmless at t = 2 (two partial sums add the same either way round) and wrong from
 t = 4; a sequential sum inside a rank is wrong as long as a rank holds more than two leaves; BLAS
-on a one-row shard gives other bits. `tests/test_numerics_layers.py` patches each of the three
-into the layers of the GPT in turn and proves that t = 8 then differs from t = 1.
+on a one-row shard gives other bits. `tests/test_numerics_layers.py` patches the ring and the
+sequential sum into the layers of the invariant Llama in turn and proves that its logits or
+gradients at t = 8 then differ from t = 1's; and patches BLAS in place of `invariant_linear` into
+the LM head of a vocabulary of 8 (one row per rank at t = 8), whose logits then differ.
 
 ## 3. What it costs
 
@@ -248,15 +263,20 @@ backward on 2 simulated ranks with Lesson 5's layers and with the invariant ones
 all-reduces alone, with the bytes the meter counts (fastest of 5 runs each; ranks are threads of
 this process, so compare the columns, not the absolute times). The same from a shell, larger:
 `.venv/bin/python -m tp_from_scratch.numerics.bench --tp 4 --tokens 256 --hidden 256 --ffn 1024`."""),
-    new_code_cell("""print(bench.table(bench.compare(tp=2, tokens=64, hidden=128, ffn=512, numbers=1 << 16, repeats=5)))"""),
-    new_markdown_cell(r"""Why the invariant MLP is many times slower: `invariant_linear` materialises the M x N x K
+    new_code_cell("""rows = bench.compare(tp=2, tokens=64, hidden=128, ffn=512, numbers=1 << 16, repeats=5)
+print(bench.table(rows))
+print(f"the invariant MLP took {rows[0][3]:.1f} times the default's time")"""),
+    new_markdown_cell(r"""Why the invariant MLP is slower (the factor printed above): `invariant_linear` materialises the M x N x K
 products of every sliced matmul (here fc's forward, both weight gradients and the row layer's
 dX) and then sums them, where BLAS keeps partial sums in registers and streams each operand
 once: the same multiply-adds, but K numbers written and read again for every output element.
 The per-leaf products are L/t small BLAS calls instead of one, and every leaf is copied to a
-contiguous block first. The tree all-reduce also adds each rank's L/t leaves, work the default
-path does not have, and sends the same bytes as the ring at t = 2, log2 t / (2 (t-1)/t) times
-them beyond. On a GPU a kernel can block the products itself
+contiguous block first. The tree all-reduce adds each rank's L/t leaves, work the default path
+does not have (the ring is handed the rank's sum), and sends the same bytes as the ring at t = 2,
+log2 t / (2 (t-1)/t) times them beyond; against that extra work it sends fewer messages, log2 t
+against the ring's 2 (t-1) (at t = 2 one exchange of the whole array where the ring makes two
+rounds of half arrays), so its time can come out below the ring's, as the all-reduce row shows
+when it does. On a GPU a kernel can block the products itself
 and still fix the order (TBIK's abstract: kernels written in Triton, integrated into vLLM and
 FSDP); this course's version trades speed for a few lines that show the order.
 
@@ -266,7 +286,8 @@ Training clips the gradient: torch.nn.utils.clip_grad_norm_ scales every gradien
 min(1, max_norm / (||g|| + 1e-6)), ||g|| the norm of all gradients as one vector. Under TP no rank
 holds that vector. Two shortcuts are wrong, and they slip into real code: TransformerEngine's ROCm
 fork marked replicated weights as tensor-parallel, so Megatron counted them once per TP rank, and
-the reported norm came out 1.52 times too large at TP = 8 (ROCm/TransformerEngine PR #715):
+the reported norm came out 1.52 times too large at TP = 8 (ROCm/TransformerEngine PR #715, its
+description: a 4-layer DeepSeek-V4-Flash; 1.36 times for a 6-layer DeepSeek-V3):
 
 * **summing every rank's local squares over the TP group**: the replicated parameters (norms, the
   row layers' biases, the position embedding) count t times, a KV head held by r ranks r times;
@@ -275,11 +296,23 @@ the reported norm came out 1.52 times too large at TP = 8 (ROCm/TransformerEngin
 
 The right norm counts every distinct piece once: a rank adds the squares of the pieces it *owns*
 (its shard of a sharded parameter; a replicated one only on TP rank 0; a KV head only on the first
-of its replicas), then one all-reduce sums them. Megatron-LM does the same (megatron/core/optimizer/
-clip_grads.py: get_grad_norm_fp32 sums the p-th powers over the model-parallel group, the
-tensor-parallel duplicates filtered out by param_is_not_tensor_parallel_duplicate). `clip.py` reads
-who owns what from the sharding plan (`gpt.arch.shard_axis`, `replicas_of`); a "dp" group counts
-the DP replicas once, and a placement split over "ep" counts each expert once (Lesson 12's layout).
+of its replicas), then one all-reduce sums them. Megatron-LM does the same: MegatronOptimizer.get_main_grads_for_grad_norm
+(megatron/core/optimizer/optimizer.py) keeps a gradient only when param_is_not_tensor_parallel_duplicate
+(a sharded parameter, or any parameter on TP rank 0), and get_grad_norm_fp32
+(megatron/core/optimizer/clip_grads.py) sums the kept gradients' p-th powers over the
+model-parallel group. The right norm is Lesson 6's (`gpt/clip.py`, re-exported by
+`numerics/clip.py` beside the two wrong ones): it reads who owns what from the sharding plan
+(`gpt.arch.shard_axis`, `replicas_of`); a "dp" group counts the DP replicas once, and a placement
+split over "ep" counts each expert once (Lesson 12's layout; tested on its own, not yet wired into
+deepseek.train). The one trainer clips with it: `--clip-grad-norm MAX`, after the DP average, with
+the single-device reference clipping by torch's `clip_grad_norm_`:
+
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --clip-grad-norm 0.5 --dtype float64 --compare-single
+
+prints 50 of 50 steps equal to one device's; sequence_parallel.train clips the same way (its
+LayerNorms' gradients are summed over the sequence shards before the norm sees them), while
+partial_sync.train, parallelisms.train and deepseek.train refuse the flag by name until a test
+proves their placement.
 GPT-2 and Llama (one KV head, so replicated on every rank) at t = 4, float64:"""),
     new_code_cell("""def norms(comm, gpt, batch, config):
     model = gpt_to_tp(comm, gpt)
@@ -302,16 +335,18 @@ for arch, nkv in (("gpt2", 4), ("llama", 1)):
     print(f"{arch:<6} {truth:>19.15f} {results[0][0].item():>19.15f} {results[0][1].item():>15.4f} {local:>36}")"""),
     new_markdown_cell(r"""The right norm equals one device's to float64's roundoff (the order of the squares' sum
 differs); the gradients clipped by it equal one device's clipped gradients
-(`tests/test_numerics_clip.py` checks every one, at t = 1, 2 and 4, the max-norm too,
-and on a dp x tp mesh under torchrun). The first wrong norm is too large, the second too small and
+(`tests/test_numerics_clip.py` checks every one at t = 1, 2 and 4, the max-norm too;
+`tests/test_numerics_launch.py` on a dp x tp mesh under torchrun). The first wrong norm is too large, the second too small and
 different on every rank.
 
 ## 5. The all-reduce whose backward doubles
 
 Lesson 5's g (`nn.mappings.reduce_from_tp_region`) is an all-reduce forward and the **identity**
 backward. PyTorch has differentiable all-reduces too: `torch.distributed.nn.functional.all_reduce`
-(deprecated in favour of `torch.distributed._functional_collectives.all_reduce`, whose autograd
-rule is the same). Put one where g belongs, in a row-parallel linear whose output every rank turns
+(its `_AllReduce` Function's backward is `_AllReduce.apply` of the gradient; deprecated, with a
+FutureWarning pointing to `torch.distributed._functional_collectives.all_reduce`, whose autograd
+rule, `all_reduce_backward` in that file, is again an all-reduce with the same op: torch 2.13's
+sources). Put one where g belongs, in a row-parallel linear whose output every rank turns
 into the same loss, and compare the weight gradient with one device's (2 processes, float64;
 `numerics/doubling.py`):"""),
     new_code_cell("""out = run_command(torchrun_command(2, "tp_from_scratch.numerics.doubling"), timeout=180)
@@ -334,14 +369,22 @@ checks the 2.000000 under torchrun, and 4 at t = 4.)
   slices, the scalar tails of SiLU and tanh-GeLU).
 * A fixed binary tree over L leaves, each rank a whole subtree and the ranks combined by recursive
   doubling, plus matmuls that compute every sliced output element alone, makes every output and
-  gradient the same bits at every t dividing L. It costs many times the default path's time on a
-  CPU, and log2 t / (2 (t-1)/t) times the ring's bytes.
+  gradient the same bits at every t dividing L. It costs from a few to tens of times the default
+  path's time on a CPU (section 3 prints the factor), and log2 t / (2 (t-1)/t) times the ring's bytes.
 * Clip by the norm in which each distinct piece counts once; torch's differentiable all-reduce is
   not Megatron's g.
 
-Lesson 6's trainer does not use these yet: the layers keep the constructor and state dict of
-Lesson 5's (`numerics.INVARIANT_STYLES` maps each style of the sharding plan to its invariant
-layer), so a model can be built from them with the same plan.
+Lesson 6's trainer clips by the right norm (`--clip-grad-norm`). The invariant layers keep the
+constructor and state dict of Lesson 5's (`numerics.INVARIANT_STYLES` maps each style of the
+sharding plan to its invariant layer), so `numerics/model.py` builds the invariant GPT from Lesson
+6's TP GPT, and `numerics.train` is Lesson 6's trainer on it (one hook, as Lesson 7's is): its
+losses are the same bits at t = 1, 2 and 4 (`tests/test_numerics_launch.py`), and what the tree
+cannot serve is refused by name:
+
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.numerics.train --tp 2 --vocab-size 64 --steps 20 --metrics runs/invariant_t2.jsonl
+
+Generation with the invariant model is tested greedily on simulated ranks; `gpt.generate` has no
+invariant mode yet.
 
 ## Exercise 13
 
@@ -349,8 +392,8 @@ Write `tree_all_reduce(comm, leaves, n_leaves)` and `invariant_row_parallel_matm
 w_shard, n_leaves)` in `exercises/ex13_tree_reduction.py` on `comm.send` and `comm.recv`;
 `.venv/bin/python -m pytest exercises -m ex13` grades them bit for bit: the tree at t = 1, 2, 4, 8
 (and other trees), the same bits on every rank, odd t refused by name, empty and 0-d leaves,
-integers, infinities and subnormals, the inputs untouched, new results, and log2 t messages to the
-recursive-doubling partners."""),
+integers, infinities and subnormals, the inputs untouched, new results (also after a second call),
+and log2 t messages to the recursive-doubling partners."""),
 ]
 
 write_notebook(cells, HERE.parent / "13_tp_numerics.ipynb")

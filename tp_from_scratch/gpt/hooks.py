@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from tp_from_scratch.gpt import checkpoint as ckpt
+from tp_from_scratch.gpt.clip import gpt_placement
 from tp_from_scratch.gpt.model import init_gpt
 from tp_from_scratch.gpt.step import gpt_loss, train_step
 
@@ -22,13 +23,16 @@ class ModelKind:
     init(config, seed, dtype): the single-device model every rank starts from (and the
     reference trains); sharding: how checkpoints cut and glue it (checkpoint.GPTSharding's
     methods); description: what its checkpoints hold and loaders check (default
-    checkpoint.model_description(config)); meta: more entries for their metadata.
+    checkpoint.model_description(config)); meta: more entries for their metadata;
+    placement(config, tp): name -> the groups each parameter is split over (gpt/clip.py), which
+    --clip-grad-norm reads to count every distinct piece of the gradient once.
     """
     name: str = "GPT"
     init: Callable = init_gpt
     sharding: object = ckpt.GPT_SHARDING
     description: Optional[dict] = None
     meta: dict = field(default_factory=dict)
+    placement: Callable = gpt_placement
 
     def layers(self, config):
         """The depth the tolerance policy counts (compare.tolerance)."""

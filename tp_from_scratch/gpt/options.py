@@ -222,6 +222,10 @@ def add_train_flags(parser, d):
     g.add_argument("--data", choices=["markov", "text"], default=d.data,
                    help="markov: a seeded Markov chain (known entropy rate); text: bytes of the Python "
                         "standard library's source, V=256 (gpt/text.py)")
+    g.add_argument("--clip-grad-norm", type=float, default=d.clip_grad_norm, metavar="MAX",
+                   help="scale the gradients by min(1, MAX / (||g|| + 1e-6)) after the DP average, ||g|| "
+                        "the 2-norm of the whole model's gradient, each distinct piece counted once "
+                        "(gpt/clip.py); the single-device reference clips with torch's clip_grad_norm_")
     g.add_argument("--eval-every", type=int, default=d.eval_every, metavar="N",
                    help="every N steps, the loss on a fixed held-out batch (text: the validation split)")
 
@@ -233,7 +237,7 @@ def train_flag_problem(opts):
         at_least("--steps", opts.steps, 0), positive("--tp", opts.tp), positive("--batch-size", opts.batch_size),
         at_least("--save-every", opts.save_every, 0), at_least("--eval-every", opts.eval_every, 0),
         positive("--equal-steps", opts.equal_steps), greater_than_zero("--timeout", opts.timeout),
-        greater_than_zero("--lr", opts.lr),
+        greater_than_zero("--lr", opts.lr), greater_than_zero("--clip-grad-norm", opts.clip_grad_norm),
         "--save-every N saves into --save DIR: give --save too" if opts.save_every and not opts.save else None,
         "--save-format says how --save DIR is written: give --save too"
         if opts.save_format != "course" and not opts.save else None,
@@ -275,6 +279,7 @@ class TrainConfig:
     batch_size: int = 8
     data: str = "markov"
     eval_every: int = 0
+    clip_grad_norm: Optional[float] = None
     model: object = None
 
     @classmethod

@@ -109,9 +109,10 @@ def forward_backward(model, x, y, loss_fn=gpt_loss):
 
 
 def train_step(model, optimizer, x, y, dp_group=None, dp=1, *, after_backward=None,
-               run_batch=forward_backward, average=True, context=contextlib.nullcontext):
+               run_batch=forward_backward, average=True, context=contextlib.nullcontext, clip=None):
     """THE training step: zero_grad, forward and backward, after_backward(model), the DP
-    gradient average, optimizer step; returns the global mean loss (detached).
+    gradient average, clip(model) (--clip-grad-norm: gpt/clip.py), optimizer step; returns the
+    global mean loss (detached).
 
     Every trainer's step is this one. A later lesson changes a part: run_batch(model, x, y)
     (a pipeline's), average=False (DDP and ZeRO average themselves), context (what
@@ -125,6 +126,8 @@ def train_step(model, optimizer, x, y, dp_group=None, dp=1, *, after_backward=No
         after_backward(model)
     if average and dp > 1:
         average_gradients([p for p in model.parameters() if p.grad is not None], dp_group, dp)
+    if clip is not None:
+        clip(model)                 # on the averaged gradients: the norm of the global batch's
     optimizer.step()
     loss = loss.detach().clone()
     if dp > 1:
@@ -156,12 +159,15 @@ def single_device_run(config, opts, start=None, model=None, loss_fn=gpt_loss, in
         model.load_state_dict(start["model"])
         ckpt.load_optimizer_state_by_name(model, optimizer, start["optimizer"])
         first = start["step"]
+    clip = None
+    if getattr(opts, "clip_grad_norm", None) is not None:   # torch's own, on the whole model
+        clip = lambda m: torch.nn.utils.clip_grad_norm_(m.parameters(), opts.clip_grad_norm)  # noqa: E731
     for step, (x, y) in batches(opts, shape or (config.seq_len, config.vocab_size), first):
-        yield step, train_step(model, optimizer, x, y, run_batch=partial(forward_backward, loss_fn=loss_fn))
+        yield step, train_step(model, optimizer, x, y, run_batch=partial(forward_backward, loss_fn=loss_fn), clip=clip)
 
 
-def steps_on_comm(opts, model, optimizer, shape, after_backward=None):
+def steps_on_comm(opts, model, optimizer, shape, after_backward=None, clip=None):
     """Steps 0 .. opts.steps-1 on simulated ranks (dp = 1), batches of shape (T, V): a generator
-    of (step, loss tensor)."""
+    of (step, loss tensor). clip(model): after backward, before the optimizer step."""
     for step, (x, y) in batches(opts, shape):
-        yield step, train_step(model, optimizer, x, y, after_backward=after_backward)
+        yield step, train_step(model, optimizer, x, y, after_backward=after_backward, clip=clip)

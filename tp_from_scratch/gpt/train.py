@@ -41,6 +41,7 @@ from tp_from_scratch.comm.launch import torch_main
 from tp_from_scratch.compare import TOLERANCE, assert_matches_reference, tolerance
 from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt import options
+from tp_from_scratch.gpt.clip import clip_grad_norm
 from tp_from_scratch.gpt.hooks import Hooks, ModelKind
 from tp_from_scratch.gpt.data import global_batch, local_batch
 from tp_from_scratch.gpt.mesh import coordinates, setup_mesh
@@ -78,6 +79,9 @@ def validate(opts, world_size, description=None):
         return f"batch size {opts.batch_size} is not divisible by dp={dp}"
     if opts.impl == "dtensor" and (opts.save or opts.load):
         return "--save and --load work with --impl scratch only"
+    if opts.impl == "dtensor" and opts.clip_grad_norm is not None:
+        return ("--clip-grad-norm works with --impl scratch only (DTensor's gradients carry their placements: "
+                "torch's clip_grad_norm_ on them is DTensor's own)")
     if opts.device == "cuda" and not torch.cuda.is_available():
         return "--device cuda was asked for, but torch sees no CUDA device"
     try:
@@ -305,6 +309,18 @@ def progress_bar(opts, total, is_main):
                 unit="step", file=sys.stdout, dynamic_ncols=False, ncols=80)
 
 
+def clipper(run):
+    """--clip-grad-norm MAX: model -> its gradients clipped by the global norm, each distinct piece
+    counted once over the TP group (and the DP group, whose averaged gradients are copies),
+    placed by the model's plan (ModelKind.placement); None without the flag."""
+    opts, mesh = run.opts, run.mesh
+    if opts.clip_grad_norm is None:
+        return None
+    groups = {"tp": run.group} | ({"dp": mesh.dp_group} if mesh.dp > 1 else {})
+    placement = run.hooks.model.placement(opts.model, mesh.tp)
+    return lambda model: clip_grad_norm(model, opts.clip_grad_norm, placement=placement, groups=groups)
+
+
 def train_loop(run, model, optimizer, first, comparison=None):
     """Steps first .. opts.steps-1 with the hooks' step; returns this rank's losses. Every
     --metrics record, --eval-every and --save-every happens here, for every trainer."""
@@ -315,6 +331,8 @@ def train_loop(run, model, optimizer, first, comparison=None):
         Path(opts.metrics).parent.mkdir(parents=True, exist_ok=True)
         metrics = open(opts.metrics, "w")
     bar = progress_bar(opts, opts.steps - first, mesh.rank == 0)
+    clip = clipper(run)
+    extra = {} if clip is None else {"clip": clip}   # a trainer's own step need not know the flag
     losses = []
     try:
         for step in range(first, opts.steps):
@@ -322,7 +340,8 @@ def train_loop(run, model, optimizer, first, comparison=None):
             t0 = time.perf_counter()
             measured = hooks.metrics(run.group, run.counter) if hooks.metrics else None
             with run.counter.counting():
-                loss = hooks.step(model, optimizer, x.to(mesh.device), y.to(mesh.device), mesh.dp_group, mesh.dp)
+                loss = hooks.step(model, optimizer, x.to(mesh.device), y.to(mesh.device), mesh.dp_group, mesh.dp,
+                                  **extra)
             record = {"step": step, "loss": loss.item(), "time_s": time.perf_counter() - t0,
                       **(measured() if measured else {})}
             if comparison is not None:
@@ -397,7 +416,11 @@ def train_on_comm(comm, argv=()):
     model = gpt_to_tp(comm, init_gpt(opts.model, opts.seed, opts.torch_dtype))
     optimizer = make_optimizer(model.parameters(), opts)
     shape = ModelKind().shape(opts.model)
-    return [loss.item() for _, loss in steps_on_comm(opts, model, optimizer, shape)]
+    clip = None
+    if opts.clip_grad_norm is not None:
+        placement = ModelKind().placement(opts.model, comm.world_size)
+        clip = lambda m: clip_grad_norm(m, opts.clip_grad_norm, placement=placement, groups={"tp": comm})  # noqa: E731
+    return [loss.item() for _, loss in steps_on_comm(opts, model, optimizer, shape, clip=clip)]
 
 
 def main(argv=None):

@@ -9,12 +9,14 @@ that TP gets right, and the all-reduce whose backward doubles.
     layers.py         InvariantColumnParallelLinear, InvariantRowParallelLinear, invariant_lm_head,
                       INVARIANT_STYLES (plan style -> layer), check_invariant(config, t, leaves)
     cross_entropy.py  the vocab-parallel cross-entropy with its denominator summed over fixed leaves
+    model.py          invariant_tp_gpt: Lesson 6's TP GPT built from these layers (numerics.train trains it)
     measure.py        what changes the bits on this machine: the lesson's measurements
     clip.py           gradient-norm clipping that counts every distinct piece once (and the two
                       wrong norms), placed by the sharding plan
     doubling.py       torch's differentiable all-reduce where Megatron's g belongs: the t-times gradient
     bench.py          the invariant path's time beside the default path's
     check.py          the claims, on simulated ranks, under mpiexec or under torchrun
+    train.py          Lesson 6's trainer on the invariant GPT: the same losses at every t
 """
 from tp_from_scratch.numerics.cross_entropy import invariant_vocab_parallel_cross_entropy
 from tp_from_scratch.numerics.layers import (INVARIANT_STYLES, InvariantColumnParallelLinear,

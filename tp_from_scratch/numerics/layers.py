@@ -26,10 +26,11 @@ in the graph's order, the same at every t. The layers therefore refuse input_is_
 a caller must not apply f around them.
 
 ``check_invariant(config, t, leaves)`` names the first size of a GPTConfig the fixed tree cannot
-serve at t. Also measured (Lesson 13): the element-wise SiLU and tanh-GELU kernels take a scalar
-path, with other bits, for the last (count mod 32) float32 elements of a tensor, so an MLP's
-activation is t-invariant only when B*T*F/t is a multiple of 32 float32 (16 float64) numbers:
-two 512-bit vectors, the kernel's step on this machine (AVX512).
+serve at t. Also measured (Lesson 13): the element-wise SiLU and tanh-GELU kernels may give other
+bits for a tensor's last (count mod step) elements, which ATen's vectorized_loop hands to a scalar
+loop (step: two vectors, 16 float32 with AVX2, 32 with AVX512; measure.elementwise_step), so an
+MLP's activation is t-invariant when B*T*F/t is a multiple of the step at every t (B*T a
+multiple of 32 is enough).
 """
 import torch
 

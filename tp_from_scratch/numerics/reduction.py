@@ -13,8 +13,8 @@
 
 Both give the same bits: the same leaves added in the same order. Half-precision sums:
 bfloat16 has no numpy dtype and crosses the bridge as float32, so the tree adds bfloat16
-leaves in float32 on both paths and rounds once at the end (as NCCL does); float16 adds in
-float16 on both (numpy's and torch's float16 additions round each sum the same way).
+leaves in float32 on both paths and rounds once at the end (NCCL does not: it sends bfloat16
+partial sums and rounds after every addition, NVIDIA/nccl#1026); float16 adds in float16 on both (numpy's and torch's float16 additions round each sum the same way).
 """
 from datetime import timedelta
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from tp_from_scratch.overlap.algorithms import all_reduce_recursive_doubling
 
-DEFAULT_LEAVES = 8  # the largest t served; Llama 3 70B's TP degree
+DEFAULT_LEAVES = 8  # the largest t served: one node of 8 GPUs, where TP usually stays
 
 
 def served(n_leaves):

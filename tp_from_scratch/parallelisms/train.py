@@ -98,6 +98,9 @@ def validate(opts, world):
                             positive("--micro-batches", opts.micro_batches))
     if problem:
         return problem
+    if opts.clip_grad_norm is not None:
+        return ("--clip-grad-norm is not offered by parallelisms.train yet: its DDP, ZeRO and pipeline steps "
+                "place the gradients their own way (gpt/clip.py places the TP GPT's); use gpt.train")
     dp, pp, tp = degrees(opts, world)
     if dp * pp * tp != world:
         return (f"dp={dp} x pp={pp} x tp={tp} = {dp * pp * tp} ranks, but {world} processes were "
