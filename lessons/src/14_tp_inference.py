@@ -28,8 +28,9 @@ inference". Lesson 6 generated text with TP and timed it: on this machine a deco
    and by how much; then it predicts Lesson 6's measured decode latency on this machine.
 2. **The next token from the vocabulary shards** (Exercise 14): greedy, temperature and top-k
    without gathering the (B, V) logits, with ids *identical* to the gathered choice at every t.
-3. **Dropping or shrinking TP's syncs at inference**, two 2025 techniques: Sync-Point Drop
-   (Kim et al., ICML 2025) and quantized all-reduce (Flash Communication, Li et al. 2024), each
+3. **Dropping or shrinking TP's syncs at inference**, two recent techniques: Sync-Point Drop
+   (Kim et al., ICML 2025) and quantized all-reduce (Flash Communication, Li et al., arXiv
+   December 2024), each
    equal to a float64 single-device emulation, with bytes = formula, beside CAAT-Net (Lesson 8).
 
 Where things are (`tp_from_scratch/inference/`): `latency.py` the model, `planner.py` its command
@@ -77,12 +78,13 @@ Model", Part 7, *All About Transformer Inference*, "Linear operations") calls it
 $$T_\text{read} = \frac{\text{(matmul weights)}/t + \text{(KV cache)}/t}{\text{memory bandwidth}},
 \qquad \text{KV cache} = L \cdot B \cdot \text{context} \cdot 2 \cdot n_\text{kv} \cdot hs \cdot \text{bytes}$$
 
-So TP helps decode the way the book says ("Distributing Inference Over Multiple Accelerators"):
-more chips, more memory bandwidth for the same bytes. The price: per step, **2L + 1 all-reduces**
+So TP helps decode the way the book says ("Distributing Inference Over Multiple Accelerators":
+for generation, more chips give "access to more HBM bandwidth (for potentially better per-step
+latency)"): more chips, more memory bandwidth for the same bytes. The price: per step, **2L + 1 all-reduces**
 (the vocabulary-parallel embedding's, and g after attention and after the MLP in every block) of
 B·H numbers each, 16 KiB at B = 1 and H = 8192. A message that small is all latency: a call costs
-α, whatever it carries. Here α is a published per-call figure for each profile (its source is
-printed), and a call is priced as `cost.model.all_reduce_seconds` prices Lesson 9's: 2(t-1)
+α, whatever it carries. Here α comes from a per-call figure for each profile (its source is
+printed: a published measurement for NVLink and InfiniBand, an assumption for PCIe), and a call is priced as `cost.model.all_reduce_seconds` prices Lesson 9's: 2(t-1)
 messages of the ring, 2(t-1)/t of the bytes (α per message = the published call latency / 2(t-1);
 an all-gather, t-1 messages, then costs half a call: the ring's count, an assumption of the model). Then the token choice: gpt.generate all-gathers the (B, V/t)
 logits (section 3 replaces that). Nothing overlaps: our code overlaps nothing.
@@ -119,16 +121,18 @@ for batch, context in [(1, 8192), (32, 8192)]:
 smallest t that fits is largest where that t is 2 (small batch, short context): there the step
 is almost all weight reads, and t = 8 reads a quarter of them. Where the KV cache grows (B = 128
 at 8192 tokens: 343 GB of keys and values), only t = 8 fits at all. The all-reduces are the part
-that does not shrink: at B = 1 they are about a quarter of the t = 8 step here, close to the 38 %
-of a 70B TP=8 step that Ladder Residual's authors measured in all-reduce on H100s (Zhang et al.
-2025, the first author's blog post; notes §2), though their kernels and ours are not the same
-system. Over PCIe each call costs more (an assumed 25 µs, no published figure read) and
+that does not shrink: at B = 1 they are about a quarter of the t = 8 step here. Ladder Residual's
+authors report 38 % of a 70B TP=8 inference step in all-reduce on H100s (Zhang et al. 2025, arXiv
+2501.06589; the figure is from the first author's blog post, repository Nanami18/Nanami18.github.io,
+`blogs/ladder_residual/together_blog.md`), though their kernels and ours are not the same system. Over PCIe each call costs more (an assumed 25 µs, no published figure read) and
 the link is seven times slower: the same t buys less. Across two nodes, t = 16 halves the bytes
-each GPU reads again, but 161 calls at about 47 µs each (a published NCCL figure over InfiniBand)
+each GPU reads again, but 161 calls at about 47 µs each (NCCL across two nodes of 8 H20 GPUs over InfiniBand NDR,
+NVIDIA/nccl#1244)
 cost more than it saves: **why TP stays inside a node**, for inference as for training (Lesson 9).
 
 Everything here is a model: vendor-spec peak bandwidth (real kernels reach perhaps 70-80 % of it),
-published call latencies from other systems, no overlap, no launch overhead (CUDA graphs assumed).
+published call latencies from other systems, no overlap, no kernel launch cost in the arithmetic
+(CUDA graphs assumed; the NVLink call latencies were timed without them, launch included).
 The lesson's own check of the model is on the machine it runs on:
 
 ### This machine: predicted against measured
@@ -166,7 +170,11 @@ on a quiet machine to see yours."""),
 The LM head is vocabulary-parallel (Lesson 5): rank r holds the logits of its ids, Sharded(vocab).
 Lesson 6's `generate` all-gathers them to (B, V) on every rank, then picks: for Llama 3's
 V = 128256 in bf16 that is 224 KB sent per rank per sequence and token at t = 8, to choose one
-number. Serving engines pick from the shards instead (the issue cites vLLM PRs #34049 and #39419).
+number. Serving engines have begun to pick from the shards instead: vLLM for greedy draft tokens
+in speculative decoding (`use_local_argmax_reduction`, vllm-project/vllm#46448, merged), with open
+pull requests for greedy and top-k decoding in vLLM (#54332) and for greedy decoding in SGLang
+(sgl-project/sglang#35268). (The issue that asked for this lesson cites vLLM PRs #34049 and
+#39419 and their +9 % to +31 % throughput; the course could not find them, so it quotes no number.)
 
 **Greedy** is a maximum, and a maximum splits over ranks: each rank sends its row maximum and its
 id, (B, 1, 2) float64; every rank takes the largest, ties to the lowest id (as torch.argmax on
@@ -232,9 +240,10 @@ Kim, Hoang, Kundu, Samragh and Cho (Apple), "SPD: Sync-Point Drop for Efficient 
 of Large Language Models", ICML 2025 (arXiv 2502.20727). The abstract: SPD "selectively drop[s]
 synchronization on attention outputs", with "a block design that allows execution to proceed
 without communication", applied per block by its sensitivity; "about 20% overall inference latency
-reduction with < 1% accuracy regression for LLaMA2-70B inference over 8 GPUs". The course did not
-read the paper's method section; the block below follows the notes' reading of its Fig. 2 (two
-independent single-device simulations agree on it):
+reduction with < 1% accuracy regression for LLaMA2-70B inference over 8 GPUs" (the PMLR abstract;
+arXiv v3's reads "with 1%"). The course did not read the paper's method section; the block below
+follows how two independent public single-device simulations read its Fig. 2 (they agree; the
+course could not check the figure itself):
 
 $$Y_r = \text{attn}_r(\text{ln}_1(x))\,W_{o,r}^\top \;\text{(Partial, no all-reduce)},\qquad
 Z_r = \text{mlp}_r(\text{ln}_2(x + Y_r + b_o)),\qquad
@@ -293,20 +302,25 @@ communication "more than 3x" faster, time-to-first-token "2x" lower, "nearly no 
 accuracy"; per its summaries, on LLaMA-2/3 with L40 and A100 GPUs) replaces the row-parallel
 all-reduce by a **two-step** one: every rank quantizes its partial and sends chunk j to rank j; rank
 j dequantizes the t pieces, sums them in its own precision, re-quantizes its sum and all-gathers
-it. The **all-gather variant** (compress, gather every partial, sum locally; the notes' reading
-of Hansen-Palmus et al., arXiv 2411.09510) sends each partial once, quantized once.
+it. The **all-gather variant** (compress, gather every partial, sum locally) sends each partial
+once, quantized once; Hansen-Palmus et al. (arXiv 2411.09510) compress the row-parallel outputs
+before they travel (their abstract), and the all-gather is the course's reading of how, not checked
+in the paper.
 
 `quantized.py` quantizes per group of g numbers, asymmetric min-max: lo = min, scale = (max −
 min)/(2^bits − 1), code = round((x − lo)/scale), half to even, in the tensor's own dtype; codes are
 packed bits to a number, and each group's lo and scale travel in the tensor's dtype. (The paper's
-own group size and scale format were not read here; vLLM's QuickReduce uses symmetric INT4 groups
-of 32, and its integration PR (vllm#19094) says INT4 "can cause serious accuracy problems on some
-models", so FP8 is its default.) Single device, with $P_r$ rank r's partial:
+own group size and scale format were not read here. vLLM's QuickReduce, for AMD MI300, uses
+symmetric INT4 groups of 32 and is switched on by an environment variable that picks FP, INT8,
+INT6 or INT4 (vllm-project/vllm#19744, merged); an earlier integration PR, vllm#19094, closed
+unmerged, made FP8 its default because "Q4 scenarios can cause serious accuracy problems on some
+models".) Single device, with $P_r$ rank r's partial:
 
 $$\text{two-step: } \text{out}_j = \text{QDQ}\Big(\sum_r \text{QDQ}(P_r[j])\Big) \text{ per chunk } j,
 \qquad \text{all-gather: } \text{out} = \sum_r \text{QDQ}(P_r)$$
 
-Errors enter twice in the first, t times in the second. In float64 the collectives equal these
+The first quantizes at two stages (each rank's partial, then each chunk's sum), the second at one
+(each partial); both add t quantized partials. In float64 the collectives equal these
 bit for bit, and the meter counts the bytes of `quantized.reduce_bytes`:"""),
     new_code_cell("""from tp_from_scratch.testing import random_array, rank_rng
 
@@ -370,10 +384,10 @@ leave the step as it was. The all-gather variant's lower decode time is the ring
 messages (t − 1 instead of 2(t − 1)), not a measured fact (section 1). In **prefill**, where each
 all-reduce carries 8192·H numbers, bytes are what cost: compression or CAAT's fewer channels cut
 the time to the first token, most on the slower PCIe link, where 4 bits cut it to less than half in this model
-(Flash Communication reports time-to-first-token 2x lower, its largest gains on the PCIe L40). The
-all-gather variant at t = 8 sends more than the plain all-reduce and is slower. (The model's
-verdict; vllm#39783 measured 1.03-1.08x time-to-first-token for int8/fp8 two-shot on Llama-3.3-70B
-at TP 4 and no benefit in decode, notes §3c.)
+(Flash Communication's abstract: time-to-first-token 2x lower; summaries name L40 and A100 GPUs). The all-gather variant at t = 8 sends more than the plain all-reduce
+and is slower. (The model's verdict; vllm-project/vllm#39783, open, reports its int8/fp8 two-shot
+all-reduce cutting time-to-first-token 1.03-1.08x on Llama-3.3-70B at TP 4, and "no benefit" in
+decode, where all-reduce is latency-bound.)
 
 | technique | block all-reduces | bytes vs plain TP | retraining | the function depends on t | single-device reference |
 |---|---|---|---|---|---|
