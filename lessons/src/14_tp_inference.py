@@ -91,7 +91,7 @@ logits (section 3 replaces that). Nothing overlaps: our code overlaps nothing.
 
 The planner, for the Llama-3-70B-like model of Lesson 9 on one 8-GPU NVLink node, one sequence
 with 8192 tokens cached (`latency.decode_step`; the same table on the command line:
-`.venv/bin/python -m tp_from_scratch.inference.planner --arch llama --vocab-size 128256 --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn 28672 --context 8192 --profile h100-nvlink`):"""),
+`.venv/bin/python -m tp_from_scratch.inference.planner --arch llama --vocab-size 128256 --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn 28672 --batch-size 1 --context 8192 --profile h100-nvlink`):"""),
     new_code_cell("""args = planner.build_parser().parse_args(
     "--arch llama --vocab-size 128256 --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn 28672 "
     "--batch-size 1 --context 8192 --profile h100-nvlink".split())
@@ -157,14 +157,16 @@ step_time_bars(ax, [f"t={row['tp']}" for row in measured["rows"]],
                measured_s=[row["decode_ms_per_token"] / 1e3 for row in measured["rows"]],
                title="decode step on this machine: predicted (bars), measured (dash)")
 fig.tight_layout()"""),
-    new_markdown_cell(r"""What it shows. On two CPU cores TP makes decode slower, and the model says why: the
-weights this small model reads (71 MB at t = 1) take a few milliseconds, while each of the nine
-gloo all-reduces of a step costs milliseconds of latency (gloo moves every message over TCP, even
-between two processes of one machine, Lesson 9), and at t = 4 four processes share two cores. The
-ratio line above says how close the prediction came; where it misses, the calibration and the
-bench ran minutes apart on a machine shared with other programs, and both are read from the
-fastest or the median runs of noisy timings: rerun `bash lessons/measurements/remeasure/14_decode_latency.sh`
-on a quiet machine to see yours."""),
+    new_markdown_cell(r"""What it shows. On two CPU cores TP makes decode slower, and the model says why: splitting the
+weights this small model reads (71 MB in float32 at t = 1) saves the "read" column's milliseconds,
+while each of the nine gloo all-reduces of a step costs two messages of about α, milliseconds
+each (gloo moves every message over TCP, even between two processes of one machine, Lesson 9),
+and at t = 4 four processes share two cores. The ratio line above says how close the prediction
+came, and here it is **not** within the ±25 % this lesson aims at: the measurement was taken
+with the load average printed above, on two cores shared with other programs, so the calibration
+(memory bandwidth, the per-layer overhead) and the bench, minutes apart, saw different machines.
+Rerun `bash lessons/measurements/remeasure/14_decode_latency.sh` on a quiet machine to see
+yours; the benchmark prints the ratios and asserts nothing."""),
     new_markdown_cell(r"""## 2. The next token from the vocabulary shards (Exercise 14)
 
 The LM head is vocabulary-parallel (Lesson 5): rank r holds the logits of its ids, Sharded(vocab).
@@ -231,8 +233,9 @@ V/t entries instead of V; the planner prices both (`--sampling sharded`).
 **Exercise 14** (`exercises/ex14_sharded_sampling.py`): write `greedy_from_shards` and
 `sample_from_shards` yourself. The graders (`exercises/test_ex14_sharded_sampling.py`, run them
 with `make grade EX=ex14`) compare your ids with the gathered choice at t = 1, 2, 3, 4 and 8, with
-planted ties, ranks that hold no ids, huge logits and infinities, float32, float64 and bfloat16,
-and read the meter: only candidates may travel.
+planted ties, ranks that hold no ids, huge logits and infinities, float32, float64, float16 and
+bfloat16, ids beyond the whole numbers a half-precision logit can hold (bfloat16 counts exactly only
+to 256), and read the meter: only candidates may travel.
 
 ## 3. Sync-Point Drop: one all-reduce per block instead of two
 
@@ -369,8 +372,7 @@ keeps every call and shrinks its bytes, with no retraining. Bytes per rank for o
             yield (f"{bits}-bit {scheme}", {"bits": bits, "scheme": scheme},
                    forward_bytes(LLAMA_70B, 8, 0, 1, 2, (), bits, 128, scheme))
     for p in (0.5, 0.25):
-        caat = ring_all_reduce_bytes(8192, 2, 8, 0) + 160 * ring_all_reduce_bytes(int(p * 8192), 2, 8, 0)
-        yield f"CAAT-Net p={p}", {"synced_fraction": p}, caat
+        yield f"CAAT-Net p={p}", {"synced_fraction": p}, forward_bytes(LLAMA_70B, 8, 0, 1, 2, synced_fraction=p)
 
 print(f"{'':<24} {'bytes/step':>11} {'decode ms NVLink':>17} {'PCIe':>7} {'prefill ms NVLink':>18} {'PCIe':>8}")
 for name, options, sent in setups():
