@@ -180,7 +180,6 @@ def plot(results, axes):
         front = sorted(pareto(rows, key), key=key)
         ax.plot([key(r) for r in front], [r["perplexity"] for r in front], "k--", lw=0.8)
         ax.set_xlabel(label)
-        ax.set_yscale("log")
     axes[0].set_ylabel("held-out perplexity (per byte)")
     axes[0].legend(fontsize=7)
     return axes
