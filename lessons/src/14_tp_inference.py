@@ -232,7 +232,16 @@ for t in (2, 4, 8):
 (the tests also run V = 5 on 8 ranks, three of which hold no ids).
 In decode the bytes matter less than the call: the exchange is one more all-gather either way
 (two with top-k), so on a GPU the saving is the gathered logits' bandwidth and the sampling work on
-V/t entries instead of V; the planner prices both (`--sampling sharded`).
+V/t entries instead of V; the planner prices both (`--sampling sharded`). Generation uses it through
+a hook: `gpt.generate.generate(model, prompt, n, pick=sampling.shard_picker(sample, seed,
+temperature, top_k))` chooses every token from the shards, and the tests check that the sequences
+are those of one device at t = 2 and 3 (the vocabulary split unevenly) for fewer bytes than
+gathering. Without `pick`, generate keeps Lesson 6's gathered `choose`, whose samples use other
+random numbers.
+
+What this lesson does not build: heads, KV heads and FFN widths that t does not divide. Only the
+vocabulary splits unevenly (Lesson 5: ⌈V/t⌉ or ⌊V/t⌋ ids per rank, as above); a model with 52
+heads at t = 8 is still refused, naming the number of heads and t.
 
 **Exercise 14** (`exercises/ex14_sharded_sampling.py`): write `greedy_from_shards` and
 `sample_from_shards` yourself. The graders (`exercises/test_ex14_sharded_sampling.py`, run them
