@@ -10,6 +10,7 @@ instead of V/t numbers per sequence:
     greedy_from_shards(group, local_logits, vocab_start)             argmax, ties to the lowest id
     sample_from_shards(group, local_logits, vocab_start, seed, position, temperature, top_k)
     sample_gathered(logits, seed, position, temperature, top_k)      the single-device reference
+    shard_picker(sample, seed, temperature, top_k)                   gpt.generate's pick= hook
 
 Sampling is the Gumbel-max trick: with G_v independent standard Gumbel noise,
 argmax_v (s_v + G_v) is distributed as softmax(s) (Gumbel 1954; e.g. Maddison, Tarlow and Minka,
