@@ -129,12 +129,28 @@ def test_huge_logits_and_infinities(impl):
     check(on_ranks(impl, logits, 3, greedy), logits.argmax(dim=-1), "greedy on huge logits")
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
 def test_every_logit_dtype(impl, dtype):
     logits = logits_with_ties(dtype=dtype)
     check(on_ranks(impl, logits, 4, greedy), logits.argmax(dim=-1), f"greedy on {dtype}")
     how = sampler(0.7, 3)
     check(on_ranks(impl, logits, 4, how), how.expected(logits), f"top-3 on {dtype}", 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_ids_above_what_the_logits_dtype_counts_exactly(impl, dtype):
+    # bfloat16 holds every whole number only up to 256, float16 up to 2048; a real vocabulary
+    # (Llama 3: 128256 ids) goes far beyond: an id must never travel in the logits' dtype
+    vocab = 4099
+    logits = logits_with_ties(vocab=vocab, dtype=dtype)
+    logits[2, 1] = logits[2, vocab - 2] = 0.0          # row 2: no +inf, so its winner is an id
+    for row, winner in enumerate([vocab - 1, 2049, 4097, 257, 3001, 1029]):
+        if row != 3:                                   # row 3 stays all -inf (its id is 0)
+            logits[row, winner] = 30.0                 # a unique maximum at an id the dtype rounds
+    logits[0, 0] = 0.0
+    check(on_ranks(impl, logits, 3, greedy), logits.argmax(dim=-1), f"greedy on {dtype}, V={vocab}")
+    how = sampler(1.0, 2)
+    check(on_ranks(impl, logits, 3, how), how.expected(logits), f"top-2 on {dtype}, V={vocab}", 2)
 
 
 def test_results_are_new_tensors(impl):

@@ -175,3 +175,38 @@ def test_nan_on_one_rank_stops_every_rank():
         return "no error"
 
     assert all("NaN" in message for message in run_spmd(on_rank, 2))
+
+
+@pytest.mark.parametrize("t", [2, 3])
+def test_generate_chooses_from_the_shards_with_the_ids_of_one_device(t):
+    # gpt.generate's pick hook with shard_picker: the same sequences as one device (greedy also
+    # as gpt.generate's own gathered argmax), and fewer bytes than gathering (B, V) every token
+    from tp_from_scratch.gpt.generate import generate
+    from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+    from tp_from_scratch.inference.models import tensor_parallel_gpt
+    from tp_from_scratch.inference.sampling import shard_picker
+
+    config = GPTConfig(arch="llama", vocab_size=53, seq_len=16, n_layers=2, hidden=24, n_heads=6, n_kv_heads=6, ffn=48)
+    gpt = init_gpt(config, 151, torch.float64).eval()
+    prompt = torch.randint(0, 53, (3, 4), generator=torch.Generator().manual_seed(152))
+    settings = [dict(), dict(sample=True, seed=5, temperature=0.9, top_k=4), dict(sample=True, seed=6)]
+    with torch.no_grad():
+        single = [generate(gpt, prompt, 6, pick=shard_picker(**kw)) for kw in settings]
+        assert torch.equal(single[0], generate(gpt, prompt, 6))
+
+    def on_rank(comm):
+        model = tensor_parallel_gpt(comm, gpt)
+        out = []
+        with torch.no_grad():
+            for kw in settings:
+                comm.meter.reset()
+                ids = generate(model, prompt, 6, pick=shard_picker(**kw))
+                out.append((ids, comm.meter.bytes_sent))
+            comm.meter.reset()
+            generate(model, prompt, 6)
+        return out, comm.meter.bytes_sent
+
+    for rank, (out, gathered) in enumerate(run_spmd(on_rank, t)):
+        for kw, want, (ids, sent) in zip(settings, single, out):
+            assert torch.equal(ids, want), f"t={t} rank {rank} {kw}: {ids.tolist()} != {want.tolist()}"
+            assert sent < gathered, f"t={t} rank {rank} {kw}: {sent} bytes, gathering sends {gathered}"

@@ -83,8 +83,17 @@ def choose(logits, generator=None, temperature=1.0, top_k=0):
 
 
 @torch.no_grad()
+def local_last_logits(model, logits):
+    """(group or None, this rank's (B, V_r) logits of the last position, its first id): what a
+    rank holds before last_logits gathers it; on one device (None, (B, V), 0)."""
+    last = logits[:, -1]
+    if isinstance(model.wte, VocabParallelEmbedding):
+        return model.group, last, model.wte.vocab_start
+    return None, last, 0
+
+
 def generate(model, prompt, new_tokens, *, sample=False, seed=0, temperature=1.0, top_k=0, eos_ids=(),
-             pad_id=None, timings=None):
+             pad_id=None, timings=None, pick=None):
     """prompt (B, T0) token ids -> (B, T0 + n), n <= new_tokens, for a GPT, single-device or TP.
 
     Prefill runs the whole prompt once and fills the KV cache; each decode step runs one token.
@@ -92,6 +101,10 @@ def generate(model, prompt, new_tokens, *, sample=False, seed=0, temperature=1.0
     produced one is finished and continues with ``pad_id`` (default: the first eos id), and
     generation stops when every sequence is finished (n < new_tokens then). ``timings``: a dict
     that receives "prefill_s" and "decode_s" (a list, one per new token after the first).
+    ``pick``: None (gather the logits, then ``choose``: sample, seed, temperature and top_k), or
+    pick(group, local_logits, vocab_start, i) -> (B,) ids, called with ``local_last_logits`` and
+    the index i of the new token: a way to choose from the vocabulary shards without gathering
+    them can be plugged in here, this module knowing nothing of it.
     """
     if new_tokens < 0:
         raise ValueError(f"new_tokens must be at least 0, got {new_tokens}")
@@ -107,7 +120,10 @@ def generate(model, prompt, new_tokens, *, sample=False, seed=0, temperature=1.0
     for i in range(new_tokens):
         t0 = time.perf_counter()
         logits, _ = model(x, cache=cache)           # prefill (i = 0): (B, T0, V or V/t); then (B, 1, ...)
-        token = choose(last_logits(model, logits), generator, temperature, top_k)
+        if pick is None:
+            token = choose(last_logits(model, logits), generator, temperature, top_k)
+        else:
+            token = pick(*local_last_logits(model, logits), i)
         if timings is not None and i == 0:
             timings["prefill_s"], timings["decode_s"] = time.perf_counter() - t0, []
         elif timings is not None:

@@ -17,6 +17,9 @@ a single-device emulation.
   models.py      tensor_parallel_gpt (the one place a TP model is built), inference_gpt,
                  forward_bytes, sensitivity_order and zero_shot_blocks (SPD's choice of blocks)
   emulation.py   partitioned_forward: the t-rank inference GPT on one device
+  experiment.py  perplexity on real text against bytes per token and modelled decode latency
+                 (plain TP, SPD, quantized all-reduce, CAAT-Net), one Pareto figure:
+                 .venv/bin/python -m tp_from_scratch.inference.experiment
 
 What it builds on: the TP GPT and its generation (Lesson 6), the vocabulary-parallel head and
 the row-parallel layer (Lesson 5), the ring collectives and their bytes (Lesson 2), the

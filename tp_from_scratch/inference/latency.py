@@ -61,13 +61,16 @@ def _profile(base, source, capacity, latency_s, beta_s_per_byte, **chip):
             "all_reduce_by_world_size": by_t}
 
 
-NVLINK_CALL = {2: 8.7e-6, 4: 9.2e-6, 8: 11.8e-6}  # vLLM's custom all-reduce, 32 KiB, H100 (see below)
+# vLLM's custom all-reduce on H100, the row "data size 32768" (no unit given) of the unit-test table
+# in sgl-project/sglang#2904, timed without CUDA graphs (so a launch is included)
+NVLINK_CALL = {2: 8.7e-6, 4: 9.2e-6, 8: 11.8e-6}
 PROFILES = {
     "h100-nvlink": _profile(
         PRESETS["h100-nvlink"],
         "H100 SXM 80 GB (vendor spec: 989 TFLOP/s dense BF16, HBM3 3.35 TB/s), NVLink 4 450 GB/s per "
         "direction; a small all-reduce takes 8.7 / 9.2 / 11.8 us at t = 2 / 4 / 8 (vLLM's custom "
-        "all-reduce on H100, 32 KiB, sgl-project/sglang#2904), 11.8 us assumed at t = 16",
+        "all-reduce on H100, data size 32768, without CUDA graphs: sgl-project/sglang#2904), "
+        "11.8 us assumed at t = 16",
         80 * GB, {**NVLINK_CALL, 16: NVLINK_CALL[8]}, PRESETS["h100-nvlink"]["all_reduce"]["native"]["beta_s_per_byte"]),
     "h100-pcie": _profile(
         PRESETS["h100-nvlink"],

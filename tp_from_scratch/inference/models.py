@@ -3,7 +3,7 @@
 
     tensor_parallel_gpt(group, gpt)                 the ordinary TP GPT (the one place it is built)
     inference_gpt(group, gpt, spd_blocks, bits, group_size, scheme)
-    forward_bytes(config, t, rank, tokens, itemsize, spd_blocks, bits, group_size, scheme)
+    forward_bytes(config, t, rank, tokens, itemsize, spd_blocks, bits, group_size, scheme, synced_fraction)
     sensitivity_order(evaluate, n_layers)           SPD's back-to-front block sensitivities
 
 Every row-parallel module of the plan (gpt.arch.PLANS: attn.o, mlp.proj or mlp.down) becomes a
@@ -16,6 +16,7 @@ from tp_from_scratch.gpt.parallelize import gpt_to_tp
 from tp_from_scratch.inference.layers import (QuantizedRowParallelLinear, SyncPointDropBlock, quantized_reduce,
                                               row_modules)
 from tp_from_scratch.inference.quantized import UNQUANTIZED, check_quantization, reduce_bytes
+from tp_from_scratch.partial_sync.mappings import synced_channels
 
 
 def tensor_parallel_gpt(group, gpt):
@@ -58,13 +59,15 @@ def inference_gpt(group, gpt, spd_blocks=(), bits=UNQUANTIZED, group_size=128, s
 
 
 def forward_bytes(config, t, rank, tokens, itemsize, spd_blocks=(), bits=UNQUANTIZED, group_size=128,
-                  scheme="two_step"):
+                  scheme="two_step", synced_fraction=1.0):
     """Bytes rank ``rank`` sends in one forward of ``tokens`` (B T) positions, logits left sharded:
     the embedding's exact all-reduce of (tokens, H), then per block two row-parallel reduces of
-    (tokens, H), one for an SPD block, each as quantized.reduce_bytes says."""
+    (tokens, H), one for an SPD block, each as quantized.reduce_bytes says. synced_fraction p < 1:
+    CAAT-Net's partial reduce (Lesson 8), each block reduce of (tokens, floor(p H)) channels."""
     spd = check_blocks(spd_blocks, config.n_layers)
     n = tokens * config.hidden
-    per_reduce = reduce_bytes(n, t, rank, bits, group_size, itemsize, scheme)
+    per_reduce = reduce_bytes(tokens * synced_channels(config.hidden, synced_fraction), t, rank, bits, group_size,
+                              itemsize, scheme)
     reduces = 2 * config.n_layers - len(spd)
     return ring_all_reduce_bytes(n, itemsize, t, rank) + reduces * per_reduce
 

@@ -3,8 +3,8 @@
     # a Llama-3-70B-like model on one 8-GPU NVLink node: one decode step by t, and the sweep
     # over batch and context that says where t = 8 pays, and by how much
     .venv/bin/python -m tp_from_scratch.inference.planner --arch llama --vocab-size 128256 --layers 80 \\
-        --hidden 8192 --heads 64 --kv-heads 8 --ffn 28672 --batch-size 1 --context 8192 --sweep
-    # the same across PCIe, or across two nodes
+        --hidden 8192 --heads 64 --kv-heads 8 --ffn 28672 --batch-size 1 --context 8192 --sweep --profile h100-nvlink
+    # the same across PCIe, or across two nodes (without --profile: this machine's, once --calibrate wrote it)
     ... --profile h100-pcie        ... --profile h100-infiniband
     # this machine: measure it (memory bandwidth, decode overhead, gloo's all-reduce), then plan
     .venv/bin/python -m tp_from_scratch.inference.planner --calibrate     # writes runs/inference_profile.json

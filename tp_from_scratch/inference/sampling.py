@@ -10,6 +10,7 @@ instead of V/t numbers per sequence:
     greedy_from_shards(group, local_logits, vocab_start)             argmax, ties to the lowest id
     sample_from_shards(group, local_logits, vocab_start, seed, position, temperature, top_k)
     sample_gathered(logits, seed, position, temperature, top_k)      the single-device reference
+    shard_picker(sample, seed, temperature, top_k)                   gpt.generate's pick= hook
 
 Sampling is the Gumbel-max trick: with G_v independent standard Gumbel noise,
 argmax_v (s_v + G_v) is distributed as softmax(s) (Gumbel 1954; e.g. Maddison, Tarlow and Minka,
@@ -180,6 +181,24 @@ def sample_from_shards(group, local_logits, vocab_start, seed, position, tempera
         scores = scores.masked_fill(scores < kth_largest_from_shards(group, scores, top_k), -math.inf)
     keys = scores.double() + gumbel_noise(seed, position, B, vocab_start, n)
     return argmax_over_ranks(group, keys, vocab_start)
+
+
+def shard_picker(sample=False, seed=0, temperature=1.0, top_k=0):
+    """A ``pick`` for gpt.generate.generate: each new token chosen from this rank's vocabulary
+    shard (greedy_from_shards, or sample_from_shards at position = the new token's index), no
+    (B, V) gather. On one device (group None) the gathered reference: argmax, sample_gathered.
+    The ids equal the single-device ones at every t; sampled ones differ from gpt.generate's
+    own ``choose`` (other random numbers, the same distribution)."""
+    check_sampling(temperature, top_k)
+
+    def pick(group, local_logits, vocab_start, position):
+        if group is None:
+            return sample_gathered(local_logits, seed, position, temperature, top_k) if sample \
+                else local_logits.argmax(dim=-1)
+        if sample:
+            return sample_from_shards(group, local_logits, vocab_start, seed, position, temperature, top_k)
+        return greedy_from_shards(group, local_logits, vocab_start)
+    return pick
 
 
 # ---------------------------------------------------------------------------------------
