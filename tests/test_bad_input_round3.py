@@ -73,6 +73,12 @@ def test_a_size_below_its_least_is_refused_naming_the_flag(module, lead, flag, c
     assert line.endswith(f"error: {flag} must be at least {lowest}, got {value}"), line
 
 
+def test_deepseek_train_refuses_zero_experts_naming_the_flag(capsys):
+    # before: "each of the n_group=1 groups needs at least 2 experts (...), got 0", no flag named
+    from tp_from_scratch.deepseek import train as ds_train
+    assert refusal(ds_train.main, ["--experts", 0], capsys, 2).endswith("error: --experts must be at least 1, got 0")
+
+
 @pytest.mark.parametrize("module, argv", [
     ("tp_from_scratch.cost.planner", ["--heads", "1", "--hidden", 10 ** 12]),
     ("tp_from_scratch.cost.planner", ["--batch-size", 10 ** 12]),

@@ -4,13 +4,12 @@ module and DELAY seconds more: the race in which rank 1 meets a bad command line
     torchrun --nproc-per-node 2 -m tests.spmd_scripts.rank0_late MARKER_DIR DELAY MODULE [ARGS...]
 
 Rank 1 imports MODULE (torch and all: the slow part of a start), leaves a file in MARKER_DIR,
-then runs it; its refusal of the command line follows within milliseconds. Rank 0 waits for that
-file (at most 120 s), then DELAY seconds, then runs MODULE. A rank that left at once with its
+then runs its main; its refusal of the command line follows within milliseconds. Rank 0 waits for that
+file (at most 120 s), then DELAY seconds, then imports and runs MODULE. A rank that left at once with its
 refusal unsaid would have torchrun stop rank 0 long before rank 0 printed anything.
 """
 import importlib
 import os
-import runpy
 import sys
 import time
 from pathlib import Path
@@ -22,8 +21,9 @@ if os.environ["RANK"] == "0":
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(float(delay))
+    entry = importlib.import_module(module)
 else:
-    importlib.import_module(module)
+    entry = importlib.import_module(module)
     marker.touch()
 sys.argv = [module, *args]
-runpy.run_module(module, run_name="__main__", alter_sys=True)
+entry.main()   # what ``python -m MODULE`` runs

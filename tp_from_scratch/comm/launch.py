@@ -8,8 +8,8 @@
     torch_main(run)   the same door for a torch entry point (a trainer, a check, a benchmark):
                       start the default process group (torchrun's, or a world of one), run,
                       one line "rank R: error: ..." for bad input, tear down, exit status.
-    refuse(say)       leave with status 2 for bad input found before that door, the message
-                      reaching the user under torchrun every time (gpt.options.parse_valid_args).
+    refuse(say)       leave with status 2 for bad input found before that door (a command line
+                      refused), the message reaching the user under torchrun every time.
 """
 import os
 import sys
