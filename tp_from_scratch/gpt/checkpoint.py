@@ -327,17 +327,17 @@ def _prune(root, keep):
 def read_metadata(root):
     """(checkpoint directory, metadata dict) of the newest complete checkpoint in ``root``.
 
-    ``root`` may also be one checkpoint directory (holding meta.json) itself, or a single-device
-    file (export_single_device's): (the file, its metadata), which describes an ordinary GPT and
-    the commands that load it, so a loader of another model can say what the file is.
+    ``root`` may also be one checkpoint directory (holding meta.json) itself.
     """
     root = Path(root)
-    if root.is_file():   # an exported single-device file: its metadata, with what it holds
-        return root, _single_device_file(root)[0]
     if (root / "meta.json").exists():
         directory = root
     elif (root / "latest").exists():
         directory = root / (root / "latest").read_text().strip()
+    elif root.is_file():
+        # a single-device file (export_single_device's): (the file, its metadata), which describes
+        # an ordinary GPT and the commands that load it, so another model's loader can say what it is
+        return root, _single_device_file(root)[0]
     elif root.exists():
         raise CheckpointError(f"no checkpoint in {root}: neither a 'latest' file nor meta.json")
     else:

@@ -28,8 +28,8 @@ def at_least(flag, value, lowest):
     return f"{flag} must be at least {lowest}, got {value}"
 
 
-# the largest size or count a command takes: far above any real model's (GPT-3's H is 12,288, the
-# largest vocabularies ~256K tokens), and it keeps a planner's products of a few sizes exact
+# the largest size or count a command takes, a signed 32-bit integer's limit: far above any real
+# model's sizes (GPT-3 175B's hidden size is 12,288), so a larger value is a slip, not a plan
 LARGEST = 2 ** 31 - 1
 
 
@@ -130,8 +130,9 @@ def parse_valid_args(parser, validate_fn, argv=None, world=None):
     """Parse the command line and check it with ``validate_fn(args, world)`` (a message or None).
 
     On a problem, argparse's own (a size out of range, an unknown flag) or validate_fn's, rank 0
-    prints the usage and the message and every rank exits with status 2, before any work is done:
-    once per job, not once per rank, and under torchrun every time (comm.launch.refuse).
+    prints the usage and the message and exits with status 2, before any work is done: once per
+    job, not once per rank, and under torchrun every time (comm.launch.refuse: the other ranks
+    wait to be stopped).
     """
     def refused(message):
         refuse(lambda: argparse.ArgumentParser.error(parser, message))   # usage, the message, status 2
