@@ -475,6 +475,10 @@ def main(argv=None):
             full = export_single_device(args.root, args.out)
             print(f"wrote {args.out}: step {full['step']}, {len(full['model'])} tensors, "
                   f"from tp={full['meta']['tp']}")
+        elif Path(args.root).is_file():   # a single-device file: reading it is loading it whole
+            meta = read_metadata(args.root)[1]
+            print(json.dumps({k: meta[k] for k in ("step", "tp", "config")}, indent=1))
+            print(f"holds {describe(description_of(meta))}: a single-device file, read whole")
         else:   # any model: info reads every shard (size and sha256) and glues nothing
             directory, meta = read_metadata(args.root)
             for record in meta["shards"]:
