@@ -194,6 +194,13 @@ def test_lesson_12_refuses_a_gpt_file_naming_what_it_is_and_its_loader(llama_fil
     assert list(tmp_path.iterdir()) == []
 
 
+def test_checkpoint_info_describes_a_single_device_file(llama_file, capsys):
+    # read_metadata takes the file now; info has no shards to verify in it
+    ckpt.main(["info", str(llama_file)])
+    assert "holds an ordinary GPT (--arch llama, every activation synchronized): a single-device file" \
+        in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------------------------------
 # Generation: no more new tokens than the model has positions
 # ---------------------------------------------------------------------------------------
