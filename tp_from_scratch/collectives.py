@@ -23,6 +23,8 @@ the data in and push its (p-1)/p out), which is why the ring is called bandwidth
 """
 import numpy as np
 
+from .sharding import shard_sizes
+
 # reduction op name -> element-wise numpy function that returns a new array
 OPS = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
 
@@ -151,8 +153,8 @@ def ring_all_reduce_bytes(elements, itemsize, world_size, rank):
     but its own in the reduce-scatter and every chunk but chunk r+1 in the all-gather:
     2N - chunk_r - chunk_{r+1}, which is 2 (p-1)/p N when p divides N (0 when p = 1).
     """
-    chunks = [len(c) for c in np.array_split(np.empty(elements, dtype=np.int8), world_size)]
-    return itemsize * (2 * elements - chunks[rank] - chunks[(rank + 1) % world_size])
+    chunks = shard_sizes(int(elements), world_size)   # counted, never allocated: N may be 10^11
+    return itemsize * (2 * int(elements) - chunks[rank] - chunks[(rank + 1) % world_size])
 
 
 def ring_messages(world_size):

@@ -8,9 +8,12 @@
     torch_main(run)   the same door for a torch entry point (a trainer, a check, a benchmark):
                       start the default process group (torchrun's, or a world of one), run,
                       one line "rank R: error: ..." for bad input, tear down, exit status.
+    refuse(say)       leave with status 2 for bad input found before that door (a command line
+                      refused), the message reaching the user under torchrun every time.
 """
 import os
 import sys
+import time
 import traceback
 
 from .errors import CollectiveMismatchError, CommError
@@ -108,6 +111,32 @@ def check_main(report, world_sizes=(1, 2, 3, 4)):
     from .simulated import run_spmd
     for t in world_sizes:
         run_spmd(report, t)
+
+
+REFUSAL_WAIT_S = 60   # how long a rank other than 0 waits for rank 0 to print a refusal and leave
+
+
+def refuse(say, wait_s=REFUSAL_WAIT_S):
+    """Leave with status 2 for bad input found before any process-group work; ``say()`` prints
+    the refusal (argparse's usage and its one line).
+
+    Every rank reads the same command line, so every rank finds the same problem, but one line
+    is enough: rank 0 says it. Under torchrun a rank that left at once would lose it: torchrun
+    stops the other workers as soon as one exits with an error, and rank 0 (slower to import,
+    say) could be stopped before it printed, leaving the user only torchrun's summary. So every
+    other rank waits instead, and torchrun stops it once rank 0 has printed and left; should it
+    still run ``wait_s`` seconds later (rank 0 much slower, or rank 0 saw no problem), it says
+    the refusal itself. Outside torchrun (plain python; RANK alone set, as in a test) the other
+    ranks leave silently.
+    """
+    rank = int(os.environ.get("RANK", "0"))
+    if rank != 0:
+        if launcher_from_env() != "torchrun":
+            sys.exit(2)
+        time.sleep(wait_s)
+    say()
+    sys.stderr.flush()
+    sys.exit(2)
 
 
 def torch_main(run, device="cpu", timeout=None, errors=(), quick_exit=False):

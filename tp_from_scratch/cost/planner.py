@@ -45,7 +45,7 @@ from tp_from_scratch.cost.model import (ELEMENTWISE_PASSES, PRECISIONS, PRESETS,
                                         predict_step, traffic, valid_tp_degrees)
 from tp_from_scratch.gpt.inventory import architecture, parameter_count, parameters, rounded  # noqa: F401
 from tp_from_scratch.gpt.options import (add_model_flags, divides, first_problem, json_file, model_config,
-                                         model_flag_problem, parse_valid_args, positive)
+                                         parse_valid_args, positive)
 
 MEASURED = "runs/profile.json"  # where --calibrate writes, and the profile used when it exists
 
@@ -82,7 +82,6 @@ def validate(args, world=1):
     """The first problem with the flags, as one sentence (gpt.options' rules); None if fine."""
     problem = first_problem(*(positive(flag, getattr(args, name)) for flag, name in (
         ("--tp", "tp"), ("--dp", "dp"), ("--batch-size", "batch_size"))),
-        model_flag_problem(args),
         divides("--dp", args.dp, args.batch_size, "the batch size"))  # as the trainer splits it
     if problem or args.calibrate:
         return problem

@@ -14,6 +14,7 @@ collectives over MPI (the torch layers reach a Comm through nn/collectives.py's 
 """
 import argparse
 import copy
+import os
 import sys
 from types import SimpleNamespace
 
@@ -23,12 +24,13 @@ import torch.distributed as dist
 from tp_from_scratch.comm.launch import launcher_from_env, spmd_main, torch_main
 from tp_from_scratch.comm.torch_comm import TorchComm
 from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.gpt.options import greater_than_zero, parse_valid_args
 from tp_from_scratch.testing import random_array, rank_rng
 
 from .config import MoEConfig
-from .expert_parallel import LAYOUTS
+from .expert_parallel import LAYOUTS, check_fits
 from .arch import shard
-from .model import ParallelDeepseekV3
+from .model import ParallelDeepseekV3, check_config
 from .moe import DeepSeekMoE
 from .router import check_routing_margin, routing_margin
 
@@ -173,10 +175,38 @@ def run_checks(groups, t):
     return done
 
 
+def world_problem(t):
+    """Why the checks' tiny layer and model cannot be cut over t ranks in every layout they check,
+    as a sentence; None if they can."""
+    try:
+        for layout in LAYOUTS:
+            check_fits(layout, TINY, t)
+        for layout in ("experts on all tokens", "expert tensor parallel"):
+            check_config(tiny_model_config(), t, layout)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def validate(args, world):
+    """The first problem with the flags and the number of ranks, as a sentence; None if fine."""
+    problem = world_problem(world)
+    if problem:
+        fits = ", ".join(str(t) for t in range(1, 9) if world_problem(t) is None)
+        return f"{world} ranks: {problem}: the checks' tiny model runs on {fits} ranks"
+    return greater_than_zero("--timeout", args.timeout)
+
+
+def launched_world():
+    """The number of ranks torchrun or mpiexec started (1 under plain python)."""
+    return int(next((os.environ[k] for k in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE") if k in os.environ), 1))
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tp_from_scratch.deepseek.check", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any collective may wait")
-    args = parser.parse_args(argv)
+    args = parse_valid_args(parser, validate, argv, launched_world())
     if launcher_from_env() == "mpi":   # spmd_main names a failing rank and brings the job down
         def on_mpi(comm):
             comm.timeout = args.timeout

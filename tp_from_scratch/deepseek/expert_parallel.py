@@ -183,9 +183,10 @@ def ep_bytes_sent(counts, rank, hidden, itemsize):
     """
     counts = np.asarray(counts)
     t = counts.shape[0]
-    dispatched = counts[rank].sum() - counts[rank, rank].sum()
-    returned = counts[:, rank].sum() - counts[rank, rank].sum()  # rows it computed for others
-    return int((dispatched + returned) * hidden * itemsize + (t - 1) * counts.shape[2] * 8)
+    # Python integers from here: numpy's int64 would wrap around, silently, for a planner's large counts
+    dispatched = int(counts[rank].sum()) - int(counts[rank, rank].sum())
+    returned = int(counts[:, rank].sum()) - int(counts[rank, rank].sum())  # rows it computed for others
+    return (dispatched + returned) * hidden * itemsize + (t - 1) * counts.shape[2] * 8
 
 
 def all_reduce_bytes_sent(n_elements, t, rank, itemsize):

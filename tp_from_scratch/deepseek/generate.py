@@ -23,7 +23,7 @@ import torch.distributed as dist
 from tp_from_scratch.comm import Comm
 from tp_from_scratch.comm.launch import torch_main
 from tp_from_scratch.gpt import options
-from tp_from_scratch.gpt.generate import parse_prompt, prompt_problem
+from tp_from_scratch.gpt.generate import parse_prompt, positions_problem, prompt_problem
 from tp_from_scratch.nn.mappings import tp_world_size
 
 from .convert import load_model
@@ -62,9 +62,21 @@ def load(args, group, layout):
     return load_model(args.load, group=group, layout=layout, dtype=dtype)[0].eval()
 
 
+def max_positions(config):
+    """(the model's positions, where that number comes from): max_position_embeddings, or
+    transformers' DeepseekV3Config default (4096) when the config names none."""
+    given = getattr(config, "max_position_embeddings", None)
+    if given is None:
+        return 4096, "transformers' default max_position_embeddings: the config names none"
+    return given, "max_position_embeddings"
+
+
 def run(args, group, rank):
     model = load(args, group, LAYOUTS[args.layout])
     prompt = parse_prompt(args.prompt, model.config, args.seed)
+    problem = positions_problem(prompt, args.new_tokens, *max_positions(model.config), feeds_last=True)
+    if problem:
+        raise ValueError(problem)
     ids, cache = generate(model, prompt, args.new_tokens)
     if rank != 0:
         return 0

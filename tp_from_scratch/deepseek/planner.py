@@ -29,7 +29,8 @@ import numpy as np
 from tp_from_scratch.collectives import ring_all_reduce_bytes
 from tp_from_scratch.cost.model import PRECISIONS
 from tp_from_scratch.gpt.inventory import rounded
-from tp_from_scratch.gpt.options import divides, first_problem, json_file, parse_valid_args, positive
+from tp_from_scratch.gpt.options import (at_least, at_most, divides, first_problem, json_file, parse_valid_args,
+                                         positive)
 from tp_from_scratch.sharding import shard_sizes
 
 from .expert_parallel import ep_bytes_sent
@@ -146,18 +147,46 @@ def build_parser():
     return p
 
 
+# the config's sizes this planner multiplies and divides by, and the least each may be
+SIZES = {"vocab_size": 1, "hidden_size": 1, "intermediate_size": 1, "num_hidden_layers": 1, "first_k_dense_replace": 0,
+         "num_attention_heads": 1, "kv_lora_rank": 1, "qk_nope_head_dim": 1, "qk_rope_head_dim": 1, "v_head_dim": 1,
+         "moe_intermediate_size": 1, "n_routed_experts": 1, "num_experts_per_tok": 1, "n_shared_experts": 0}
+
+
+def config_problem(c, path):
+    """The first size of the config that no model has (or that overflows), as a sentence naming
+    the file and the key; None if fine."""
+    where = f"--config {path}:"
+    return first_problem(
+        *(at_least(f"{where} {key}", getattr(c, key), lowest) or at_most(f"{where} {key}", getattr(c, key))
+          for key, lowest in SIZES.items()),
+        None if c.q_lora_rank is None else positive(f"{where} q_lora_rank", c.q_lora_rank),
+        None if c.num_experts_per_tok <= c.n_routed_experts else
+        f"{where} num_experts_per_tok {c.num_experts_per_tok} is more than n_routed_experts {c.n_routed_experts}",
+        None if c.first_k_dense_replace <= c.num_hidden_layers else
+        f"{where} first_k_dense_replace {c.first_k_dense_replace} is more than num_hidden_layers "
+        f"{c.num_hidden_layers}")
+
+
 def load_config(path):
-    """(DeepseekV3Config, None) or (None, one sentence naming the file and what is wrong)."""
+    """(DeepseekV3Config, None) or (None, one sentence naming the file and what is wrong): a
+    config.json of another model (its model_type) is not planned as if it were DeepSeek-V3's."""
     from transformers import DeepseekV3Config
     if path is None:
         return DeepseekV3Config(), None
     data, problem = json_file("--config", path)
     if problem:
         return None, problem
+    if not isinstance(data, dict) or data.get("model_type") != "deepseek_v3":
+        found = f"model_type {data.get('model_type')!r}" if isinstance(data, dict) else "not a JSON object"
+        return None, (f"--config {path}: {found}, not DeepSeek-V3's 'deepseek_v3' (a dense model's config: "
+                      f"Lesson 9's python -m tp_from_scratch.cost.planner takes its sizes as flags)")
     try:
-        return DeepseekV3Config(**{k: v for k, v in data.items() if k != "model_type"}), None
-    except (TypeError, ValueError) as error:
-        return None, f"--config {path}: not a DeepseekV3 config ({str(error).splitlines()[0]})"
+        c = DeepseekV3Config(**{k: v for k, v in data.items() if k != "model_type"})
+    except Exception as error:  # noqa: BLE001 - transformers' checks raise TypeError, ValueError or its own
+        return None, f"--config {path}: not a DeepseekV3 config ({' '.join(str(error).split())})"
+    problem = config_problem(c, path)
+    return (None, problem) if problem else (c, None)
 
 
 def validate(args, world=1):

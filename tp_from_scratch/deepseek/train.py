@@ -209,7 +209,7 @@ def build_parser():
 
 def validate(opts, world_size):
     """The first problem with the settings for this world size, as a sentence; None if fine."""
-    problem = options.train_flag_problem(opts)
+    problem = options.train_flag_problem(opts) or options.positive("--experts", opts.experts)
     if problem:
         return problem
     if opts.impl != "scratch":

@@ -202,7 +202,10 @@ def check_description(meta, expected, where):
             f"a run at --tp {partial['tp']} --sync-fraction {partial['sync_fraction']}"
         hint = (f": its ranks' private channels belong to {partial['tp']} streams, so only {who} can load it "
                 f"(only p = 1 checkpoints reshard)")
-    raise CheckpointError(f"checkpoint {where} holds {describe(saved)}, but this run expects "
+    # an ordinary GPT that records its loaders says them (another family's description has them in its words)
+    loaders = f", which {saved['command']} can load" if saved.get("family") == "gpt" and partial is None \
+        and saved.get("command") else ""
+    raise CheckpointError(f"checkpoint {where} holds {describe(saved)}{loaders}, but this run expects "
                           f"{describe(expected)}{hint}")
 
 
@@ -413,6 +416,10 @@ def read_metadata(root):
         directory = root
     elif (root / "latest").exists():
         directory = root / (root / "latest").read_text().strip()
+    elif root.is_file():
+        # a single-device file (export_single_device's): (the file, its metadata), which describes
+        # an ordinary GPT and the commands that load it, so another model's loader can say what it is
+        return root, _single_device_file(root)[0]
     elif root.exists():
         raise CheckpointError(f"no checkpoint in {root}: neither a 'latest' file nor meta.json")
     else:
@@ -521,14 +528,23 @@ def save_single_device(model, path, step=0):
                                   "step": step, "model": model.state_dict()}))
 
 
-def _load_single_device(path, config, description=GPT):
+def _single_device_file(path):
+    """(metadata, the file's contents) of a single-device file; it always holds an ordinary GPT,
+    which Lesson 6's commands load."""
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for a damaged zip
         raise CheckpointError(f"single-device state dict {path} is corrupt or truncated: {e}") from None
     if not isinstance(obj, dict) or obj.get("format") != SINGLE_FORMAT:
         raise CheckpointError(f"{path} is not a {SINGLE_FORMAT!r} file")
-    meta = {"tp": 1, "step": obj["step"], "config": obj["config"]}   # always an ordinary GPT
+    config = obj["config"]
+    meta = {"tp": 1, "step": obj["step"], "config": config,
+            "model": {"arch": config.get("arch", "gpt"), "partial_sync": None, "command": GPT_COMMAND}}
+    return meta, obj
+
+
+def _load_single_device(path, config, description=GPT):
+    meta, obj = _single_device_file(path)
     check_description(meta, description, path)
     if config is not None:
         check_config(obj["config"], config, path)
@@ -552,6 +568,10 @@ def main(argv=None):
             full = export_single_device(args.root, args.out)
             print(f"wrote {args.out}: step {full['step']}, {len(full['model'])} tensors, "
                   f"from tp={full['meta']['tp']}")
+        elif Path(args.root).is_file():   # a single-device file: reading it is loading it whole
+            meta = read_metadata(args.root)[1]
+            print(json.dumps({k: meta[k] for k in ("step", "tp", "config")}, indent=1))
+            print(f"holds {describe(description_of(meta))}: a single-device file, read whole")
         else:   # any model: info reads every shard (size and sha256) and glues nothing
             directory, meta = read_metadata(args.root)
             if meta["format"] == DCP_FORMAT:

@@ -183,6 +183,21 @@ def parse_prompt(text, config, seed, as_text=None):
     return torch.tensor([ids])
 
 
+def positions_problem(prompt, new_tokens, positions, what="seq_len", feeds_last=False):
+    """The --new-tokens that would run past the model's last position, as one sentence; None if
+    they fit. generate never feeds the last new token back, so a prompt of T0 and n new tokens
+    read T0 + n - 1 positions (feeds_last: a loop that does, T0 + n). Learned positions end at
+    the model's; RoPE would go on turning past them, on positions the model never saw, and a
+    large n would run until stopped: refused alike."""
+    extra = 0 if feeds_last else 1
+    needed = prompt.shape[1] + new_tokens - extra
+    if needed <= positions:
+        return None
+    return (f"--new-tokens {new_tokens}: the prompt's {prompt.shape[1]} tokens and {new_tokens} new ones need "
+            f"{needed} positions, but the model has {positions} ({what}); ask for at most "
+            f"{max(positions - prompt.shape[1] + extra, 0)}")
+
+
 def stopped_at_eos(ids, prompt, eos_ids):
     """The note printed after a generation that ended at an end-of-sequence id, else ''."""
     last, n = ids[0, -1].item(), ids.shape[1] - prompt.shape[1]
@@ -205,6 +220,9 @@ def run_generate(args, group, rank, tp):
                   temperature=1.0 if args.temperature is None else args.temperature,
                   eos_ids=eos_ids)
         prompt = parse_prompt(args.prompt, config, args.seed, text)
+        problem = positions_problem(prompt, args.new_tokens, config.seq_len)
+        if problem:
+            raise ValueError(problem)
         ids = generate(model, prompt, args.new_tokens, **kw)
         if rank != 0:
             continue

@@ -13,11 +13,11 @@ is fine; ``first_problem`` picks the first; ``parse_valid_args`` parses, checks 
 import argparse
 import json
 import os
-import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional
 
+from tp_from_scratch.comm.launch import refuse
 from tp_from_scratch.gpt.arch import ARCHS
 
 
@@ -28,9 +28,36 @@ def at_least(flag, value, lowest):
     return f"{flag} must be at least {lowest}, got {value}"
 
 
+# the largest size or count a command takes, a signed 32-bit integer's limit: far above any real
+# model's sizes (GPT-3 175B's hidden size is 12,288), so a larger value is a slip, not a plan
+LARGEST = 2 ** 31 - 1
+
+
+def at_most(flag, value, highest=LARGEST):
+    """``--hidden must be at most 2147483647 (2**31 - 1), got 1000000000000``; None when fine or not given."""
+    if value is None or value <= highest:
+        return None
+    bound = f"{highest} (2**31 - 1)" if highest == LARGEST else f"{highest}"
+    return f"{flag} must be at most {bound}, got {value}"
+
+
 def positive(flag, value):
-    """A size, a degree or a count: an integer of 1 or more."""
-    return at_least(flag, value, 1)
+    """A size, a degree or a count: an integer from 1 to LARGEST."""
+    return at_least(flag, value, 1) or at_most(flag, value)
+
+
+def size_type(flag, lowest=1):
+    """argparse's type for a size flag: an integer from ``lowest`` to LARGEST, or the flag's one
+    line (raised as argparse.ArgumentError without an argument, so argparse prints it as it stands:
+    ``--heads must be at least 1, got 0``). A size is refused while the command line is read, by
+    every command that declares it, before any work."""
+    def size(text):
+        value = int(text)   # not an integer: argparse's own "invalid size value: 'x'"
+        problem = at_least(flag, value, lowest) or at_most(flag, value)
+        if problem:
+            raise argparse.ArgumentError(None, problem)
+        return value
+    return size
 
 
 def greater_than_zero(flag, value):
@@ -102,16 +129,20 @@ def first_problem(*problems):
 def parse_valid_args(parser, validate_fn, argv=None, world=None):
     """Parse the command line and check it with ``validate_fn(args, world)`` (a message or None).
 
-    On a problem, rank 0 prints the usage and the message and every rank exits with status 2
-    (so a bad flag stops a torchrun job once, not once per rank), before any work is done.
+    On a problem, argparse's own (a size out of range, an unknown flag) or validate_fn's, rank 0
+    prints the usage and the message and exits with status 2, before any work is done: once per
+    job, not once per rank, and under torchrun every time (comm.launch.refuse: the other ranks
+    wait to be stopped).
     """
+    def refused(message):
+        refuse(lambda: argparse.ArgumentParser.error(parser, message))   # usage, the message, status 2
+
+    parser.error = refused
     args = parser.parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
     problem = validate_fn(args, world)
     if problem:
-        if int(os.environ.get("RANK", "0")) == 0:
-            parser.error(problem)  # prints usage and the message, exits with status 2
-        sys.exit(2)
+        refused(problem)
     return args
 
 
@@ -162,7 +193,8 @@ def add_model_flags(parser, defaults=None, only=None, helps=None, title="model s
         elif dest == "gelu":
             g.add_argument(flag, choices=["erf", "tanh"], default=d[dest], help=helps[dest])
         else:
-            g.add_argument(flag, dest=dest, type=int, default=d[dest], help=helps.get(dest),
+            g.add_argument(flag, dest=dest, type=size_type(flag, 0 if dest == "ffn" else 1), default=d[dest],
+                           help=helps.get(dest),
                            metavar=flag[2:].upper().replace("-", "_"))   # --layers LAYERS, as a reader types it
     return g
 
@@ -177,13 +209,6 @@ def model_config(args, **override):
         heads = sizes.get("n_heads", GPTConfig.n_heads)
         sizes["n_kv_heads"] = heads if sizes.get("arch") == "gpt2" else min(GPTConfig.n_kv_heads, heads)
     return GPTConfig(**sizes)
-
-
-def model_flag_problem(args):
-    """The first model-size flag below 1 (--ffn: below 0), in the flag's words; None if fine."""
-    return first_problem(*(at_least(FLAG_OF[dest], getattr(args, dest), 0 if dest == "ffn" else 1)
-                           for dest in ("vocab_size", "seq_len", "n_layers", "hidden", "n_heads", "n_kv_heads", "ffn")
-                           if hasattr(args, dest)))
 
 
 def add_train_flags(parser, d):

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from tp_from_scratch.cost.planner import config_from_args  # the GPTConfig of the trainer's size flags
-from tp_from_scratch.gpt.options import (add_model_flags, first_problem, json_file, model_flag_problem,
+from tp_from_scratch.gpt.options import (add_model_flags, first_problem, json_file,
                                          parse_valid_args, positive)
 from tp_from_scratch.inference.calibrate import calibrate
 from tp_from_scratch.inference.latency import (MEASURED, PROFILES, decode_step, decode_table, fits, load_profile,
@@ -69,7 +69,6 @@ def profile_name(args):
 def validate(args, world=1):
     """The first problem with the flags, as one sentence; None if fine."""
     problem = first_problem(
-        model_flag_problem(args),
         *(positive(flag, value) for flag, value in (
             ("--batch-size", args.batch_size), ("--context", args.context), ("--prompt-len", args.prompt_len),
             ("--group-size", args.group_size))),
