@@ -71,6 +71,9 @@ EXPECTED_HINTS = {
     ("ex12", "combine_weights_the_outputs_in_place_at_t1"): "outputs after combine (must be untouched)",
     ("ex12", "combine_crashes_with_no_tokens"): "test_a_rank_with_no_tokens_still_takes_part",
     ("ex12", "pairing_table_up_to_five_ranks"): "[6-12-4]",
+    ("ex12", "float_local_expert"): "local_expert has dtype float64",
+    ("ex12", "combine_normalises_the_callers_scores"): "scores after combine (must be untouched)",
+    ("ex12", "combine_turns_the_plans_order_into_tokens"): "plan.order after combine (must be untouched)",
     ("ex14", "gathers_the_logits"): "are the logits gathered?",
 }
 
