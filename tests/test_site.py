@@ -122,6 +122,35 @@ def test_an_exercise_title_is_the_docstrings_whole_first_paragraph(tmp_path):
     assert exercise_title(stub) == "a title wrapped over two lines"
 
 
+# A formula typed in ASCII in a lesson's prose (outside $...$, code and indented blocks): a root,
+# a log2, a power or a subscript in braces, a sum_, a floor(, the ring's (t-1)/t, or a division by
+# a parenthesised sum or product ("(p-1)/(m+p-1)", "C / (9·H·W)")
+ASCII_FORMULA = re.compile(r"sqrt\(|\blog2\b|[A-Za-z0-9)]\^[A-Za-z0-9({]|_\{|\bsum_|\(t ?- ?1\) ?/ ?t\b|\bfloor\("
+                           r"|[\w)] ?/ ?\((?=[^)]*[-+*·])")
+
+
+def ascii_formulas(markdown):
+    """The ASCII formulas in a markdown cell's prose: math, code spans and blocks removed first."""
+    prose = re.sub(r"\$\$.*?\$\$|\$[^$]+\$|```.*?```|`[^`]*`", " ", markdown, flags=re.S)
+    prose = re.sub(r"^    .*$", " ", prose, flags=re.M)
+    return [m.group(0) for m in ASCII_FORMULA.finditer(prose)]
+
+
+def test_ascii_formulas_are_found_and_math_code_and_shapes_are_not():
+    assert ascii_formulas("sbh * 5a / (h + t) and (p-1)/(m+p-1)") == ["a / (", ")/("]
+    assert ascii_formulas("sends 2(t-1)/t N, N log2 t, sqrt(512), 2^bits, z_{t-1}, k = floor(p·H)") == \
+        ["(t-1)/t", "log2", "sqrt(", "2^b", "_{", "floor("]
+    assert ascii_formulas("$2\\frac{t-1}{t}$, `sqrt(x)`, (B, T, H/t), F/t-wide, 1/t of it\n\n    x ** 2 / (a + b)") == []
+
+
+def test_every_lesson_writes_its_formulas_in_mathjax_not_ascii():
+    for number, notebook in lesson_notebooks().items():
+        cells = nbformat.read(notebook, as_version=4).cells
+        found = [f for cell in cells if cell.cell_type == "markdown" for f in ascii_formulas(cell.source)]
+        assert not found, (f"Lesson {number} types formulas in ASCII: {found[:5]}; write them as $...$ "
+                           f"(MathJax) in lessons/src/{notebook.stem}.py")
+
+
 def test_every_lesson_has_an_api_page_and_every_module_one_place_in_the_api():
     by_lesson = api_modules_by_lesson()
     assert set(lesson_notebooks()) <= set(by_lesson), f"lessons without an API page: " \
@@ -326,10 +355,6 @@ return [...article.querySelectorAll("pre")]
 
 # A 390-px-wide viewport: the width a phone lays the page out at (its viewport meta says
 # width=device-width). Chrome's full mobile emulation finds the same and takes twice as long.
-# Lessons whose formulas are still typed in ASCII, each waiting for its $...$ (MathJax); every
-# other lesson must show typeset math
-ASCII_FORMULAS = {13: "N log2 t, 2 (t-1)/t N, sqrt(512) in lessons/src/13_tp_numerics.py's markdown"}
-
 PHONE = {"width": 390, "height": 844, "deviceScaleFactor": 1, "mobile": False}
 # how far the page scrolls sideways (0: it does not), and where it does, what sticks out
 SIDEWAYS = """
@@ -434,7 +459,7 @@ def test_every_page_loads_clean_offline_with_its_figures_math_and_links(browser,
                 problems.append(f"{page}: math not typeset ({status}, {facts['typeset']} of {facts['math']})")
         if facts["raw_dollars"]:
             problems.append(f"{page}: raw $...$ left: {facts['raw_dollars']}")
-        if page.startswith("lessons/") and not facts["typeset"] and int(Path(page).name[:2]) not in ASCII_FORMULAS:
+        if page.startswith("lessons/") and not facts["typeset"]:
             problems.append(f"{page}: no formula typeset: write the lesson's formulas as $...$ (MathJax)")
         if page.startswith("lessons/") and not 0 < facts["code"] <= facts["copy_buttons"]:
             problems.append(f"{page}: {facts['copy_buttons']} copy buttons for {facts['code']} code blocks")

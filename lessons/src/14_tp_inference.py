@@ -82,8 +82,8 @@ more chips, more memory bandwidth for the same bytes. The price: per step, **2L 
 (the vocabulary-parallel embedding's, and g after attention and after the MLP in every block) of
 B·H numbers each, 16 KiB at B = 1 and H = 8192. A message that small is all latency: a call costs
 α, whatever it carries. Here α is a published per-call figure for each profile (its source is
-printed), and a call is priced as `cost.model.all_reduce_seconds` prices Lesson 9's: 2(t-1)
-messages of the ring, 2(t-1)/t of the bytes (α per message = the published call latency / 2(t-1);
+printed), and a call is priced as `cost.model.all_reduce_seconds` prices Lesson 9's: $2(t-1)$
+messages of the ring, $2\frac{t-1}{t}$ of the bytes (α per message = the published call latency / $2(t-1)$;
 an all-gather, t-1 messages, then costs half a call: the ring's count, an assumption of the model). Then the token choice: gpt.generate all-gathers the (B, V/t)
 logits (section 3 replaces that). Nothing overlaps: our code overlaps nothing.
 
@@ -296,8 +296,8 @@ j dequantizes the t pieces, sums them in its own precision, re-quantizes its sum
 it. The **all-gather variant** (compress, gather every partial, sum locally; the notes' reading
 of Hansen-Palmus et al., arXiv 2411.09510) sends each partial once, quantized once.
 
-`quantized.py` quantizes per group of g numbers, asymmetric min-max: lo = min, scale = (max −
-min)/(2^bits − 1), code = round((x − lo)/scale), half to even, in the tensor's own dtype; codes are
+`quantized.py` quantizes per group of g numbers, asymmetric min-max: $\text{lo} = \min$, $\text{scale} = (\max -
+\min)/(2^{\text{bits}} - 1)$, $\text{code} = \operatorname{round}((x - \text{lo})/\text{scale})$, half to even, in the tensor's own dtype; codes are
 packed bits to a number, and each group's lo and scale travel in the tensor's dtype. (The paper's
 own group size and scale format were not read here; vLLM's QuickReduce uses symmetric INT4 groups
 of 32, and its integration PR (vllm#19094) says INT4 "can cause serious accuracy problems on some
