@@ -404,8 +404,8 @@ the course's own reading:
   parameter above is Lesson 9's budget, not DeepSeek's. Pipelines (16 stages) and ZeRO-1 divide
   it further.
 
-**Why servers still use TP for attention.** The report's reason is section 4's: TP4 "limits the
-overhead of TP communication" (§3.4.1). The course's reading: decoding is latency-bound — one
+**Why servers still use TP for attention.** The report's one reason, quoted in this lesson's
+section 4: TP4 "limits the overhead of TP communication" (§3.4.1). The course's reading: decoding is latency-bound — one
 token's matmuls are small and each step waits for them — so splitting attention's heads over 4
 GPUs of one node (NVLink) cuts the weights each GPU reads per step: by 3.2x for MLA, not 4, since
 the down-projections `q_a` and `kv_a` are replicated (below); the latent cache costs little to
