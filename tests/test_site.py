@@ -246,6 +246,7 @@ def test_the_landing_page_is_the_readme_with_the_course_map(site):
 
 def test_each_exercise_page_carries_its_whole_title(site):
     html, _, _ = site
+    landing = (html / "index.html").read_text()
     for exercise_id, (stem, _) in EXERCISES.items():
         page = (html / "exercises" / f"{stem}.html").read_text()
         whole = f"Exercise {exercise_id}: {exercise_title(REPO / 'exercises' / f'{stem}.py')}"
@@ -253,6 +254,9 @@ def test_each_exercise_page_carries_its_whole_title(site):
         heading = text_of(re.search(r"<h1>(.*?)</h1>", page, re.S).group(1))
         assert title.startswith(whole + " "), (title, whole)
         assert heading.startswith(whole), (heading, whole)
+        # and in the navigation every page carries (the landing page's, as every other page's)
+        in_navigation = re.findall(rf'href="exercises/{stem}\.html"[^>]*>(.*?)</a>', landing, re.S)
+        assert in_navigation and all(text_of(t).strip() == whole for t in in_navigation), (in_navigation, whole)
 
 
 def test_each_lesson_has_its_api_page(site):
@@ -384,6 +388,18 @@ def sideways_problems(driver, page):
     return [f"{page}: scrolls {sideways} px sideways on a 390-px phone: {sticking_out}"] if sideways > 0 else []
 
 
+def stub_problems_on_a_phone(driver, page):
+    """[] unless an exercise page, laid out at a phone's width, hides the end of a line of its stub
+    (the instructions a learner reads there) behind the stub's own scroll bar."""
+    if not page.startswith("exercises/"):
+        return []
+    clipped = driver.execute_script(CLIPPED_CODE.replace('querySelectorAll("pre")', 'querySelectorAll(".exercise-stub pre")'))
+    stubs = driver.execute_script('return document.querySelectorAll("article.bd-article .exercise-stub pre").length')
+    if not stubs:
+        return [f"{page}: no stub (.exercise-stub) on the page"]
+    return [f"{page}: its stub scrolls sideways on a 390-px phone: {clipped[0]!r}"] if clipped else []
+
+
 def sideways_on_a_phone(driver):
     """(pixels the page scrolls sideways on a 390-px phone, what sticks out), the page as loaded."""
     lay_out_as_phone(driver, True)
@@ -441,7 +457,8 @@ def test_every_page_loads_clean_offline_with_its_figures_math_and_links(browser,
     loaded and a link to its own file, the math typeset (no $...$ left raw; every lesson has
     some), every link into the site resolving, down to its anchor, and a copy button on each code
     block of a lesson. At 1280 px no code cell, output or stub of a lesson or exercise page is
-    wider than its box or the column; on a 390-px phone no page scrolls sideways."""
+    wider than its box or the column; on a 390-px phone no page scrolls sideways, and an
+    exercise's stub (its instructions) wraps rather than scrolling inside its box."""
     base, html = server
     pages = site_pages(html)
     requested_urls(browser)  # drop what the browser did before the first page
@@ -481,7 +498,7 @@ def test_every_page_loads_clean_offline_with_its_figures_math_and_links(browser,
         # only a page with something to check at 1280 px switches at all, once.
         read_on_phone = phone
         if phone:
-            problems += sideways_problems(browser, page)
+            problems += sideways_problems(browser, page) + stub_problems_on_a_phone(browser, page)
         if page == "index.html" or page.startswith(("lessons/", "exercises/")):
             if phone:
                 phone = lay_out_as_phone(browser, False)
@@ -490,7 +507,7 @@ def test_every_page_loads_clean_offline_with_its_figures_math_and_links(browser,
                 shots[page] = screenshot_figure_and_math(browser, page), facts["math"] > 0, facts["figures"] > 0
         if not read_on_phone:
             phone = lay_out_as_phone(browser, True)
-            problems += sideways_problems(browser, page)
+            problems += sideways_problems(browser, page) + stub_problems_on_a_phone(browser, page)
     lay_out_as_phone(browser, False)
     problems += [f"{page}: {len(blocks)} code blocks wider than the column at 1280 px, first: {blocks[0]!r}"
                  for page, blocks in clipped.items() if blocks]
