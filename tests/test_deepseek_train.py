@@ -69,6 +69,7 @@ def test_its_checkpoint_resumes_on_four_ranks_in_the_tensor_parallel_layout_as_i
                                           "--load", tmp / "ckpt", "--collectives", "scratch", "--no-progress", "--metrics",
                                           tmp / "resumed.jsonl", "--timeout", 60), timeout=220)
     assert result.returncode == 0, result.stdout[-4000:]
+    assert f"resumed: {tmp / 'ckpt'} (step {STEPS}, saved at tp=2), on to step {steps}" in result.stdout, result.stdout
     resumed = losses_of(tmp / "resumed.jsonl")
     assert sorted(resumed) == list(range(STEPS, steps))
     expected = ds_train.single_device_losses([*EP_RUN, "--steps", steps])   # the last --steps counts

@@ -35,7 +35,8 @@ from website.references import CITATION, REFERENCES, address
 
 REPO = Path(__file__).resolve().parent.parent
 SCREENSHOTS = REPO / "runs" / "site"
-BUILD_TIMEOUT_S = 300   # about a minute on 2 quiet cores; generous for a loaded machine
+BUILD_TIMEOUT_S = 600   # about a minute on 2 quiet cores; a cold build took 446 s and passed 300 s
+                        # twice beside make test-sized work (load 12-20 on 2 cores)
 WAIT_S = 30             # any one page load, script or search in the browser
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 INSTALL_CHROMIUM = "apt-get install -y chromium chromium-driver"
@@ -120,6 +121,35 @@ def test_an_exercise_title_is_the_docstrings_whole_first_paragraph(tmp_path):
     stub = tmp_path / "ex99_wrapped.py"
     stub.write_text('"""Exercise 99: a title wrapped\nover two lines (lessons/99_x.ipynb).\n\nMore text."""\n')
     assert exercise_title(stub) == "a title wrapped over two lines"
+
+
+# A formula typed in ASCII in a lesson's prose (outside $...$, code and indented blocks): a root,
+# a log2, a power or a subscript in braces, a sum_, a floor(, the ring's (t-1)/t, or a division by
+# a parenthesised sum or product ("(p-1)/(m+p-1)", "C / (9·H·W)")
+ASCII_FORMULA = re.compile(r"sqrt\(|\blog2\b|[A-Za-z0-9)]\^[A-Za-z0-9({]|_\{|\bsum_|\(t ?- ?1\) ?/ ?t\b|\bfloor\("
+                           r"|[\w)] ?/ ?\((?=[^)]*[-+*·])")
+
+
+def ascii_formulas(markdown):
+    """The ASCII formulas in a markdown cell's prose: math, code spans and blocks removed first."""
+    prose = re.sub(r"\$\$.*?\$\$|\$[^$]+\$|```.*?```|`[^`]*`", " ", markdown, flags=re.S)
+    prose = re.sub(r"^    .*$", " ", prose, flags=re.M)
+    return [m.group(0) for m in ASCII_FORMULA.finditer(prose)]
+
+
+def test_ascii_formulas_are_found_and_math_code_and_shapes_are_not():
+    assert ascii_formulas("sbh * 5a / (h + t) and (p-1)/(m+p-1)") == ["a / (", ")/("]
+    assert ascii_formulas("sends 2(t-1)/t N, N log2 t, sqrt(512), 2^bits, z_{t-1}, k = floor(p·H)") == \
+        ["(t-1)/t", "log2", "sqrt(", "2^b", "_{", "floor("]
+    assert ascii_formulas("$2\\frac{t-1}{t}$, `sqrt(x)`, (B, T, H/t), F/t-wide, 1/t of it\n\n    x ** 2 / (a + b)") == []
+
+
+def test_every_lesson_writes_its_formulas_in_mathjax_not_ascii():
+    for number, notebook in lesson_notebooks().items():
+        cells = nbformat.read(notebook, as_version=4).cells
+        found = [f for cell in cells if cell.cell_type == "markdown" for f in ascii_formulas(cell.source)]
+        assert not found, (f"Lesson {number} types formulas in ASCII: {found[:5]}; write them as $...$ "
+                           f"(MathJax) in lessons/src/{notebook.stem}.py")
 
 
 def test_every_lesson_has_an_api_page_and_every_module_one_place_in_the_api():
@@ -217,6 +247,7 @@ def test_the_landing_page_is_the_readme_with_the_course_map(site):
 
 def test_each_exercise_page_carries_its_whole_title(site):
     html, _, _ = site
+    landing = (html / "index.html").read_text()
     for exercise_id, (stem, _) in EXERCISES.items():
         page = (html / "exercises" / f"{stem}.html").read_text()
         whole = f"Exercise {exercise_id}: {exercise_title(REPO / 'exercises' / f'{stem}.py')}"
@@ -224,6 +255,9 @@ def test_each_exercise_page_carries_its_whole_title(site):
         heading = text_of(re.search(r"<h1>(.*?)</h1>", page, re.S).group(1))
         assert title.startswith(whole + " "), (title, whole)
         assert heading.startswith(whole), (heading, whole)
+        # and in the navigation every page carries (the landing page's, as every other page's)
+        in_navigation = re.findall(rf'href="exercises/{stem}\.html"[^>]*>(.*?)</a>', landing, re.S)
+        assert in_navigation and all(text_of(t).strip() == whole for t in in_navigation), (in_navigation, whole)
 
 
 def test_each_lesson_has_its_api_page(site):
@@ -326,10 +360,6 @@ return [...article.querySelectorAll("pre")]
 
 # A 390-px-wide viewport: the width a phone lays the page out at (its viewport meta says
 # width=device-width). Chrome's full mobile emulation finds the same and takes twice as long.
-# Lessons whose formulas are still typed in ASCII, each waiting for its $...$ (MathJax); every
-# other lesson must show typeset math
-ASCII_FORMULAS = {13: "N log2 t, 2 (t-1)/t N, sqrt(512) in lessons/src/13_tp_numerics.py's markdown"}
-
 PHONE = {"width": 390, "height": 844, "deviceScaleFactor": 1, "mobile": False}
 # how far the page scrolls sideways (0: it does not), and where it does, what sticks out
 SIDEWAYS = """
@@ -357,6 +387,18 @@ def sideways_problems(driver, page):
     """[] if the page, laid out at a phone's width, does not scroll sideways; else what sticks out."""
     sideways, sticking_out = driver.execute_script(SIDEWAYS)
     return [f"{page}: scrolls {sideways} px sideways on a 390-px phone: {sticking_out}"] if sideways > 0 else []
+
+
+def stub_problems_on_a_phone(driver, page):
+    """[] unless an exercise page, laid out at a phone's width, hides the end of a line of its stub
+    (the instructions a learner reads there) behind the stub's own scroll bar."""
+    if not page.startswith("exercises/"):
+        return []
+    clipped = driver.execute_script(CLIPPED_CODE.replace('querySelectorAll("pre")', 'querySelectorAll(".exercise-stub pre")'))
+    stubs = driver.execute_script('return document.querySelectorAll("article.bd-article .exercise-stub pre").length')
+    if not stubs:
+        return [f"{page}: no stub (.exercise-stub) on the page"]
+    return [f"{page}: its stub scrolls sideways on a 390-px phone: {clipped[0]!r}"] if clipped else []
 
 
 def sideways_on_a_phone(driver):
@@ -416,7 +458,8 @@ def test_every_page_loads_clean_offline_with_its_figures_math_and_links(browser,
     loaded and a link to its own file, the math typeset (no $...$ left raw; every lesson has
     some), every link into the site resolving, down to its anchor, and a copy button on each code
     block of a lesson. At 1280 px no code cell, output or stub of a lesson or exercise page is
-    wider than its box or the column; on a 390-px phone no page scrolls sideways."""
+    wider than its box or the column; on a 390-px phone no page scrolls sideways, and an
+    exercise's stub (its instructions) wraps rather than scrolling inside its box."""
     base, html = server
     pages = site_pages(html)
     requested_urls(browser)  # drop what the browser did before the first page
@@ -434,7 +477,7 @@ def test_every_page_loads_clean_offline_with_its_figures_math_and_links(browser,
                 problems.append(f"{page}: math not typeset ({status}, {facts['typeset']} of {facts['math']})")
         if facts["raw_dollars"]:
             problems.append(f"{page}: raw $...$ left: {facts['raw_dollars']}")
-        if page.startswith("lessons/") and not facts["typeset"] and int(Path(page).name[:2]) not in ASCII_FORMULAS:
+        if page.startswith("lessons/") and not facts["typeset"]:
             problems.append(f"{page}: no formula typeset: write the lesson's formulas as $...$ (MathJax)")
         if page.startswith("lessons/") and not 0 < facts["code"] <= facts["copy_buttons"]:
             problems.append(f"{page}: {facts['copy_buttons']} copy buttons for {facts['code']} code blocks")
@@ -456,7 +499,7 @@ def test_every_page_loads_clean_offline_with_its_figures_math_and_links(browser,
         # only a page with something to check at 1280 px switches at all, once.
         read_on_phone = phone
         if phone:
-            problems += sideways_problems(browser, page)
+            problems += sideways_problems(browser, page) + stub_problems_on_a_phone(browser, page)
         if page == "index.html" or page.startswith(("lessons/", "exercises/")):
             if phone:
                 phone = lay_out_as_phone(browser, False)
@@ -465,7 +508,7 @@ def test_every_page_loads_clean_offline_with_its_figures_math_and_links(browser,
                 shots[page] = screenshot_figure_and_math(browser, page), facts["math"] > 0, facts["figures"] > 0
         if not read_on_phone:
             phone = lay_out_as_phone(browser, True)
-            problems += sideways_problems(browser, page)
+            problems += sideways_problems(browser, page) + stub_problems_on_a_phone(browser, page)
     lay_out_as_phone(browser, False)
     problems += [f"{page}: {len(blocks)} code blocks wider than the column at 1280 px, first: {blocks[0]!r}"
                  for page, blocks in clipped.items() if blocks]

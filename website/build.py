@@ -124,7 +124,8 @@ def stage_exercises(src):
                 f"From {lesson_link}. Edit `exercises/{stem}.py` (below) in your clone, then grade it "
                 f"from the repository's root:\n\n```bash\n{grade_commands(exercise_id, stem)}```\n\n"
                 f"`make grade` with no `EX=` grades every exercise and prints a summary.\n\n"
-                f"```{{literalinclude}} {os.path.relpath(stub, src.root / 'exercises')}\n:language: python\n```\n")
+                f"```{{literalinclude}} {os.path.relpath(stub, src.root / 'exercises')}\n:language: python\n"
+                f":class: exercise-stub\n```\n")   # site.css wraps its instructions on a phone too
         src.write(f"exercises/{stem}.md", page)
     return by_lesson
 

@@ -263,7 +263,7 @@ rank's query heads only), so before the optimizer step the r = t/nkv ranks shari
 must all-reduce it: per rank, a ring among them sends 2(r-1)/r times one head's K/V gradient
 (H·hs·2 weights + hs biases). The torch GPT does this with `nn.mappings.sum_over_replicas`: one
 all-reduce over the *whole* TP group of a buffer with a slot per distinct KV head, so each rank
-sends 2(t-1)/t times the full K/V weight gradient (all nkv heads), once per step and layer. It
+sends $2\frac{t-1}{t}$ times the full K/V weight gradient (all nkv heads), once per step and layer. It
 needs no sub-group, at t/r times the bytes of the sharers-only all-reduce; for a small nkv this
 is far less than the activations' all-reduces."""),
     new_code_cell("""def block_table(comm):

@@ -179,7 +179,7 @@ for dtype, errs in errors.items():
 row-parallel layer adds t partial sums instead of one long sum, so the last bits differ,
 inside the tolerance (1e-12 relative in float64, 1e-5 in float32; 1 would be the limit)
 and orders of magnitude below any real bug: a missing all-reduce or a bias added t times is
-off by O(1), about 10^5 times the float32 tolerance.
+off by O(1), about $10^5$ times the float32 tolerance.
 
 ## 3. One SPMD function, three backends
 

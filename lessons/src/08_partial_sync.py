@@ -26,7 +26,7 @@ What changes compared with Lessons 4-6:
 
 | | Megatron TP | CAAT, sync fraction p |
 |---|---|---|
-| row-parallel output (attention `o`, MLP `proj`) | g: all-reduce all H channels | **partial reduce**: all-reduce channels `[:k]`, k = floor(p·H); channels `[k:]` keep this rank's partial sum, times √t |
+| row-parallel output (attention `o`, MLP `proj`) | g: all-reduce all H channels | **partial reduce**: all-reduce channels `[:k]`, $k = \lfloor pH \rfloor$; channels `[k:]` keep this rank's partial sum, times √t |
 | backward of that output | identity | all-reduce of the gradient's `[:k]`; `[k:]` times √t |
 | column-parallel input (q, k, v, fc) | f in every block | **no f**: each rank reads its own stream |
 | f | one per block input | **one**, where the embedding enters the stack |
@@ -83,7 +83,7 @@ The partial reduce gives stream s
 
 $$z_s[:k] = \sum_r x_r[:k], \qquad z_s[k:] = \sqrt{t}\; x_s[k:].$$
 
-**Backward, derived.** The loss depends on every stream, L = L(z_0, …, z_{t-1}). Channel j < k
+**Backward, derived.** The loss depends on every stream, $L = L(z_0, \dots, z_{t-1})$. Channel j < k
 of x_r reaches *every* stream with weight 1, so ∂L/∂x_r[j] = Σ_s ∂L/∂z_s[j]: an all-reduce of
 the gradients' synced slice, the same slice as forward (an implementation that reduced
 another slice backward would not be this map's transpose). Channel j ≥ k of x_r reaches only
@@ -94,7 +94,7 @@ Megatron's pair: f and g are two different maps (identity and all-reduce), each 
 transpose of the other.
 
 `mappings.partial_reduce_forward(comm, x, p)` does it in numpy with one all-reduce of the
-(B, T, k) slice, so the meter sees k/H of a full all-reduce's bytes. (k = floor(p·H), like
+(B, T, k) slice, so the meter sees k/H of a full all-reduce's bytes. ($k = \lfloor pH \rfloor$, like
 the authors' `int(h * p)`; a product within 1e-9 of an integer counts as that integer.)"""),
     new_code_cell("""t, shape = 4, (2, 16, 64)
 for p in (1.0, 0.75, 0.5, 0.25, 0.0):

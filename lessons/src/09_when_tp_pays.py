@@ -93,12 +93,12 @@ forward + backward (3x forward) is
 $$\text{compute} = \frac{3 \cdot 2 \cdot BT \cdot 12H^2}{t\,C} \quad(\text{plus attention's } 12\,B T^2 H / t).$$
 
 It also makes 4 all-reduces of a (B, T, H) activation (g after attention and after the MLP
-forward, f before each in backward). A ring all-reduce sends 2(t-1)/t of the array per rank:
+forward, f before each in backward). A ring all-reduce sends $2\frac{t-1}{t}$ of the array per rank:
 
 $$\text{communication} = 4\left(2(t-1)\alpha + \frac{2(t-1)}{t}\,\frac{BTH \cdot \text{bytes}}{W}\right).$$
 
 Compute shrinks like 1/t; communication **grows** towards a constant. Their ratio is about
-(t-1)·bytes·C / (9·H·W): it depends on the model only through H, and on the hardware
+$\frac{(t-1)\cdot\text{bytes}\cdot C}{9HW}$: it depends on the model only through H, and on the hardware
 through C/W, the FLOPs a device does in the time its link moves one byte. For an H100
 (989 TFLOP/s bf16, vendor spec) on NVLink 4 (450 GB/s per direction) C/W is about 2200; on
 InfiniBand NDR (50 GB/s) about 20,000, nine times worse. The plot is `planner.predict_step` for
@@ -125,8 +125,8 @@ fig.tight_layout()"""),
 The scaling book ("How to Scale Your Model", Part 5, Training) models a TP'd MLP block and
 finds it communication-bound once the TP degree exceeds about **F / (C/W)** (per mesh axis
 used). Our own ratio of section 2 gives the same kind of rule: communication catches up with
-the matmuls when (t - 1)·bytes·C/W = 9H, i.e. at t* = 1 + 9H / (bytes·C/W), which in bf16
-(2 bytes) with F = 4H is 1 + (9/8)·F/(C/W): 7.3 for the 8.3B model on NVLink where the book's
+the matmuls when $(t - 1)\cdot\text{bytes}\cdot C/W = 9H$, i.e. at $t^* = 1 + \frac{9H}{\text{bytes}\cdot C/W}$, which in bf16
+(2 bytes) with F = 4H is $1 + \frac{9}{8}\frac{F}{C/W}$: 7.3 for the 8.3B model on NVLink where the book's
 F/(C/W) says 5.6, the same order, and the same factor of nine between NVLink and InfiniBand.
 The planner counts more precisely still (attention, the all-reduces' latency, the embedding
 and loss collectives, no overlap), so the three need not agree exactly."""),

@@ -116,7 +116,13 @@ for col, (name, shape, axis) in enumerate(weights):
     for rank in range(2):
         draw_matrix(axes[rank][col], shape, axis, 2, rank=rank)
         axes[rank][col].set_title(f"{name}" if rank == 0 else "", fontsize=9)
-    axes[0][0].set_ylabel("rank 0"); axes[1][0].set_ylabel("rank 1")
+        for label in axes[rank][col].texts:           # draw_matrix writes "dev r": rank r, upright in a narrow block
+            label.set_text(label.get_text().replace("dev", "rank"))
+            width, height = shape[1] / (2 if axis == 1 else 1), shape[0] / (2 if axis == 0 else 1)
+            label.set_rotation(90 if width < height / 1.5 else 0)
+for rank in range(2):                                  # the row's rank, left of its first panel (draw_matrix hides axes)
+    box = axes[rank][0].get_position()
+    fig.text(box.x0, (box.y0 + box.y1) / 2, f"rank {rank} holds", rotation=90, ha="right", va="center", fontsize=10)
 plt.show()"""),
 
     # ------------------------------------------------------------------ all-to-all
@@ -398,8 +404,8 @@ the course's own reading:
   parameter above is Lesson 9's budget, not DeepSeek's. Pipelines (16 stages) and ZeRO-1 divide
   it further.
 
-**Why servers still use TP for attention.** The report's reason is section 4's: TP4 "limits the
-overhead of TP communication" (§3.4.1). The course's reading: decoding is latency-bound — one
+**Why servers still use TP for attention.** The report's one reason, quoted in this lesson's
+section 4: TP4 "limits the overhead of TP communication" (§3.4.1). The course's reading: decoding is latency-bound — one
 token's matmuls are small and each step waits for them — so splitting attention's heads over 4
 GPUs of one node (NVLink) cuts the weights each GPU reads per step: by 3.2x for MLA, not 4, since
 the down-projections `q_a` and `kv_a` are replicated (below); the latent cache costs little to

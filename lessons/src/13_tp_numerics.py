@@ -46,7 +46,7 @@ processes:
 
     .venv/bin/mpiexec -n 4 .venv/bin/python -m tp_from_scratch.numerics.check
 
-Legend: t TP degree, L leaves of the fixed tree (8 here), M rows (tokens, B*T), K the reduced
+Legend: t TP degree, L leaves of the fixed tree (8 here), M rows (tokens, $B \cdot T$), K the reduced
 axis, N output features, V vocabulary, nh heads, nkv KV heads, hs head size."""),
     new_code_cell("""import sys
 from pathlib import Path
@@ -72,7 +72,7 @@ print("BLAS threads:", torch.get_num_threads(), "| CPU vector capability:", torc
 
 ### 1a. The order of the sums in the row-parallel matmul
 
-A row-parallel linear (Lesson 3) computes Y = X W with K, the reduced axis, split over the t
+A row-parallel linear (Lesson 3) computes $Y = XW$ with K, the reduced axis, split over the t
 ranks: rank r multiplies its K/t columns of X by its K/t rows of W, and the all-reduce adds the t
 partial sums. One device adds the K products of each output element in whatever order its BLAS
 kernel blocks them; t ranks add K/t of them each, then t partials. The same numbers, added in
@@ -82,15 +82,15 @@ print(f"{'t':>2}  {'plain: equal to one device':>27} {'max |diff|':>11}")
 for t, row in bits.items():
     print(f"{t:>2}  {str(row['plain equal']):>27} {row['plain diff']:>11.2e}")"""),
     new_markdown_cell(r"""Where t = 2 comes out equal on this machine, it is luck of the kernel's blocking, not a
-guarantee: at t = 4 and 8 the bits differ, by a few times 1e-5 on outputs of typical size
-sqrt(512) ~ 23, which is roundoff: far inside the tolerance policy, so every earlier lesson's
+guarantee: at t = 4 and 8 the bits differ, by a few times $10^{-5}$ on outputs of typical size
+$\sqrt{512} \approx 23$, which is roundoff: far inside the tolerance policy, so every earlier lesson's
 check passes, but not the same bits.
 
 ### 1b. The ring's order depends on the rank
 
 Lesson 2's ring all-reduce cuts the array into t chunks, and chunk c's partial sum starts at rank
 c + 1 and travels around the ring, each rank adding its own piece: chunk c is
-((x_{c+1} + x_{c+2}) + ...) + x_c. Which rank's value comes first, found for each chunk by
+$((x_{c+1} + x_{c+2}) + \dots) + x_c$. Which rank's value comes first, found for each chunk by
 trying every starting rank on the ring's actual result (t = 4, 4096 float32 per rank):"""),
     new_code_cell("""starts = measure.ring_chunk_orders(4)
 for chunk, start in enumerate(starts):
@@ -103,8 +103,8 @@ of the reduction must be fixed by something other than the ranks.
 ### 1c. The matmul kernel depends on the shard's shape
 
 A column-parallel layer at t ranks computes out/t columns of the output; a vocabulary of V at t
-ranks, V/t. BLAS chooses its kernel and blocking from the shapes it is handed, so a column of X
-W^T can come out in other bits when it is computed with fewer neighbours. Is the product of the
+ranks, V/t. BLAS chooses its kernel and blocking from the shapes it is handed, so a column of
+$XW^\top$ can come out in other bits when it is computed with fewer neighbours. Is the product of the
 first m rows of X (or the first n rows of W) the same bits as those rows (columns) of the whole
 product? float32, X (96 x 256), W (192 x 256):"""),
     new_code_cell("""for name, table in measure.matmul_slice_bits().items():
@@ -116,7 +116,7 @@ products x[m, k] w[n, k] of a block of rows and sums each over its **contiguous*
 output element is its own reduction of the same K numbers in the same order, whatever else is
 beside it. BLAS stays fine wherever the shapes do not depend on t.
 
-Attention splits heads, so each rank runs its batched matmuls (q k^T and att v) and the softmax
+Attention splits heads, so each rank runs its batched matmuls ($qk^\top$ and $\mathrm{att}\, v$) and the softmax
 on nh/t heads. Does that change a head's bits? 8 heads of (32 x 8):"""),
     new_code_cell("""print("per-head bmm and softmax on nh/t heads, the same bits as on all 8:", measure.head_count_bits())"""),
     new_markdown_cell(r"""On this machine it does not: the batched matmul treats each head alone. So attention needs no
@@ -138,9 +138,9 @@ for name, lengths in measure.elementwise_tail_bits().items():
     new_markdown_cell(r"""exp agrees at every length, the exact GeLU everywhere but (as measured here) on a tensor of one
 element; SiLU (Llama's MLP) and the tanh GeLU (GPT-2's) do not, but never on a length that is a
 multiple of the loop's step: ATen's `vectorized_loop` (aten/src/ATen/native/cpu/Loops.h) handles
-two vectors per iteration, 2 x 8 float32 with AVX2, 2 x 16 with AVX512 (the capability printed at
+two vectors per iteration, $2 \times 8$ float32 with AVX2, $2 \times 16$ with AVX512 (the capability printed at
 the top), and the elements past the last whole step with a scalar loop. A TP MLP's activation holds
-B*T*F/t numbers per rank: when that is a multiple of the step at every t (B*T a multiple of 32 is
+$B \cdot T \cdot F/t$ numbers per rank: when that is a multiple of the step at every t ($B \cdot T$ a multiple of 32 is
 enough on both), no element takes the scalar path, and every t gives the same bits. The invariant layers do not own the activation, so
 this is a condition on the batch, stated in `numerics/layers.py`.
 
@@ -155,9 +155,9 @@ the largest t served) and always add them as the complete binary tree over leave
      \_ t=4: rank 0 _/   \_ rank 1 _/   ...
      \______ t=2: rank 0 ________/   \______ rank 1 ______/
 
-Rank r holds leaves r L/t .. (r+1) L/t - 1, **a whole subtree**, and sums it in tree order
+Rank r holds leaves $rL/t$ to $(r+1)L/t - 1$, **a whole subtree**, and sums it in tree order
 (`tree.local_tree_sum`); then the ranks combine by Lesson 10's **recursive doubling**: round k
-pairs rank v with v XOR 2^k, and the lower rank's partial goes left. Those rounds are exactly the
+pairs rank v with $v \oplus 2^k$ (XOR), and the lower rank's partial goes left. Those rounds are exactly the
 tree's upper levels. Every t dividing L performs the same additions in the same order:"""),
     new_code_cell("""leaves = np.stack([random_array(rank_rng(13, leaf), (4096,), np.float32) for leaf in range(8)])
 one_rank = tree.local_tree_sum(leaves)                 # t = 1: the whole tree on one rank
@@ -177,8 +177,8 @@ try:
     run_spmd(lambda comm: tree.tree_all_reduce(comm, leaves[:2]), 3)
 except Exception as error:
     print("t=3:", str(error).splitlines()[0])"""),
-    new_markdown_cell(r"""log2 t messages of the whole array per rank: the latency of recursive doubling and its bytes,
-N log2 t, against the ring's 2 (t-1)/t N (the same at t = 2, 1.33 times at t = 4, 1.71 times at
+    new_markdown_cell(r"""$\log_2 t$ messages of the whole array per rank: the latency of recursive doubling and its bytes,
+$N \log_2 t$, against the ring's $2\frac{t-1}{t}N$ (the same at t = 2, 1.33 times at t = 4, 1.71 times at
 t = 8). A t that does not divide L leaves no subtree per rank and is refused by name. (On a torch
 ProcessGroup, `reduction.tree_all_reduce` runs the same rounds with `dist.isend`/`dist.irecv`: a
 native `dist.all_reduce` picks its own order, which changes with t.)
@@ -205,10 +205,10 @@ Two rules cover a whole GPT:
 
 | layer | forward | backward |
 |---|---|---|
-| column-parallel W[out_t, in] (q, k, v, fc, gate, up) | Y_i = X W_i^T: out sliced, invariant_linear | dW_i, db_i: out sliced, invariant; dX: a sum over out, split: leaves of out/L rows, the tree (the layer's own f) |
+| column-parallel W[out_t, in] (q, k, v, fc, gate, up) | $Y_i = X W_i^\top$: out sliced, invariant_linear | dW_i, db_i: out sliced, invariant; dX: a sum over out, split: leaves of out/L rows, the tree (the layer's own f) |
 | row-parallel W[out, in_t] (o, proj, down) | Y: a sum over in, split: leaves of in/L columns, the tree, + b once | dX_i, dW_i: in sliced, invariant_linear; no communication |
 | vocab-parallel head E[V_t, H] | logits_i: V sliced, invariant_linear | dE_i invariant; dh: a sum over V, split: the tree over vocabulary leaves |
-| vocab-parallel cross-entropy | max and target logit: exact in any order; S = sum exp: per-leaf sums, the tree | softmax - one-hot: element-wise, no communication |
+| vocab-parallel cross-entropy | max and target logit: exact in any order; $S = \sum \exp$: per-leaf sums, the tree | softmax - one-hot: element-wise, no communication |
 | embedding | one row and t - 1 zeros: exact in any order | unchanged |
 
 Two consequences. Lesson 5 lets q, k and v share one f, summing their partial dX on each rank
@@ -266,15 +266,15 @@ this process, so compare the columns, not the absolute times). The same from a s
     new_code_cell("""rows = bench.compare(tp=2, tokens=64, hidden=128, ffn=512, numbers=1 << 16, repeats=5)
 print(bench.table(rows))
 print(f"the invariant MLP took {rows[0][3]:.1f} times the default's time")"""),
-    new_markdown_cell(r"""Why the invariant MLP is slower (the factor printed above): `invariant_linear` materialises the M x N x K
+    new_markdown_cell(r"""Why the invariant MLP is slower (the factor printed above): `invariant_linear` materialises the $M \times N \times K$
 products of every sliced matmul (here fc's forward, both weight gradients and the row layer's
 dX) and then sums them, where BLAS keeps partial sums in registers and streams each operand
 once: the same multiply-adds, but K numbers written and read again for every output element.
 The per-leaf products are L/t small BLAS calls instead of one, and every leaf is copied to a
 contiguous block first. The tree all-reduce adds each rank's L/t leaves, work the default path
 does not have (the ring is handed the rank's sum), and sends the same bytes as the ring at t = 2,
-log2 t / (2 (t-1)/t) times them beyond; against that extra work it sends fewer messages, log2 t
-against the ring's 2 (t-1) (at t = 2 one exchange of the whole array where the ring makes two
+$\log_2 t \,/\, \big(2\frac{t-1}{t}\big)$ times them beyond; against that extra work it sends fewer messages, $\log_2 t$
+against the ring's $2(t-1)$ (at t = 2 one exchange of the whole array where the ring makes two
 rounds of half arrays), so its time can come out below the ring's, as the all-reduce row shows
 when it does. On a GPU a kernel can block the products itself
 and still fix the order (TBIK's abstract: kernels written in Triton, integrated into vLLM and
@@ -283,7 +283,7 @@ FSDP); this course's version trades speed for a few lines that show the order.
 ## 4. Gradient clipping, right and wrong
 
 Training clips the gradient: torch.nn.utils.clip_grad_norm_ scales every gradient by
-min(1, max_norm / (||g|| + 1e-6)), ||g|| the norm of all gradients as one vector. Under TP no rank
+$\min\big(1, \mathtt{max\_norm} / (\lVert g \rVert + 10^{-6})\big)$, $\lVert g \rVert$ the norm of all gradients as one vector. Under TP no rank
 holds that vector. Two shortcuts are wrong, and they slip into real code: TransformerEngine's ROCm
 fork marked replicated weights as tensor-parallel, so Megatron counted them once per TP rank, and
 the reported norm came out 1.52 times too large at TP = 8 (ROCm/TransformerEngine PR #715, its
@@ -351,9 +351,9 @@ into the same loss, and compare the weight gradient with one device's (2 process
 `numerics/doubling.py`):"""),
     new_code_cell("""out = run_command(torchrun_command(2, "tp_from_scratch.numerics.doubling"), timeout=180)
 print(out.stdout[out.stdout.index("t = 2"):] if out.returncode == 0 else out.stdout[-3000:])"""),
-    new_markdown_cell(r"""Exactly 2: torch's all-reduce has an all-reduce as its backward. That is the adjoint of "y_q =
-sum_r x_r on every rank q" read as t **different** outputs, each with its own loss: it
-differentiates sum_q L(y_q). With the same loss on every rank that sum is t L(Y), so every rank's
+    new_markdown_cell(r"""Exactly 2: torch's all-reduce has an all-reduce as its backward. That is the adjoint of
+"$y_q = \sum_r x_r$ on every rank q" read as t **different** outputs, each with its own loss: it
+differentiates $\sum_q L(y_q)$. With the same loss on every rank that sum is $t\,L(Y)$, so every rank's
 identical loss is counted once per rank: the backward of a sum of t identical losses.
 
 When is it the right backward? When the ranks' outputs really do go on to different losses that
@@ -370,7 +370,7 @@ checks the 2.000000 under torchrun, and 4 at t = 4.)
 * A fixed binary tree over L leaves, each rank a whole subtree and the ranks combined by recursive
   doubling, plus matmuls that compute every sliced output element alone, makes every output and
   gradient the same bits at every t dividing L. It costs from a few to tens of times the default
-  path's time on a CPU (section 3 prints the factor), and log2 t / (2 (t-1)/t) times the ring's bytes.
+  path's time on a CPU (section 3 prints the factor), and $\log_2 t \,/\, \big(2\frac{t-1}{t}\big)$ times the ring's bytes.
 * Clip by the norm in which each distinct piece counts once; torch's differentiable all-reduce is
   not Megatron's g.
 
@@ -393,7 +393,7 @@ w_shard, n_leaves)` in `exercises/ex13_tree_reduction.py` on `comm.send` and `co
 `.venv/bin/python -m pytest exercises -m ex13` grades them bit for bit: the tree at t = 1, 2, 4, 8
 (and other trees), the same bits on every rank, odd t refused by name, empty and 0-d leaves,
 integers, infinities and subnormals, the inputs untouched, new results (also after a second call),
-and log2 t messages to the recursive-doubling partners."""),
+and $\log_2 t$ messages to the recursive-doubling partners."""),
 ]
 
 write_notebook(cells, HERE.parent / "13_tp_numerics.ipynb")

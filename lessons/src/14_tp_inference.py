@@ -87,8 +87,8 @@ latency)"): more chips, more memory bandwidth for the same bytes. The price: per
 (the vocabulary-parallel embedding's, and g after attention and after the MLP in every block) of
 B·H numbers each, 16 KiB at B = 1 and H = 8192. A message that small is all latency: a call costs
 α, whatever it carries. Here α comes from a per-call figure for each profile (its source is
-printed: a published measurement for NVLink and InfiniBand, an assumption for PCIe), and a call is priced as `cost.model.all_reduce_seconds` prices Lesson 9's: 2(t-1)
-messages of the ring, 2(t-1)/t of the bytes (α per message = the published call latency / 2(t-1);
+printed: a published measurement for NVLink and InfiniBand, an assumption for PCIe), and a call is priced as `cost.model.all_reduce_seconds` prices Lesson 9's: $2(t-1)$
+messages of the ring, $2\frac{t-1}{t}$ of the bytes (α per message = the published call latency / $2(t-1)$;
 an all-gather, t-1 messages, then costs half a call: the ring's count, an assumption of the model). Then the token choice: gpt.generate all-gathers the (B, V/t)
 logits (section 3 replaces that). Nothing overlaps: our code overlaps nothing.
 
@@ -323,8 +323,8 @@ once, quantized once; Hansen-Palmus et al. (arXiv 2411.09510) compress the row-p
 before they travel (their abstract), and the all-gather is the course's reading of how, not checked
 in the paper.
 
-`quantized.py` quantizes per group of g numbers, asymmetric min-max: lo = min, scale = (max −
-min)/(2^bits − 1), code = round((x − lo)/scale), half to even, in the tensor's own dtype; codes are
+`quantized.py` quantizes per group of g numbers, asymmetric min-max: $\text{lo} = \min$, $\text{scale} = (\max -
+\min)/(2^{\text{bits}} - 1)$, $\text{code} = \operatorname{round}((x - \text{lo})/\text{scale})$, half to even, in the tensor's own dtype; codes are
 packed bits to a number, and each group's lo and scale travel in the tensor's dtype. (The paper's
 own group size and scale format were not read here. vLLM's QuickReduce, for AMD MI300, uses
 symmetric INT4 groups of 32 and is switched on by an environment variable that picks FP, INT8,

@@ -211,7 +211,10 @@ def main(argv=None):
         def on_mpi(comm):
             comm.timeout = args.timeout
             done = run_checks([("mpi", comm)], comm.world_size)
-            print(f"rank {comm.rank}: deepseek checks passed: {'; '.join(done)}", flush=True)
+            # one write, newline included: print's text and newline can part under mpiexec's
+            # forwarding, and two ranks' lines then ran together
+            sys.stdout.write(f"rank {comm.rank}: deepseek checks passed: {'; '.join(done)}\n")
+            sys.stdout.flush()
         spmd_main(on_mpi)
         return
     torch_main(lambda: on_torch(args.timeout), timeout=args.timeout, quick_exit=True)

@@ -260,6 +260,9 @@ def run(opts, mesh, hooks=None):
         ckpt.check_resume(start["meta"], opts.load, opts.steps, opts.optimizer)
     model, optimizer, first = build(this, start)
     report_memory(this, model)
+    if start is not None and mesh.rank == 0:   # what was loaded, as --save's line says what was written
+        print(f"resumed: {opts.load} (step {start['step']}, saved at tp={start['meta'].get('tp', 1)}), "
+              f"on to step {opts.steps}", flush=True)
     comparison = None
     if opts.compares and mesh.rank == 0:
         name, loss_fn = hooks.reference
