@@ -19,6 +19,7 @@ import pytest
 import torch
 
 pytest.importorskip("torchtitan", reason="torchtitan is not installed (docs/running.md says how)")
+pytest.importorskip("triton", reason="torchtitan's models import triton, not installed (docs/running.md says how)")
 
 from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 from torchtitan.components.checkpoint import CheckpointManager  # noqa: E402
