@@ -35,7 +35,8 @@ Two ideas change what TP buys:
 Where things are (`tp_from_scratch/deepseek/`):
 * `router.py` the router and its margin; `moe.py` the layer on one device;
 * `expert_parallel.py` the three ways to run it on t ranks, and their traffic;
-* `mla.py` MLA with heads split and its latent cache; `model.py` the whole model, equal to
+* `mla.py` MLA and its latent cache; `single_device.py` the whole model on one device, and
+  `model.py` its `parallelize` (the layout's plan applied to it), equal to
   transformers' `DeepseekV3ForCausalLM` (`tests/test_deepseek_model.py`) in two layouts: tensor
   parallel (heads split, the experts in one of section 3's all-reduce layouts: on all tokens, or
   split by width), and expert parallel, as DeepSeek-V3 trained (each rank its own sequences,
@@ -65,7 +66,7 @@ from tp_from_scratch.deepseek import (LAYOUTS, MoEConfig, all_reduce_bytes_sent,
 from tp_from_scratch.deepseek.arch import split_axis
 from tp_from_scratch.deepseek.check import TINY, check_layout, layout_data, random_moe
 from tp_from_scratch.deepseek.mla import cache_bytes_per_token
-from tp_from_scratch.deepseek.model import ParallelDeepseekV3, generate
+from tp_from_scratch.deepseek.model import DeepseekV3, generate, parallelize
 from tp_from_scratch.deepseek.planner import (attention_parameters, ep_bytes_per_token, memory_per_rank,
                                               node_bytes_per_token, parameter_count, tp_bytes_per_token)
 from tp_from_scratch.gpt.model import GPTConfig, KVCache, init_gpt
@@ -287,7 +288,7 @@ against transformers' `generate`), and the cache is measured, beside the KV cach
                           kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5, n_routed_experts=8,
                           num_experts_per_tok=3, n_group=4, topk_group=2, n_shared_experts=2,
                           rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
-model = ParallelDeepseekV3(config, group=run_spmd(lambda comm: comm, 1)[0])
+model = DeepseekV3(config)                       # one device: the reference
 with torch.no_grad():
     for p in model.parameters():
         p.copy_(0.2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
@@ -295,9 +296,9 @@ state = model.state_dict()
 prompt = torch.tensor(rank_rng(5).integers(0, 67, size=(1, 4)))
 
 def generate_on(comm):
-    from tp_from_scratch.deepseek.arch import shard
-    ranked = ParallelDeepseekV3(config, group=comm)
-    ranked.load_state_dict({n: shard(n, v, ranked.layout, comm.world_size, comm.rank) for n, v in state.items()})
+    ranked = DeepseekV3(config)
+    ranked.load_state_dict(state)
+    parallelize(ranked, comm)             # the layout's plan (deepseek.arch.PLANS) cuts every weight
     ids, cache = generate(ranked, prompt, 8)
     return ids, cache.nbytes() / (cache.length() * len(cache.layers))
 

@@ -8,9 +8,12 @@
                         expert tensor parallel (every expert split), and their traffic
     dispatch.py         expert parallelism's dispatch and combine in numpy (Exercise 12's reference)
     autograd.py         the all-to-all with uneven counts as an autograd Function (AllToAll)
-    mla.py              multi-head latent attention with its heads split, and the latent cache
-    model.py            DeepSeek-V3 on t ranks, equal to transformers' DeepseekV3ForCausalLM;
-                        state dicts and save_pretrained files in and out; greedy generation
+    mla.py              multi-head latent attention on one device (f at its copy_in point, its heads
+                        split by the plan), and the latent cache
+    single_device.py    DeepSeek-V3 on one device (DeepseekV3): the reference, no parallel layer
+    model.py            parallelize: the layout's plan (arch.py) applied to it, equal to transformers'
+                        DeepseekV3ForCausalLM; state dicts and save_pretrained files in and out;
+                        greedy generation
     planner.py          the planner: exact parameters, memory per rank under TP and EP, and TP's
                         bytes per token against EP's: .venv/bin/python -m tp_from_scratch.deepseek.planner
     check.py            every layout and the model against one device, on any group:

@@ -1,14 +1,16 @@
 """DeepSeek-V3's sharding plans, one per MoE layout, in the GPT's vocabulary (gpt.arch). Written once.
 
     PLANS[layout]            {module name pattern: style}, "*" standing for any layer index
+    model_plan(layout)       the same with each MoE layer one entry (MOE): what model.parallelize applies
     SPLITS[style]            {parameter of the module: how TP splits it}
     split_of(name, layout)   the split of one parameter (an axis, a Stacked, or None: whole)
     split_axis(name, layout) the axis it is split on (None: whole)
     shard / unshard          one tensor's piece on rank r, and the whole from every rank's piece
 
-Everything that cuts or glues a DeepSeek-V3 tensor reads these tables: the import of
-transformers' state dicts (model.from_hf_state_dict), the MoE layers' ``from_module``, the
-checkpoints (checkpoint.DeepSeekSharding), the checks, and Lesson 12's first figure.
+Everything that cuts or glues a DeepSeek-V3 tensor reads these tables: the TP model itself
+(model.parallelize applies the plan to the single-device DeepseekV3, through gpt.parallelize's
+walker), the MoE layers' ``from_module``, the checkpoints (checkpoint.DeepSeekSharding), the
+checks, and Lesson 12's first figure.
 
 Per decoder layer, with t ranks (names are transformers', as the model's):
 
@@ -18,7 +20,7 @@ Per decoder layer, with t ranks (names are transformers', as the model's):
       and their norms (the latents)             computes the same latents
     self_attn.q_b_proj, kv_b_proj, (q_proj)     COLWISE: by heads          REPLICATED
     self_attn.o_proj                            ROWWISE                    REPLICATED
-    mlp.gate_proj, up_proj / down_proj          COLWISE / ROWWISE          REPLICATED
+    mlp.copy_in; gate_proj, up_proj / down_proj COPY_IN; COLWISE / ROWWISE REPLICATED
       (the dense layers' FFN)
     mlp.gate (the router)                       REPLICATED                 REPLICATED
     mlp.shared_experts.gate_proj, up_proj /     COLWISE / ROWWISE          REPLICATED
@@ -39,10 +41,11 @@ from typing import NamedTuple
 
 import torch
 
-from tp_from_scratch.gpt.arch import COLWISE, REPLICATED, ROWWISE, SPLIT_AXES, module_style
+from tp_from_scratch.gpt.arch import COLWISE, COPY_IN, REPLICATED, ROWWISE, SPLIT_AXES, module_style
 from tp_from_scratch.gpt.parallelize import cut, glue
 
 EXPERTS, EXPERT_TP = "experts", "expert_tp"
+MOE = "moe"   # a whole MoE layer, in model_plan only (its parts are cut by PLANS)
 
 
 class Stacked(NamedTuple):
@@ -57,7 +60,8 @@ SPLITS = {**SPLIT_AXES,
           EXPERT_TP: {"gate_up_proj": Stacked(1, 2), "down_proj": 2}}    # F columns of each expert
 
 _ENDS = {"embed_tokens": REPLICATED, "norm": REPLICATED, "lm_head": REPLICATED}
-_ATTENTION = {"layers.*.input_layernorm": REPLICATED,
+# self_attn.copy_in: the one f on the latents, in front of q_b / kv_b (q_proj), which skip their own
+_ATTENTION = {"layers.*.input_layernorm": REPLICATED, "layers.*.self_attn.copy_in": COPY_IN,
               "layers.*.self_attn.q_a_proj": REPLICATED, "layers.*.self_attn.q_a_layernorm": REPLICATED,
               "layers.*.self_attn.q_b_proj": COLWISE,
               "layers.*.self_attn.q_proj": COLWISE,      # q_lora_rank None: no query latent
@@ -65,11 +69,12 @@ _ATTENTION = {"layers.*.input_layernorm": REPLICATED,
               "layers.*.self_attn.kv_b_proj": COLWISE,
               "layers.*.self_attn.o_proj": ROWWISE,
               "layers.*.post_attention_layernorm": REPLICATED}
-_DENSE_FFN = {"layers.*.mlp.gate_proj": COLWISE, "layers.*.mlp.up_proj": COLWISE, "layers.*.mlp.down_proj": ROWWISE}
+_DENSE_FFN = {"layers.*.mlp.copy_in": COPY_IN, "layers.*.mlp.gate_proj": COLWISE, "layers.*.mlp.up_proj": COLWISE, "layers.*.mlp.down_proj": ROWWISE}
 _MOE = {"layers.*.mlp.gate": REPLICATED,
         "layers.*.mlp.shared_experts.gate_proj": COLWISE, "layers.*.mlp.shared_experts.up_proj": COLWISE,
         "layers.*.mlp.shared_experts.down_proj": ROWWISE}
 _SPLIT_BY_HEADS = {**_ENDS, **_ATTENTION, **_DENSE_FFN, **_MOE}
+MOE_LAYER, _MOE_PARTS = "layers.*.mlp", {*_MOE, "layers.*.mlp.experts"}
 
 # layout (model.MODEL_LAYOUTS) -> the plan
 PLANS = {
@@ -78,6 +83,18 @@ PLANS = {
     # every rank its own tokens: all but the routed experts whole on every rank
     "expert parallel": {**{pattern: REPLICATED for pattern in _SPLIT_BY_HEADS}, "layers.*.mlp.experts": EXPERTS},
 }
+
+
+def model_plan(layout):
+    """The plan model.parallelize applies to the single-device model: PLANS[layout] with the MoE
+    layer's parts (router, shared experts, routed experts) folded into one entry for the whole
+    layer, MOE_LAYER: MOE. The layout's MoE layer is built whole from the single-device one
+    (expert_parallel's ``from_module``, which cuts each part by PLANS[layout]), so the walker,
+    which visits children before parents, must leave those parts untouched. MOE_LAYER also
+    names a dense layer's FFN (layers.i.mlp): the MOE style leaves that one as it is."""
+    if layout not in PLANS:
+        raise ValueError(f"layout {layout!r} is not one of {tuple(PLANS)}")
+    return {**{p: s for p, s in PLANS[layout].items() if p not in _MOE_PARTS}, MOE_LAYER: MOE}
 
 
 def split_of(name, layout):

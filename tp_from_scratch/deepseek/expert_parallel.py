@@ -67,7 +67,8 @@ class _Sharded(nn.Module):
     def from_module(cls, moe, *, group):
         """This rank's share of a single-device DeepSeekMoE, in its dtype: each tensor cut as the
         layout's plan says (arch.PLANS: the router whole; experts by expert or by width; shared
-        experts split like an MLP, or whole under expert parallelism)."""
+        experts split like an MLP, or whole under expert parallelism). model.parallelize's MOE style
+        calls it on each untouched single-device layer of the model."""
         layer = cls(moe.config, group=group).to(moe.gate.weight.dtype)
         layer.load_state_dict({name: shard(name, full, cls.layout, layer.t, layer.rank)
                                for name, full in moe.state_dict().items()})

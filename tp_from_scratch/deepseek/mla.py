@@ -1,4 +1,4 @@
-"""Multi-head latent attention (MLA, DeepSeek-V2/V3) with its heads split over t ranks.
+"""Multi-head latent attention (MLA, DeepSeek-V2/V3) on one device, and how TP splits its heads.
 
 One device, per token x (H,), nh heads (DeepSeek-V3 report, eqs. 1-11):
 
@@ -11,13 +11,13 @@ One device, per token x (H,), nh heads (DeepSeek-V3 report, eqs. 1-11):
     q    = [q_nope | RoPE(q_rope)]
     out  = W_o concat_h softmax(q_h k_h^T / sqrt(nope + rope)) v_h
 
-On t ranks (Lesson 4's split, by heads):
+On t ranks (Lesson 4's split, by heads; model.parallelize applies it from the plan, arch.PLANS):
     W_qb, W_kvb   column-parallel: rank r holds the rows of its nh/t heads (W_q likewise when
                   q_lora_rank is None: queries straight from x, no query latent)
     W_o           row-parallel: a partial sum, all-reduced (g)
     W_qa, W_kva and both RMSNorms replicated: every rank computes the same latents. Each
     rank's heads then read them, so the latents' gradients are partial: f sits on the
-    latents (one all-reduce of q_lora + kv_lora + rope numbers per token in backward, fewer
+    latents (MLA's ``copy_in`` point, planned COPY_IN; one all-reduce of q_lora + kv_lora + rope numbers per token in backward, fewer
     than H), and everything before it (the replicated weights, x) gets full gradients with
     no further collective: Lesson 8's rule, the sum goes where the ranks start to differ.
 
@@ -32,8 +32,6 @@ import math
 import torch
 from torch import nn
 
-from tp_from_scratch.nn.mappings import copy_to_tp_region, reduce_from_tp_region, tp_world_size
-from tp_from_scratch.sharding import check_divisible
 
 
 class RMSNorm(nn.Module):
@@ -129,25 +127,32 @@ class LatentCache:
         return sum(v.numel() * v.element_size() for v in self.layers.values())
 
 
-class ParallelMLA(nn.Module):
-    """MLA with nh/t heads on this rank: (B, T, H) replicated -> (B, T, H) replicated.
+def _identity(x):
+    return x
+
+
+class MLA(nn.Module):
+    """MLA on one device, all nh heads: (B, T, H) -> (B, T, H).
 
     Parameters under transformers' names (q_a_proj, q_a_layernorm, q_b_proj,
-    kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj), q_b/kv_b/o holding this rank's heads.
+    kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj). ``copy_in`` is the point where the
+    heads start reading the latents: the identity here; model.parallelize puts f there (the
+    plan's COPY_IN), turns q_b / kv_b (q_proj) into column-parallel layers that skip their own
+    f, and o into a row-parallel one (its g). The forward reads the number of heads it holds
+    from q_b's (q's) weight, so the same code runs all nh heads or a rank's nh/t.
     """
 
-    def __init__(self, config, layer_index=0, *, group):
+    def __init__(self, config, layer_index=0):
         super().__init__()
-        t, self.group = tp_world_size(group), group
-        check_divisible(config.num_attention_heads, t, "num_attention_heads")
-        self.layer_index, self.heads = layer_index, config.num_attention_heads // t
+        self.layer_index = layer_index
         self.nope, self.rope, self.v = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
         self.kv_lora, self.q_lora = config.kv_lora_rank, config.q_lora_rank
         self.interleave = config.rope_interleave
         inv_freq, self.rope_multiplier, softmax = rope_frequencies(config)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # follows .to(dtype); not in state dicts
         self.softmax_scale = softmax / math.sqrt(self.nope + self.rope)
-        H, h = config.hidden_size, self.heads  # no attention biases (model.check_config refuses them)
+        self.copy_in = _identity  # a plain function, not a module: TP sets f here
+        H, h = config.hidden_size, config.num_attention_heads  # no attention biases (model.check_config)
         if self.q_lora:
             self.q_a_proj = nn.Linear(H, self.q_lora, bias=False)
             self.q_a_layernorm = RMSNorm(self.q_lora)  # transformers keeps these at eps 1e-6
@@ -167,13 +172,13 @@ class ParallelMLA(nn.Module):
         c_kv, k_rope = self.kv_a_proj_with_mqa(x).split([self.kv_lora, self.rope], dim=-1)
         cos, sin = rope_angles(positions.to(x.device), self.inv_freq, self.rope_multiplier)  # (T, rope/2)
         latent = torch.cat([self.kv_a_layernorm(c_kv), apply_rope(k_rope, cos, sin, self.interleave)], -1)
-        # f on the latents: the ranks diverge here (each its own heads); one all-reduce backward
-        both = copy_to_tp_region(self.group, torch.cat([q_latent, latent], dim=-1))
+        # TP: f on the latents, where the ranks diverge (each its own heads); one all-reduce backward
+        both = self.copy_in(torch.cat([q_latent, latent], dim=-1))
         q_latent, latent = both.split([q_width, self.kv_lora + self.rope], dim=-1)
         if cache is not None:
             latent = cache.extend(self.layer_index, latent)  # (B, S, kv_lora + rope), S = past + T
-        S, h = latent.shape[1], self.heads
         q_up = self.q_b_proj if self.q_lora else self.q_proj
+        S, h = latent.shape[1], q_up.weight.shape[0] // (self.nope + self.rope)  # the heads held here
         q = q_up(q_latent).view(B, T, h, self.nope + self.rope).transpose(1, 2)  # (B, h, T, qk)
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
         q = torch.cat([q_nope, apply_rope(q_rope, cos, sin, self.interleave)], dim=-1)
@@ -185,7 +190,7 @@ class ParallelMLA(nn.Module):
         past = S - T  # query i sits at position past + i and sees keys 0 .. past + i
         causal = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(past)
         attn = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v  # (B, h, T, v)
-        return reduce_from_tp_region(self.group, self.o_proj(attn.transpose(1, 2).reshape(B, T, h * self.v)))
+        return self.o_proj(attn.transpose(1, 2).reshape(B, T, h * self.v))  # TP: row-parallel, then g
 
 
 def cache_bytes_per_token(config, t, itemsize, kind):

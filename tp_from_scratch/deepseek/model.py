@@ -1,37 +1,53 @@
-"""DeepSeek-V3 on t ranks, two ways:
+"""DeepSeek-V3 on one device, and on t ranks by its plan, two ways:
+
+    DeepseekV3(config)                  the single-device model (MLA with all its heads, the dense
+                                        FFNs, DeepSeekMoE, nn.Embedding, the LM head): no group,
+                                        no parallel layer; the reference
+    parallelize(model, group, layout)   this rank's model, in place: deepseek.arch's plan for the
+                                        layout applied by gpt.parallelize's walker (Lesson 6's)
+    ParallelDeepseekV3(config, group=, layout=)   the same, built: parallelize(DeepseekV3(config), ...)
 
 * tensor parallel: every rank holds every token; MLA heads split (Lesson 4's column/row
-  pattern), the dense FFNs of the first ``first_k_dense_replace`` layers split likewise,
-  DeepSeekMoE in an all-reduce layout ("experts on all tokens" or "expert tensor parallel");
-  DeepSeek-V3's own servers pair TP4 attention with expert-parallel experts (report §3.4);
+  pattern, one f on the latents at MLA's copy_in point), the dense FFNs of the first
+  ``first_k_dense_replace`` layers split likewise, DeepSeekMoE in an all-reduce layout
+  ("experts on all tokens" or "expert tensor parallel"); DeepSeek-V3's own servers pair TP4
+  attention with expert-parallel experts (report §3.4);
 * "expert parallel" (DeepSeek-V3's training): every rank its own tokens; attention, dense
   FFNs, embedding and head whole on every rank (data parallel: their gradients summed over
   the ranks after backward, ``sum_replicated_gradients``), only the routed experts spread.
 
-Equal to transformers' DeepseekV3ForCausalLM with the same weights (tests/test_deepseek_model.py).
+The styles (DEEPSEEK_STYLES) are Lesson 6's TP_STYLES and one more, MOE: each MoE layer is
+replaced whole by its layout's layer (expert_parallel.LAYOUTS[layout].from_module, which cuts
+router, shared and routed experts by the same plan from the untouched single-device layer;
+arch.model_plan keeps the walker off those parts, which it would otherwise visit first).
+
+Equal to transformers' DeepseekV3ForCausalLM with the same weights (tests/test_deepseek_model.py),
+and the parallel model to the single-device one (tests/test_deepseek_parallelize.py).
 Embedding, final norm and LM head are replicated: the lesson is about attention and experts.
 
-    from_hf_state_dict(config, sd, group=...)   rank r's model from a full transformers state dict,
-                                                each tensor cut as its layout's plan says (arch.py)
+    from_hf_state_dict(config, sd, group=...)   rank r's model from a full transformers state dict:
+                                                the single-device model loaded, then parallelized
     to_hf_state_dict(model)                     the full state dict back (t = 1)
     load_hf(path, group=...) / save_hf(directory, model)   the same from / to a save_pretrained
                                                 directory (files read and written by gpt.convert)
     generate(model, prompt, n)                  greedy, with the latent cache
 """
+from functools import partial
 from types import SimpleNamespace
 
 import torch
-from torch import nn
 
-from tp_from_scratch.comm import Comm
-from tp_from_scratch.nn.mappings import all_reduce, copy_to_tp_region, reduce_from_tp_region, tp_rank, tp_world_size
+from tp_from_scratch.gpt.parallelize import TP_STYLES
+from tp_from_scratch.gpt.parallelize import parallelize as gpt_parallelize
+from tp_from_scratch.nn.mappings import all_reduce, tp_world_size
 from tp_from_scratch.sharding import check_divisible
 
-from .arch import PLANS, shard
+from .arch import MOE, PLANS, model_plan
 from .config import MoEConfig
 from .expert_parallel import LAYOUTS, check_fits
-from .mla import LatentCache, ParallelMLA, RMSNorm
-from .moe import GatedFFN
+from .mla import LatentCache
+from .moe import DeepSeekMoE, GatedFFN
+from .single_device import DeepseekV3, pad_token_id, tied
 
 INFERENCE_LAYOUTS = ("experts on all tokens", "expert tensor parallel")  # tokens replicated
 MODEL_LAYOUTS = INFERENCE_LAYOUTS + ("expert parallel",)
@@ -40,7 +56,7 @@ assert set(MODEL_LAYOUTS) == set(PLANS), "every layout has its sharding plan (ar
 
 def check_config(config, t, layout="experts on all tokens"):
     """Refuse, by name, what the course cannot map on t ranks in ``layout``, before any weight is
-    built. Returns the MoE layers' MoEConfig: the one conversion of the HF config to it."""
+    built. Returns the MoE layers' MoEConfig (MoEConfig.from_hf, as DeepseekV3 reads it)."""
     moe = MoEConfig.from_hf(config)  # routing method, scoring, activation
     rope = config.rope_parameters
     rope_type = rope.get("rope_type", "default")
@@ -65,80 +81,56 @@ def check_config(config, t, layout="experts on all tokens"):
     return moe
 
 
-class ParallelGatedFFN(GatedFFN):
-    """The dense FFN, F/t wide on this rank: f, column-parallel gate and up, row-parallel down, g."""
+class _LayoutConfig:
+    """The config as gpt.parallelize and the styles read it: validate(t) is check_config in the
+    layout, ``layout`` says which MoE layer the MOE style builds; any other field is the config's."""
 
-    def __init__(self, hidden, width, *, group):
-        super().__init__(hidden, width // tp_world_size(group))
-        self.group = group
+    def __init__(self, config, layout):
+        self.config, self.layout = config, layout
 
-    def forward(self, x):
-        return reduce_from_tp_region(self.group, super().forward(copy_to_tp_region(self.group, x)))
+    def validate(self, t):
+        check_config(self.config, t, self.layout)
 
-
-class DecoderLayer(nn.Module):
-    def __init__(self, config, index, layout, moe, *, group):
-        super().__init__()
-        # under expert parallelism attention and dense FFNs are whole: a group of one rank
-        whole = Comm(0, 1) if layout == "expert parallel" else group
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = ParallelMLA(config, index, group=whole)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        if index < config.first_k_dense_replace:
-            self.mlp = ParallelGatedFFN(config.hidden_size, config.intermediate_size, group=whole)
-        else:
-            self.mlp = LAYOUTS[layout](moe, group=group)
-
-    def forward(self, x, positions, cache=None):
-        x = x + self.self_attn(self.input_layernorm(x), positions, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def __getattr__(self, name):   # only for names not set in __init__
+        if name == "config":
+            raise AttributeError(name)
+        return getattr(self.config, name)
 
 
-class ParallelDeepseekV3(nn.Module):
-    """(B, T) token ids -> (B, T, V) logits, replicated on every rank of ``group``."""
+def moe_style(module, group, site):
+    """MOE: a single-device DeepSeekMoE -> this rank's layer of the layout (its from_module cuts
+    each part as PLANS[layout] says); a dense layer's FFN, also named layers.i.mlp, stays (its
+    copy_in, gate, up and down are planned themselves)."""
+    if isinstance(module, DeepSeekMoE):
+        return LAYOUTS[site.config.layout].from_module(module, group=group)
+    if isinstance(module, GatedFFN):
+        return module
+    raise TypeError(f"{site.name}: MOE replaces a DeepSeekMoE (or leaves a dense GatedFFN), not a "
+                    f"{type(module).__name__}")
+
+
+# style -> make(module, group, site): Lesson 6's table and the whole MoE layer
+DEEPSEEK_STYLES = {**TP_STYLES, MOE: moe_style}
+
+
+def parallelize(model, group, layout="experts on all tokens"):
+    """Turn the single-device DeepseekV3 ``model`` into this rank's model over ``group`` in
+    ``layout``, in place: arch.model_plan(layout) applied by gpt.parallelize with DEEPSEEK_STYLES.
+    Every rank calls it with the same full weights; no communication. Returns ``model``."""
+    gpt_parallelize(model, group, model_plan(layout), DEEPSEEK_STYLES, _LayoutConfig(model.config, layout))
+    model.layout = layout
+    model.reduce_replicated = partial(all_reduce, group)  # sum_replicated_gradients' sum (expert parallel)
+    return model
+
+
+class ParallelDeepseekV3(DeepseekV3):
+    """parallelize(DeepseekV3(config), group, layout), built in one call (the name the
+    trainer, the checks and the lesson use). Each rank briefly holds the whole model."""
 
     def __init__(self, config, *, group, layout="experts on all tokens"):
-        super().__init__()
-        moe = check_config(config, tp_world_size(group), layout)
-        self.config, self.group, self.layout = config, group, layout
-        # pad_token_id's row gets no gradient, as in transformers (nn.Embedding's padding_idx)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=pad_token_id(config))
-        self.layers = nn.ModuleList(DecoderLayer(config, i, layout, moe, group=group)
-                                    for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if tied(config):   # tie_word_embeddings: the head IS the embedding (one parameter, one gradient)
-            self.lm_head.weight = self.embed_tokens.weight
-
-    def forward(self, ids, cache=None):
-        past = cache.length() if cache is not None else 0
-        positions = torch.arange(past, past + ids.shape[1])
-        x = self.embed_tokens(ids)  # (B, T, H)
-        for layer in self.layers:
-            x = layer(x, positions, cache)
-        return self.lm_head(self.norm(x))
-
-    def replicated_parameters(self):
-        """Under expert parallelism, the parameters every rank holds whole and uses on its own
-        tokens only (all but the MoE layers', whose router and shared experts sum their own)."""
-        if self.layout != "expert parallel":
-            return []
-        return [p for name, p in self.named_parameters() if not _in_moe_layer(name, self.config)]
-
-    def sum_replicated_gradients(self):
-        """Data parallelism's all-reduce after backward: each replicated gradient summed over the ranks."""
-        for p in self.replicated_parameters():
-            p.grad = all_reduce(self.group, p.grad)
-
-
-def pad_token_id(config):
-    """The padding row of the embedding (transformers' padding_idx), or None."""
-    return getattr(config, "pad_token_id", None)
-
-
-def tied(config):
-    """Does the LM head reuse the embedding (transformers' tie_word_embeddings, default False)?"""
-    return bool(getattr(config, "tie_word_embeddings", False))
+        check_config(config, tp_world_size(group), layout)  # refused by name before any weight is built
+        super().__init__(config)
+        parallelize(self, group, layout)
 
 
 # ---- transformers' names and layouts ------------------------------------------------------
@@ -146,10 +138,6 @@ def tied(config):
 def hf_name(name):
     """Our parameter name -> transformers' (everything but the LM head lives under 'model.')."""
     return name if name.startswith("lm_head.") else f"model.{name}"
-
-
-def _in_moe_layer(name, config):
-    return ".mlp." in name and int(name.split(".")[1]) >= config.first_k_dense_replace
 
 
 def _mtp_layer(name, config):
@@ -162,13 +150,15 @@ def _mtp_layer(name, config):
 
 
 def from_hf_state_dict(config, sd, *, group, layout="experts on all tokens", dtype=torch.float64):
-    """Rank r's ParallelDeepseekV3 holding its part of transformers' full state dict ``sd``.
+    """Rank r's model holding its part of transformers' full state dict ``sd``: the single-device
+    DeepseekV3 loaded with ``sd``, then parallelized (each tensor cut as the layout's plan says).
+    Each rank holds the whole model until parallelize has cut it, as gpt.parallelize.gpt_to_tp.
 
     Every tensor the model needs must be there, and every tensor there must have its place, as
     gpt.convert demands of a GPT's files; the multi-token-prediction layers (``_mtp_layer``) are
     skipped with a warning, and quantized weights (float8 with their scales) are refused."""
-    model = ParallelDeepseekV3(config, group=group, layout=layout).to(dtype)
-    t, r = tp_world_size(group), tp_rank(group)
+    check_config(config, tp_world_size(group), layout)  # before any weight is built
+    model = DeepseekV3(config).to(dtype)
     if tied(config) and "lm_head.weight" not in sd:   # a tied model's files hold the embedding only
         sd = {**sd, "lm_head.weight": sd.get(hf_name("embed_tokens.weight"))}
     wanted = {hf_name(n) for n in model.state_dict()}
@@ -189,13 +179,13 @@ def from_hf_state_dict(config, sd, *, group, layout="experts on all tokens", dty
         import warnings
         warnings.warn(f"skipped {len(mtp)} tensors of the multi-token-prediction module (layers "
                       f"{config.num_hidden_layers} and up): the course's model predicts the next token only")
-    model.load_state_dict({n: shard(n, sd[hf_name(n)], layout, t, r).to(dtype) for n in model.state_dict()})
-    return model
+    model.load_state_dict({n: sd[hf_name(n)] for n in model.state_dict()})  # copies, cast to dtype
+    return parallelize(model, group, layout)
 
 
 def to_hf_state_dict(model):
-    """transformers' full state dict of a one-rank model (t = 1 holds every tensor whole)."""
-    if tp_world_size(model.group) != 1:
+    """transformers' full state dict of a single-device or one-rank model (every tensor whole)."""
+    if model.group is not None and tp_world_size(model.group) != 1:
         raise ValueError("to_hf_state_dict needs the whole model: build it at t=1 (from_hf_state_dict "
                          "with a one-rank group) before exporting")
     return {hf_name(n): v.detach().clone() for n, v in model.state_dict().items()}
@@ -288,7 +278,7 @@ def hf_shapes(config, sd):
     one-rank model built on the meta device (shapes, no memory). Each MoE layer's experts one by
     one, or stacked where ``sd`` holds them stacked; a tied head only where ``sd`` holds a copy."""
     with torch.device("meta"):
-        full = to_hf_state_dict(ParallelDeepseekV3(config, group=Comm(0, 1)))
+        full = to_hf_state_dict(DeepseekV3(config))
     apart = [p for p in _experts_prefixes(config) if f"{p}.gate_up_proj" not in sd]
     shapes = {k: tuple(v.shape) for k, v in unstack_experts(full, config, apart).items()}
     if tied(config) and "lm_head.weight" not in sd:

@@ -69,16 +69,25 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(n_experts, hidden, width))
 
 
+def _identity(x):
+    return x
+
+
 class GatedFFN(nn.Module):
-    """A SiLU-gated FFN of width ``width`` (the shared experts, or a rank's column shard of them)."""
+    """A SiLU-gated FFN of width ``width`` (a dense layer's FFN, the shared experts, or a rank's
+    column shard of them). ``copy_in``: where gate and up start reading x, the identity here;
+    for a dense layer's FFN tensor parallelism puts ONE f there (model.parallelize, the plan's
+    COPY_IN), gate and up column-parallel, down row-parallel (its g)."""
 
     def __init__(self, hidden, width):
         super().__init__()
+        self.copy_in = _identity  # a plain function, not a module
         self.gate_proj = nn.Linear(hidden, width, bias=False)
         self.up_proj = nn.Linear(hidden, width, bias=False)
         self.down_proj = nn.Linear(width, hidden, bias=False)
 
     def forward(self, x):
+        x = self.copy_in(x)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
