@@ -78,6 +78,17 @@ def link_citations(app, doctree):
             link = nodes.reference("", "", refuri=url, reftitle=work)
             inline.replace_self(link)
             link.append(inline)
+    # MyST keeps each source line (a soft break) as a Text node of its own: join neighbours, so a
+    # citation the source breaks across lines ("arXiv\n2501.06589") is one text to match
+    for element in list(doctree.findall(nodes.Element)):
+        at = 0
+        while at < len(element.children) - 1:
+            first, second = element.children[at], element.children[at + 1]
+            if isinstance(first, nodes.Text) and isinstance(second, nodes.Text):
+                element.remove(second)
+                element.replace(first, nodes.Text(first.astext() + second.astext()))
+            else:
+                at += 1
     for text in list(doctree.findall(nodes.Text)):
         if not in_prose(text) or not CITATION.search(text.astext()):
             continue
