@@ -206,7 +206,33 @@ def test_the_trainers_clip_grad_norm_trains_as_clip_grad_norm_on_one_device(case
                                      rank=rank, tol=tolerance(torch.float64, steps=step))
 
 
-@pytest.mark.parametrize("trainer", ["partial_sync.train", "parallelisms.train", "deepseek.train"])
+LESSON_TRAINERS = {
+    # Lesson 8 at t = 4, p = 0.5 (its KV heads held by 2 ranks each), against the t-stream model
+    "partial_sync": (["--tp", 4, "--sync-fraction", 0.5, "--heads", 4, "--kv-heads", 2, "--layers", 2, "--hidden", 32,
+                      "--seq-len", 8, "--steps", 4, "--dtype", "float64"], "t_stream_losses", lambda r: r["losses"]),
+    # Lesson 12 under expert parallelism at t = 2 (4 experts a rank), against one device
+    "deepseek": (["--tp", 2, "--layout", "ep", "--steps", 4, "--dtype", "float64"], "single_device_losses",
+                 lambda r: r),
+}
+
+
+@pytest.mark.parametrize("lesson", list(LESSON_TRAINERS))
+def test_lesson_8_and_12_trainers_clip_grad_norm_as_clip_grad_norm_on_one_device(lesson):
+    import importlib
+    module = importlib.import_module(f"tp_from_scratch.{lesson}.train")
+    argv, reference, losses_of = LESSON_TRAINERS[lesson]
+    argv = [str(a) for a in argv + ["--clip-grad-norm", 0.1]]   # 0.1 clips every step here
+    want = [torch.as_tensor(loss, dtype=torch.float64) for loss in getattr(module, reference)(argv)]
+    unclipped = getattr(module, reference)(argv[:-2])
+    assert any(abs(float(a) - float(b)) > 1e-9 for a, b in zip(want, unclipped)), "0.1 must actually clip"
+    t = int(argv[1])
+    for rank, result in enumerate(run_spmd(module.train_on_comm, t, argv)):
+        for step, (got, ref) in enumerate(zip(losses_of(result), want)):
+            assert_matches_reference(torch.tensor(got, dtype=torch.float64), ref, name=f"{lesson} loss at step {step}",
+                                     rank=rank, tol=tolerance(torch.float64, steps=step))
+
+
+@pytest.mark.parametrize("trainer", ["parallelisms.train"])
 def test_a_trainer_whose_norm_is_not_proven_refuses_clip_grad_norm_by_name(monkeypatch, capsys, trainer):
     import importlib
     monkeypatch.setenv("WORLD_SIZE", "2")

@@ -416,11 +416,17 @@ def train_on_comm(comm, argv=()):
     model = gpt_to_tp(comm, init_gpt(opts.model, opts.seed, opts.torch_dtype))
     optimizer = make_optimizer(model.parameters(), opts)
     shape = ModelKind().shape(opts.model)
-    clip = None
-    if opts.clip_grad_norm is not None:
-        placement = ModelKind().placement(opts.model, comm.world_size)
-        clip = lambda m: clip_grad_norm(m, opts.clip_grad_norm, placement=placement, groups={"tp": comm})  # noqa: E731
-    return [loss.item() for _, loss in steps_on_comm(opts, model, optimizer, shape, clip=clip)]
+    return [loss.item() for _, loss in steps_on_comm(opts, model, optimizer, shape,
+                                                     clip=clipper_on_comm(opts, comm, ModelKind()))]
+
+
+def clipper_on_comm(opts, comm, kind):
+    """clipper's twin on simulated ranks (dp = 1, the Comm the TP group): model -> its gradients
+    clipped by the global norm placed by ``kind.placement``; None without --clip-grad-norm."""
+    if opts.clip_grad_norm is None:
+        return None
+    placement = kind.placement(opts.model, comm.world_size)
+    return lambda model: clip_grad_norm(model, opts.clip_grad_norm, placement=placement, groups={"tp": comm})
 
 
 def main(argv=None):
