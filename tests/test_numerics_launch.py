@@ -73,6 +73,36 @@ def test_numerics_train_gives_the_same_losses_bit_for_bit_at_t1_t2_and_t4(tmp_pa
     assert losses[2] == losses[1] and losses[4] == losses[1], losses
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_numerics_generate_gives_the_same_greedy_ids_at_t1_t2_and_t4(tmp_path):
+    # Lesson 6's gpt.generate (prefill, then decode with the KV cache) on the invariant GPT under
+    # torchrun, one launch per t: the same greedy ids. The weights are init_gpt's times 5, so
+    # that the greedy ids vary (at 0.02 a tiny random GPT repeats one token)
+    import torch
+
+    from tp_from_scratch.gpt.checkpoint import save_single_device
+    from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+    config = GPTConfig(vocab_size=64, seq_len=32, n_layers=2, hidden=64, n_heads=8, arch="gpt2")
+    gpt = init_gpt(config, 0, torch.float32)
+    with torch.no_grad():
+        for p in gpt.parameters():
+            if p.ndim == 2:
+                p.mul_(5)
+    save_single_device(gpt, tmp_path / "gpt.pt")
+
+    def launch(t):
+        result = run_command(torchrun_command(t, "tp_from_scratch.numerics.generate", "--load", tmp_path / "gpt.pt",
+                                              "--prompt", "1,2,3", "--new-tokens", "24"), timeout=350)
+        line = re.search(rf"tp={t}, float32, greedy: ([\d,]+)", result.stdout)
+        assert result.returncode == 0 and line, result.stdout[-3000:]
+        return [int(i) for i in line.group(1).split(",")]
+    with ThreadPoolExecutor(3) as pool:
+        ids = dict(zip((1, 2, 4), pool.map(launch, (1, 2, 4))))
+    assert len(ids[1]) == 3 + 24 and len(set(ids[1][3:])) >= 3, ids[1]
+    assert ids[2] == ids[1] and ids[4] == ids[1], ids
+
+
 def test_numerics_train_refuses_what_the_tree_cannot_serve_by_name(monkeypatch, capsys):
     from tp_from_scratch.numerics import train
     monkeypatch.setenv("WORLD_SIZE", "2")
