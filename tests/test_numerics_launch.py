@@ -6,7 +6,8 @@ the native process group and its sub-groups); under torchrun also clip_grad_norm
 mesh against torch's clip_grad_norm_ on one device, and the doubling backward: torch's
 differentiable all-reduces where g belongs give exactly twice the weight gradient at t = 2.
 t = 8 runs in `make test-slow` (tests/test_slow_tp8.py). Then numerics.train, Lesson 6's trainer
-on the invariant GPT, launched at t = 1, 2 and 4: the same losses, bit for bit.
+on the invariant GPT, launched at t = 1, 2 and 4 under torchrun and under mpiexec (Lesson 2's
+MPIComm): the same losses, bit for bit; and numerics.generate under torchrun: the same greedy ids.
 """
 import json
 import re
@@ -71,6 +72,34 @@ def test_numerics_train_gives_the_same_losses_bit_for_bit_at_t1_t2_and_t4(tmp_pa
         losses = dict(zip((1, 2, 4), pool.map(launch, (1, 2, 4))))
     assert len(losses[1]) == 10 and len(set(losses[1])) > 5, losses[1]
     assert losses[2] == losses[1] and losses[4] == losses[1], losses
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_numerics_train_under_mpiexec_gives_the_same_losses_bit_for_bit_at_t1_t2_and_t4():
+    # the same trainer on Lesson 2's collectives (MPIComm, through gpt.train.train_on_comm):
+    # rank 0 prints every loss with Python's repr, exact
+    def launch(t):
+        result = run_command(mpiexec_command(t, "tp_from_scratch.numerics.train", "--tp", t, "--vocab-size", 64,
+                                             "--steps", 10), timeout=250)
+        assert result.returncode == 0 and f"tp={t} on MPIComm" in result.stdout, result.stdout[-3000:]
+        return [float(loss) for loss in re.findall(r"step +\d+  loss (\S+)", result.stdout)]
+    with ThreadPoolExecutor(3) as pool:
+        losses = dict(zip((1, 2, 4), pool.map(launch, (1, 2, 4))))
+    assert len(losses[1]) == 10 and len(set(losses[1])) > 5, losses[1]
+    assert losses[2] == losses[1] and losses[4] == losses[1], losses
+
+
+def test_numerics_train_under_mpiexec_refuses_what_needs_torch_distributed_by_name(monkeypatch, capsys):
+    from tp_from_scratch.numerics import train
+    monkeypatch.setenv("PMI_RANK", "0")
+    monkeypatch.setenv("PMI_SIZE", "2")
+    for argv, message in ((["--tp", "2", "--vocab-size", "64", "--save", "x"], "--save: only under torchrun"),
+                          (["--tp", "4", "--vocab-size", "64"], "--tp 4 must equal the 2 processes of mpiexec"),
+                          (["--tp", "2"], "vocab size 67 is not divisible by the 8 leaves")):
+        with pytest.raises(SystemExit) as exit_info:
+            train.main(argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err, message
 
 
 @pytest.mark.slow
