@@ -382,13 +382,18 @@ Lesson 6's trainer clips by the right norm (`--clip-grad-norm`). The invariant l
 constructor and state dict of Lesson 5's (`numerics.INVARIANT_STYLES` maps each style of the
 sharding plan to its invariant layer), so `numerics/model.py` builds the invariant GPT from Lesson
 6's TP GPT, and `numerics.train` is Lesson 6's trainer on it (one hook, as Lesson 7's is): its
-losses are the same bits at t = 1, 2 and 4 (`tests/test_numerics_launch.py`), and what the tree
-cannot serve is refused by name:
+losses are the same bits at t = 1, 2 and 4 under torchrun and under mpiexec on Lesson 2's
+collectives (`tests/test_numerics_launch.py`), and what the tree cannot serve is refused by name:
 
     .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.numerics.train --tp 2 --vocab-size 64 --steps 20 --metrics runs/invariant_t2.jsonl
+    .venv/bin/mpiexec -n 2 .venv/bin/python -m tp_from_scratch.numerics.train --tp 2 --vocab-size 64 --steps 20
 
-Generation with the invariant model is tested greedily on simulated ranks; `gpt.generate` has no
-invariant mode yet.
+`numerics.generate` is Lesson 6's `gpt.generate` (prefill, then decoding against the KV cache) on
+the invariant GPT, through the same kind of hook; every step's logits are the same bits at every t
+(`tests/test_numerics_training.py`), so are the ids (launched at t = 1, 2 and 4):
+
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.numerics.train --tp 2 --vocab-size 64 --steps 20 --save runs/invariant
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.numerics.generate --load runs/invariant --prompt 1,2,3 --new-tokens 20
 
 ## Exercise 13
 

@@ -327,7 +327,7 @@ def prompt_problem(text):
 
 def main(argv=None, parser=None, parallelize=tp_model):
     """The command line: ``parser`` (default build_parser()'s) and ``parallelize`` (default
-    tp_model) are a later lesson's hooks: numerics.generate runs this one with its invariant GPT."""
+    tp_model) are the hooks a later lesson runs this command line with, its own model built by it."""
     args = options.parse_valid_args(parser or build_parser(), check_arguments, argv)
 
     def generate_or_bench():
