@@ -1,9 +1,11 @@
 """Gradient clipping under TP (numerics.clip) against torch.nn.utils.clip_grad_norm_ on one device.
 
 float64, on simulated ranks: the global norm and every clipped gradient of GPT-2 and Llama (with
-KV heads on several ranks when nkv < t) equal one device's within the tolerance policy; the two
-wrong norms differ from it; a placement split over an "ep" group counts each expert once. The
-dp x tp mesh runs under torchrun (tests/test_numerics_launch.py).
+KV heads on several ranks when nkv < t), of Lesson 8's partial-sync GPT (private channels, against
+its t-stream model) and of Lesson 12's DeepSeek-V3 (experts split over the group under expert
+parallelism and expert tensor parallelism, against itself at t = 1) equal one device's within
+the tolerance policy; the two wrong norms differ from it; a placement split over an "ep" group
+counts each expert once. The dp x tp mesh runs under torchrun (tests/test_numerics_launch.py).
 """
 import copy
 import math
@@ -104,6 +106,81 @@ def test_a_placement_naming_a_group_not_given_is_refused():
 
 
 # ---------------------------------------------------------------------------------------
+# Lesson 8's private channels and Lesson 12's experts: the same norm, placed by their plans
+# ---------------------------------------------------------------------------------------
+
+def clipped_reference(model, loss):
+    """loss.backward() on the single-device ``model``, then torch's clip_grad_norm_ at half the
+    norm (so that it clips); returns (max_norm, the norm clip_grad_norm_ returned)."""
+    loss.backward()
+    max_norm = 0.5 * torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item()
+    return max_norm, torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+
+@pytest.mark.parametrize("t,p", [(2, 0.5), (4, 0.5), (4, 0.0)], ids=["t2-p0.5", "t4-p0.5", "t4-p0"])
+def test_partial_sync_private_channels_clip_as_clip_grad_norm_on_the_t_stream_model(t, p):
+    # Lesson 8's CAAT GPT: the rows' private channels make every rank's stream its own model, the
+    # streams' shared parameters (norms, row biases) get their gradients summed after backward;
+    # then they are replicated and counted once, the shards (KV heads held by 2 ranks at t = 4:
+    # by the first of the 2) once each: the GPT's placement, read off the same plan
+    from tp_from_scratch.gpt.data import global_batch
+    from tp_from_scratch.partial_sync.autograd import all_reduce_replicated_grads
+    from tp_from_scratch.partial_sync.model import caat_from_gpt, t_stream_forward
+    config = GPTConfig(vocab_size=37, seq_len=16, n_layers=2, hidden=32, n_heads=4, n_kv_heads=2)
+    gpt = init_gpt(config, 3, torch.float64)
+    x, y = global_batch(0, 4, config.seq_len, config.vocab_size, 3)
+    reference = copy.deepcopy(gpt)
+    max_norm, want = clipped_reference(reference, t_stream_forward(reference, x, y, t, p)[1])
+
+    def rank(comm):
+        model = caat_from_gpt(comm, gpt, p)
+        model(x, y)[1].backward()
+        all_reduce_replicated_grads(comm, model)
+        norm = clip_grad_norm(model, max_norm, placement=gpt_placement(config, t), groups={"tp": comm})
+        return norm, {n: q.grad for n, q in model.named_parameters()}
+    for r, (norm, grads) in enumerate(run_spmd(rank, t)):
+        assert_matches_reference(norm, want, name=f"partial sync grad norm at t={t}, p={p}", rank=r)
+        for n, q in reference.named_parameters():
+            assert_matches_reference(grads[n], shard_tensor(n, q.grad, t, r, config), name=f"clipped grad of {n}",
+                                     rank=r)
+
+
+@pytest.mark.parametrize("layout", ["expert parallel", "expert tensor parallel", "experts on all tokens"])
+def test_deepseek_experts_clip_as_clip_grad_norm_on_one_device(layout):
+    # Lesson 12's DeepSeek-V3 at t = 2 against itself at t = 1: under expert parallelism each rank
+    # holds half the experts and its own rows of the batch, everything else whole with its
+    # gradient summed over the group (sum_replicated_gradients); under expert tensor parallelism
+    # every expert's F columns are split. The placement is the plan's (deepseek.arch.clip_placement)
+    from tp_from_scratch.comm import Comm
+    from tp_from_scratch.deepseek.arch import clip_placement, shard
+    from tp_from_scratch.deepseek.model import from_hf_state_dict, hf_name
+    from tp_from_scratch.deepseek.train import CausalLM, init_model, parse, sum_replicated_gradients
+    from tp_from_scratch.gpt.data import global_batch
+    t, config = 2, parse(["--dtype", "float64"]).model
+    full = init_model(config, 4, torch.float64)
+    x, y = global_batch(0, 4, 16, config.vocab_size, 4)
+    sd = {hf_name(n): v for n, v in full.model.state_dict().items()}
+
+    def parallel(comm):
+        return CausalLM(from_hf_state_dict(config, sd, group=comm, layout=layout, dtype=torch.float64))
+    reference = parallel(Comm(0, 1))   # t = 1: the whole model on one device
+    max_norm, want = clipped_reference(reference, reference(x, y)[1])
+
+    def rank(comm):
+        model = parallel(comm)
+        model(x, y)[1].backward()
+        sum_replicated_gradients(model)   # a no-op unless the layout is expert parallel
+        norm = clip_grad_norm(model, max_norm, placement=clip_placement(layout), groups={"tp": comm})
+        return norm, {n: q.grad for n, q in model.named_parameters()}
+    split = [n for n, _ in reference.named_parameters() if clip_placement(layout)(n)]
+    assert any(".experts." in n for n in split), "the experts must be split, or the test proves nothing"
+    for r, (norm, grads) in enumerate(run_spmd(rank, t)):
+        assert_matches_reference(norm, want, name=f"DeepSeek-V3 grad norm ({layout}, t={t})", rank=r)
+        for n, q in reference.named_parameters():
+            assert_matches_reference(grads[n], shard(n, q.grad, layout, t, r), name=f"clipped grad of {n}", rank=r)
+
+
+# ---------------------------------------------------------------------------------------
 # --clip-grad-norm in the one trainer (gpt/train.py, gpt/step.py's train_step)
 # ---------------------------------------------------------------------------------------
 
@@ -129,7 +206,33 @@ def test_the_trainers_clip_grad_norm_trains_as_clip_grad_norm_on_one_device(case
                                      rank=rank, tol=tolerance(torch.float64, steps=step))
 
 
-@pytest.mark.parametrize("trainer", ["partial_sync.train", "parallelisms.train", "deepseek.train"])
+LESSON_TRAINERS = {
+    # Lesson 8 at t = 4, p = 0.5 (its KV heads held by 2 ranks each), against the t-stream model
+    "partial_sync": (["--tp", 4, "--sync-fraction", 0.5, "--heads", 4, "--kv-heads", 2, "--layers", 2, "--hidden", 32,
+                      "--seq-len", 8, "--steps", 4, "--dtype", "float64"], "t_stream_losses", lambda r: r["losses"]),
+    # Lesson 12 under expert parallelism at t = 2 (4 experts a rank), against one device
+    "deepseek": (["--tp", 2, "--layout", "ep", "--steps", 4, "--dtype", "float64"], "single_device_losses",
+                 lambda r: r),
+}
+
+
+@pytest.mark.parametrize("lesson", list(LESSON_TRAINERS))
+def test_lesson_8_and_12_trainers_clip_grad_norm_as_clip_grad_norm_on_one_device(lesson):
+    import importlib
+    module = importlib.import_module(f"tp_from_scratch.{lesson}.train")
+    argv, reference, losses_of = LESSON_TRAINERS[lesson]
+    argv = [str(a) for a in argv + ["--clip-grad-norm", 0.1]]   # 0.1 clips every step here
+    want = [torch.as_tensor(loss, dtype=torch.float64) for loss in getattr(module, reference)(argv)]
+    unclipped = getattr(module, reference)(argv[:-2])
+    assert any(abs(float(a) - float(b)) > 1e-9 for a, b in zip(want, unclipped)), "0.1 must actually clip"
+    t = int(argv[1])
+    for rank, result in enumerate(run_spmd(module.train_on_comm, t, argv)):
+        for step, (got, ref) in enumerate(zip(losses_of(result), want)):
+            assert_matches_reference(torch.tensor(got, dtype=torch.float64), ref, name=f"{lesson} loss at step {step}",
+                                     rank=rank, tol=tolerance(torch.float64, steps=step))
+
+
+@pytest.mark.parametrize("trainer", ["parallelisms.train"])
 def test_a_trainer_whose_norm_is_not_proven_refuses_clip_grad_norm_by_name(monkeypatch, capsys, trainer):
     import importlib
     monkeypatch.setenv("WORLD_SIZE", "2")

@@ -6,7 +6,8 @@ the native process group and its sub-groups); under torchrun also clip_grad_norm
 mesh against torch's clip_grad_norm_ on one device, and the doubling backward: torch's
 differentiable all-reduces where g belongs give exactly twice the weight gradient at t = 2.
 t = 8 runs in `make test-slow` (tests/test_slow_tp8.py). Then numerics.train, Lesson 6's trainer
-on the invariant GPT, launched at t = 1, 2 and 4: the same losses, bit for bit.
+on the invariant GPT, launched at t = 1, 2 and 4 under torchrun and under mpiexec (Lesson 2's
+MPIComm): the same losses, bit for bit; and numerics.generate under torchrun: the same greedy ids.
 """
 import json
 import re
@@ -71,6 +72,64 @@ def test_numerics_train_gives_the_same_losses_bit_for_bit_at_t1_t2_and_t4(tmp_pa
         losses = dict(zip((1, 2, 4), pool.map(launch, (1, 2, 4))))
     assert len(losses[1]) == 10 and len(set(losses[1])) > 5, losses[1]
     assert losses[2] == losses[1] and losses[4] == losses[1], losses
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_numerics_train_under_mpiexec_gives_the_same_losses_bit_for_bit_at_t1_t2_and_t4():
+    # the same trainer on Lesson 2's collectives (MPIComm, through gpt.train.train_on_comm):
+    # rank 0 prints every loss with Python's repr, exact
+    def launch(t):
+        result = run_command(mpiexec_command(t, "tp_from_scratch.numerics.train", "--tp", t, "--vocab-size", 64,
+                                             "--steps", 10), timeout=250)
+        assert result.returncode == 0 and f"tp={t} on MPIComm" in result.stdout, result.stdout[-3000:]
+        return [float(loss) for loss in re.findall(r"step +\d+  loss (\S+)", result.stdout)]
+    with ThreadPoolExecutor(3) as pool:
+        losses = dict(zip((1, 2, 4), pool.map(launch, (1, 2, 4))))
+    assert len(losses[1]) == 10 and len(set(losses[1])) > 5, losses[1]
+    assert losses[2] == losses[1] and losses[4] == losses[1], losses
+
+
+def test_numerics_train_under_mpiexec_refuses_what_needs_torch_distributed_by_name(monkeypatch, capsys):
+    from tp_from_scratch.numerics import train
+    monkeypatch.setenv("PMI_RANK", "0")
+    monkeypatch.setenv("PMI_SIZE", "2")
+    for argv, message in ((["--tp", "2", "--vocab-size", "64", "--save", "x"], "--save: only under torchrun"),
+                          (["--tp", "4", "--vocab-size", "64"], "--tp 4 must equal the 2 processes of mpiexec"),
+                          (["--tp", "2"], "vocab size 67 is not divisible by the 8 leaves")):
+        with pytest.raises(SystemExit) as exit_info:
+            train.main(argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err, message
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_numerics_generate_gives_the_same_greedy_ids_at_t1_t2_and_t4(tmp_path):
+    # Lesson 6's gpt.generate (prefill, then decode with the KV cache) on the invariant GPT under
+    # torchrun, one launch per t: the same greedy ids. The weights are init_gpt's times 5, so
+    # that the greedy ids vary (at 0.02 a tiny random GPT repeats one token)
+    import torch
+
+    from tp_from_scratch.gpt.checkpoint import save_single_device
+    from tp_from_scratch.gpt.model import GPTConfig, init_gpt
+    config = GPTConfig(vocab_size=64, seq_len=32, n_layers=2, hidden=64, n_heads=8, arch="gpt2")
+    gpt = init_gpt(config, 0, torch.float32)
+    with torch.no_grad():
+        for p in gpt.parameters():
+            if p.ndim == 2:
+                p.mul_(5)
+    save_single_device(gpt, tmp_path / "gpt.pt")
+
+    def launch(t):
+        result = run_command(torchrun_command(t, "tp_from_scratch.numerics.generate", "--load", tmp_path / "gpt.pt",
+                                              "--prompt", "1,2,3", "--new-tokens", "24"), timeout=350)
+        line = re.search(rf"tp={t}, float32, greedy: ([\d,]+)", result.stdout)
+        assert result.returncode == 0 and line, result.stdout[-3000:]
+        return [int(i) for i in line.group(1).split(",")]
+    with ThreadPoolExecutor(3) as pool:
+        ids = dict(zip((1, 2, 4), pool.map(launch, (1, 2, 4))))
+    assert len(ids[1]) == 3 + 24 and len(set(ids[1][3:])) >= 3, ids[1]
+    assert ids[2] == ids[1] and ids[4] == ids[1], ids
 
 
 def test_numerics_train_refuses_what_the_tree_cannot_serve_by_name(monkeypatch, capsys):

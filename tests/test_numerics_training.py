@@ -5,7 +5,10 @@ The layers' bits (tests/test_numerics_layers.py) carry over to training because 
 is element-wise: equal gradients give equal updates, so equal weights, so equal losses at the
 next step, for as long as the run lasts. `make test` trains 10 steps; `make test-slow`
 (TP_TEST_SLOW=1) trains Llama 1,000 steps at every t (minutes on 2 cores). Generation: greedy decoding, each token the argmax of the gathered
-logits of the whole sequence so far; a changed bit in a logit could flip a near-tie.
+logits of the whole sequence so far; a changed bit in a logit could flip a near-tie. And
+gpt.generate's own loop (prefill, then one token at a time against the KV cache, as
+numerics.generate runs it): every step's gathered logits the same bits at every t, where the
+plain TP GPT's differ.
 """
 import os
 
@@ -73,6 +76,35 @@ def test_every_training_loss_is_the_same_bits_at_every_t(arch):
             assert torch.equal(got, want), (
                 f"{arch} at t={t}, rank {rank}: first differing step "
                 f"{int((got != want).nonzero()[0])} of {steps}")
+
+
+def cached_decode_logits(group, config, build):
+    """gpt.generate's loop on build(group, gpt): the ids and every step's gathered last logits
+    (its ``pick`` hook records them, then picks the argmax)."""
+    from tp_from_scratch.gpt.generate import generate
+    seen = []
+
+    def pick(group, local, vocab_start, i):
+        full = gather_from_tp_region(group, local.contiguous())   # (1, V)
+        seen.append(full)
+        return full.argmax(-1)
+    with torch.no_grad():
+        ids = generate(build(group, init_gpt(config, 0)).eval(), torch.tensor([[1, 2, 3, 4]]), 12, pick=pick)
+    return ids, torch.stack(seen)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_generate_with_the_kv_cache_gives_every_logit_the_same_bits_at_every_t(arch):
+    from tp_from_scratch.gpt.parallelize import gpt_to_tp
+    config, plain_differs = BY_ARCH[arch], False
+    want = run_spmd(cached_decode_logits, 1, config, invariant_tp_gpt)[0]
+    plain = run_spmd(cached_decode_logits, 1, config, gpt_to_tp)[0]
+    for t in serving(arch)[1:]:
+        for rank, (ids, logits) in enumerate(run_spmd(cached_decode_logits, t, config, invariant_tp_gpt)):
+            assert torch.equal(ids, want[0]) and torch.equal(logits, want[1]), f"{arch} at t={t}, rank {rank}"
+        plain_differs |= not torch.equal(run_spmd(cached_decode_logits, t, config, gpt_to_tp)[0][1], plain[1])
+    assert plain_differs, "the plain TP GPT's logits must change with t, or this test proves nothing"
 
 
 @pytest.mark.timeout(300)

@@ -302,17 +302,20 @@ of its replicas), then one all-reduce sums them. Megatron-LM does the same: Mega
 (megatron/core/optimizer/clip_grads.py) sums the kept gradients' p-th powers over the
 model-parallel group. The right norm is Lesson 6's (`gpt/clip.py`, re-exported by
 `numerics/clip.py` beside the two wrong ones): it reads who owns what from the sharding plan
-(`gpt.arch.shard_axis`, `replicas_of`); a "dp" group counts the DP replicas once, and a placement
-split over "ep" counts each expert once (Lesson 12's layout; tested on its own, not yet wired into
-deepseek.train). The one trainer clips with it: `--clip-grad-norm MAX`, after the DP average, with
+(`gpt.arch.shard_axis`, `replicas_of`; Lesson 12's `deepseek.arch.clip_placement` reads
+DeepSeek-V3's plan the same way); a "dp" group counts the DP replicas once. The one trainer clips
+with it: `--clip-grad-norm MAX`, after the DP average, with
 the single-device reference clipping by torch's `clip_grad_norm_`:
 
     .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.gpt.train --tp 2 --clip-grad-norm 0.5 --dtype float64 --compare-single
 
-prints 50 of 50 steps equal to one device's; sequence_parallel.train clips the same way (its
-LayerNorms' gradients are summed over the sequence shards before the norm sees them), while
-partial_sync.train, parallelisms.train and deepseek.train refuse the flag by name until a test
-proves their placement.
+prints 50 of 50 steps equal to one device's. The lessons' trainers clip the same way, each after
+its own gradient sum: sequence_parallel.train (the LayerNorms' gradients summed over the sequence
+shards), partial_sync.train (the streams' shared parameters summed; the norm equals the t-stream
+model's) and deepseek.train (under expert parallelism each rank's experts counted, the whole
+attention once after its gradients are summed; under expert tensor parallelism each expert's
+columns). parallelisms.train refuses the flag by name: its DDP, ZeRO and pipeline steps place the
+gradients their own way.
 GPT-2 and Llama (one KV head, so replicated on every rank) at t = 4, float64:"""),
     new_code_cell("""def norms(comm, gpt, batch, config):
     model = gpt_to_tp(comm, gpt)
@@ -335,7 +338,8 @@ for arch, nkv in (("gpt2", 4), ("llama", 1)):
     print(f"{arch:<6} {truth:>19.15f} {results[0][0].item():>19.15f} {results[0][1].item():>15.4f} {local:>36}")"""),
     new_markdown_cell(r"""The right norm equals one device's to float64's roundoff (the order of the squares' sum
 differs); the gradients clipped by it equal one device's clipped gradients
-(`tests/test_numerics_clip.py` checks every one at t = 1, 2 and 4, the max-norm too;
+(`tests/test_numerics_clip.py` checks every one at t = 1, 2 and 4, the max-norm too, and for
+Lesson 8's private channels and Lesson 12's experts;
 `tests/test_numerics_launch.py` on a dp x tp mesh under torchrun). The first wrong norm is too large, the second too small and
 different on every rank.
 
@@ -378,13 +382,18 @@ Lesson 6's trainer clips by the right norm (`--clip-grad-norm`). The invariant l
 constructor and state dict of Lesson 5's (`numerics.INVARIANT_STYLES` maps each style of the
 sharding plan to its invariant layer), so `numerics/model.py` builds the invariant GPT from Lesson
 6's TP GPT, and `numerics.train` is Lesson 6's trainer on it (one hook, as Lesson 7's is): its
-losses are the same bits at t = 1, 2 and 4 (`tests/test_numerics_launch.py`), and what the tree
-cannot serve is refused by name:
+losses are the same bits at t = 1, 2 and 4 under torchrun and under mpiexec on Lesson 2's
+collectives (`tests/test_numerics_launch.py`), and what the tree cannot serve is refused by name:
 
     .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.numerics.train --tp 2 --vocab-size 64 --steps 20 --metrics runs/invariant_t2.jsonl
+    .venv/bin/mpiexec -n 2 .venv/bin/python -m tp_from_scratch.numerics.train --tp 2 --vocab-size 64 --steps 20
 
-Generation with the invariant model is tested greedily on simulated ranks; `gpt.generate` has no
-invariant mode yet.
+`numerics.generate` is Lesson 6's `gpt.generate` (prefill, then decoding against the KV cache) on
+the invariant GPT, through the same kind of hook; every step's logits are the same bits at every t
+(`tests/test_numerics_training.py`), so are the ids (launched at t = 1, 2 and 4):
+
+    .venv/bin/torchrun --standalone --nproc-per-node 2 -m tp_from_scratch.numerics.train --tp 2 --vocab-size 64 --steps 20 --save runs/invariant
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.numerics.generate --load runs/invariant --prompt 1,2,3 --new-tokens 20
 
 ## Exercise 13
 

@@ -134,3 +134,12 @@ def unshard(name, pieces, layout):
         parts = [p.chunk(split.parts, dim=split.axis) for p in pieces]   # each piece: its gate, its up
         return torch.cat([glue([p[i] for p in parts], split.axis) for i in range(split.parts)], dim=split.axis)
     return glue(pieces, split)
+
+
+def clip_placement(layout, group="tp"):
+    """name -> the groups parameter ``name`` is split over, for gpt/clip.py's norm under ``layout``:
+    {group: 1} when the plan splits it (each rank a distinct piece: its experts, its heads' rows),
+    {} when it is whole on every rank. Under expert parallelism the whole ones' gradients are
+    the same on every rank once model.sum_replicated_gradients has summed them, so counting them
+    on one rank is right; in the token-replicated layouts they are the same already (f and g)."""
+    return lambda name: {} if split_of(name, layout) is None else {group: 1}

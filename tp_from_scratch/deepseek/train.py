@@ -23,6 +23,11 @@ r takes rows r*B/t .. (r+1)*B/t of the batch, attention and dense FFNs are whole
 Either way each rank's loss is the global mean (each rank's share of the summed cross-entropy,
 added over the group), so the loss equals one device's at every step.
 
+--clip-grad-norm clips after that sum (and the DP average) by the global norm, placed by the
+layout's plan (arch.clip_placement): a split parameter (an expert, a head's rows) counted on
+every rank, a whole one once (tests/test_numerics_clip.py proves it against one device's
+clip_grad_norm_).
+
 --save and --load are Lesson 6's checkpoints with this model's cut (deepseek/checkpoint.py): a
 checkpoint loads at any --tp and --layout, and with --load the model's sizes are the
 checkpoint's (an imported Hugging Face model too: deepseek.convert import); a size flag given
@@ -46,6 +51,7 @@ from tp_from_scratch.gpt.mesh import setup_mesh
 from tp_from_scratch.gpt.step import make_optimizer, single_device_run, steps_on_comm, train_step
 from tp_from_scratch.nn.mappings import reduce_from_tp_region, tp_rank, tp_world_size
 
+from .arch import clip_placement
 from .checkpoint import DESCRIPTION, DeepSeekSharding
 from .model import ParallelDeepseekV3, check_config, config_from_hf, from_hf_state_dict, hf_name
 
@@ -187,7 +193,8 @@ def hooks_for(opts):
         return CausalLM(from_hf_state_dict(opts.model, sd, group=group, layout=layout, dtype=dtype))
 
     kind = DeepSeekModel(init=init_model, sharding=DeepSeekSharding(layout), description=DESCRIPTION,
-                         meta={"layout": layout}, seq_len=opts.seq_len)
+                         meta={"layout": layout}, seq_len=opts.seq_len,
+                         placement=lambda config, tp: clip_placement(layout))
     return Hooks(model=kind, parallelize=parallelize, step=partial(train_step, after_backward=sum_replicated_gradients))
 
 
@@ -214,9 +221,6 @@ def validate(opts, world_size):
         return problem
     if opts.impl != "scratch":
         return "deepseek_v3 trains with --impl scratch only (DTensor has no plan for MLA and the experts here)"
-    if opts.clip_grad_norm is not None:
-        return ("--clip-grad-norm is not offered by deepseek.train yet: its experts are not placed over the "
-                "EP group for the norm (gpt/clip.py); use gpt.train")
     if world_size % opts.tp != 0:
         return f"world size {world_size} is not divisible by tp={opts.tp}"
     dp = world_size // opts.tp
@@ -256,7 +260,8 @@ def train_on_comm(comm, argv=()):
     model = hooks.parallelize(init_model(opts.model, opts.seed, opts.torch_dtype), comm)
     optimizer = make_optimizer(model.parameters(), opts)
     return [loss.item() for _, loss in steps_on_comm(opts, model, optimizer, hooks.model.shape(opts.model),
-                                                     after_backward=sum_replicated_gradients)]
+                                                     after_backward=sum_replicated_gradients,
+                                                     clip=gpt_train.clipper_on_comm(opts, comm, hooks.model))]
 
 
 def single_device_losses(argv=()):

@@ -207,11 +207,17 @@ def stopped_at_eos(ids, prompt, eos_ids):
             f"--ignore-eos keeps going)")
 
 
-def run_generate(args, group, rank, tp):
+def tp_model(group, single, tp):
+    """The model generate runs at t ranks: Lesson 6's TP GPT (gpt_to_tp), the GPT itself at t = 1.
+    A later lesson passes its own (run_generate's ``parallelize``) with this signature."""
+    return gpt_to_tp(group, single) if tp > 1 else single
+
+
+def run_generate(args, group, rank, tp, parallelize=tp_model):
     single, eos_ids = load_model(args)
     config = single.config
     config.validate(tp)
-    model = gpt_to_tp(group, single).eval() if tp > 1 else single
+    model = parallelize(group, single, tp).eval()
     reference = single if args.compare_single and rank == 0 else None
     eos_ids = () if args.ignore_eos else eos_ids
     status = 0
@@ -241,11 +247,11 @@ def run_generate(args, group, rank, tp):
     return int(status)
 
 
-def run_bench(args, group, rank, tp):
+def run_bench(args, group, rank, tp, parallelize=tp_model):
     """Median prefill time and per-token decode time of a random model, at this world's t."""
     config = options.model_config(args, seq_len=args.prompt_len + args.new_tokens)
     full = init_gpt(config, 0, getattr(torch, args.dtype)).state_dict()
-    model = (gpt_to_tp(group, full, config) if tp > 1 else single_device(config, full)).eval()
+    model = parallelize(group, single_device(config, full), tp).eval()
     prompt = torch.randint(config.vocab_size, (args.batch_size, args.prompt_len),
                            generator=torch.Generator().manual_seed(0))
     prefill, decode = [], []
@@ -337,14 +343,16 @@ def prompt_problem(text):
     return None
 
 
-def main(argv=None):
-    args = options.parse_valid_args(build_parser(), check_arguments, argv)
+def main(argv=None, parser=None, parallelize=tp_model):
+    """The command line: ``parser`` (default build_parser()'s) and ``parallelize`` (default
+    tp_model) are the hooks a later lesson runs this command line with, its own model built by it."""
+    args = options.parse_valid_args(parser or build_parser(), check_arguments, argv)
 
     def generate_or_bench():
         world, rank = dist.get_world_size(), dist.get_rank()
         run = run_bench if args.mode == "bench" else run_generate
         with convert.warnings_as_lines(prefix=f"rank {rank}: "):
-            return run(args, dist.group.WORLD if world > 1 else None, rank, world)
+            return run(args, dist.group.WORLD if world > 1 else None, rank, world, parallelize)
     torch_main(generate_or_bench, errors=(ValueError, ckpt.CheckpointError))
 
 

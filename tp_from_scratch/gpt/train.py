@@ -412,18 +412,27 @@ def report(run, first, losses, comparison, elapsed):
         print(f"checkpoint: {opts.save} (step {opts.steps}, tp={mesh.tp}){what}")
 
 
-def train_on_comm(comm, argv=()):
-    """One TP rank's run on a tp_from_scratch Comm (e.g. run_spmd's simulated ranks), dp=1: the
-    same model, data and optimizer as the torchrun script for ``argv``; the per-step losses."""
+def train_on_comm(comm, argv=(), parallelize=None):
+    """One TP rank's run on a tp_from_scratch Comm (e.g. run_spmd's simulated ranks, mpiexec's
+    MPIComm), dp=1: the same model, data and optimizer as the torchrun script for ``argv``; the
+    per-step losses. ``parallelize(full, group)``: a later lesson's model (Hooks.parallelize's
+    signature), default gpt_to_tp's."""
     opts = parse(argv)
-    model = gpt_to_tp(comm, init_gpt(opts.model, opts.seed, opts.torch_dtype))
+    full = init_gpt(opts.model, opts.seed, opts.torch_dtype)
+    model = gpt_to_tp(comm, full) if parallelize is None else parallelize(full, comm)
     optimizer = make_optimizer(model.parameters(), opts)
     shape = ModelKind().shape(opts.model)
-    clip = None
-    if opts.clip_grad_norm is not None:
-        placement = ModelKind().placement(opts.model, comm.world_size)
-        clip = lambda m: clip_grad_norm(m, opts.clip_grad_norm, placement=placement, groups={"tp": comm})  # noqa: E731
-    return [loss.item() for _, loss in steps_on_comm(opts, model, optimizer, shape, clip=clip)]
+    return [loss.item() for _, loss in steps_on_comm(opts, model, optimizer, shape,
+                                                     clip=clipper_on_comm(opts, comm, ModelKind()))]
+
+
+def clipper_on_comm(opts, comm, kind):
+    """clipper's twin on simulated ranks (dp = 1, the Comm the TP group): model -> its gradients
+    clipped by the global norm placed by ``kind.placement``; None without --clip-grad-norm."""
+    if opts.clip_grad_norm is None:
+        return None
+    placement = kind.placement(opts.model, comm.world_size)
+    return lambda model: clip_grad_norm(model, opts.clip_grad_norm, placement=placement, groups={"tp": comm})
 
 
 def main(argv=None):

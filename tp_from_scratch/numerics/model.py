@@ -1,9 +1,10 @@
 """The TP-invariant GPT: Lesson 6's TP GPT with every column and row layer swapped for Lesson 13's
 invariant one, the shared f removed, and the LM head and the loss made invariant.
 
-    invariant_tp_gpt(group, gpt, leaves)   this rank's model; forward(idx, targets) ->
+    invariant_tp_gpt(group, gpt, leaves)   this rank's model; forward(idx, targets, cache) ->
                                            (local logits (B, T, V/t), loss), the same bits at
-                                           every t that divides ``leaves``
+                                           every t that divides ``leaves`` (cache: gpt.generate's
+                                           KVCache, as the GPT's)
 
 It is built from gpt_to_tp's model (the plan, its state dict, its checkpoints: unchanged) by
 swapping each parallel linear for its invariant twin (numerics.INVARIANT_STYLES says which) and
@@ -40,10 +41,10 @@ def invariant_tp_gpt(group, gpt, leaves=DEFAULT_LEAVES):
         if hasattr(module, "copy_in"):
             module.copy_in = lambda x: x  # each invariant column layer sums its own dX over the tree
 
-    def forward(self, idx, targets=None):
-        x = embed(self, idx)                                        # (B, T, H)
-        for block in self.blocks:
-            x = block(x)
+    def forward(self, idx, targets=None, cache=None):           # cache: generate's KVCache
+        x = embed(self, idx, cache)                                 # (B, T, H)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if cache is None else cache.layer(i))
         logits = invariant_lm_head(self.group, self.ln_f(x), self.head_weight(), self.config.vocab_size, leaves)
         if targets is None:
             return logits, None

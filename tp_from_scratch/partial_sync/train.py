@@ -12,7 +12,10 @@ metrics and report, so every one of its options works the same) with its hooks
 (gpt.hooks.Hooks): the model is caat_from_gpt's; between backward and the DP average the gradients
 of the parameters the streams share are summed over the TP group (all_reduce_replicated_grads);
 the single-device reference is the t-stream model; checkpoints and metrics record p (and
-each step's TP bytes). Plus --sync-fraction p (default 1.0: ordinary TP). Without a launcher
+each step's TP bytes). --clip-grad-norm clips after that sum, by the GPT's placement: the
+shared parameters' summed gradients are then the same on every rank and count once, the
+shards once each (tests/test_numerics_clip.py proves the norm against the t-stream model's
+clip_grad_norm_). Plus --sync-fraction p (default 1.0: ordinary TP). Without a launcher
 (simulated ranks) --save, --load, --compare-single, --plot, --equal-steps and --eval-every
 are refused: they need torchrun.
 
@@ -65,9 +68,6 @@ def validate(opts, world_size):
         return f"--sync-fraction must be in [0, 1], got {opts.sync_fraction}"
     if opts.impl != "scratch":
         return "--impl dtensor has no partial reduce: use --impl scratch"
-    if opts.clip_grad_norm is not None:
-        return ("--clip-grad-norm is not offered by partial_sync.train yet: its private channels are not "
-                "placed for the norm (gpt/clip.py); use gpt.train")
     problem = train_flag_problem(opts)
     if problem:
         return problem
@@ -137,7 +137,8 @@ def train_on_comm(comm, argv=()):
     out = {"losses": [], "bytes_sent": [], "time_s": []}
     before, t0 = comm.meter.bytes_sent, time.perf_counter()
     shape = (config.seq_len, config.vocab_size)
-    for _, loss in steps_on_comm(opts, model, optimizer, shape, after_backward=sum_shared_gradients):
+    clip = gpt_train.clipper_on_comm(opts, comm, ModelKind())
+    for _, loss in steps_on_comm(opts, model, optimizer, shape, after_backward=sum_shared_gradients, clip=clip):
         out["losses"].append(loss.item())
         out["time_s"].append(time.perf_counter() - t0)
         out["bytes_sent"].append(comm.meter.bytes_sent - before)
