@@ -448,16 +448,8 @@ def check_config(meta_config, config, where, sharding=GPT_SHARDING):
 
 def read_shard(directory, record):
     """One shard's payload, after checking its size and sha256 against the metadata."""
-    path = Path(directory) / record["file"]
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint file {path} is missing") from None
-    if len(data) != record["bytes"]:
-        raise CheckpointError(f"checkpoint file {path} is truncated or corrupt: "
-                              f"{len(data)} bytes, the metadata says {record['bytes']}")
-    if sha256(data) != record["sha256"]:
-        raise CheckpointError(f"checkpoint file {path} is corrupt: its sha256 does not match the metadata")
+    with dcp_errors():
+        data = dcp.read_verified(Path(directory) / record["file"], record)
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 

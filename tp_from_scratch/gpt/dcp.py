@@ -222,16 +222,22 @@ def verify(directory, meta):
     """Raise a DCPError unless every file meta.json lists has its size and sha256 ({} for another
     tool's directory: nothing to check)."""
     for file, record in meta.get("files", {}).items():
-        path = Path(directory) / file
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise DCPError(f"checkpoint file {path} is missing") from None
-        if len(data) != record["bytes"]:
-            raise DCPError(f"checkpoint file {path} is truncated or corrupt: "
-                           f"{len(data)} bytes, the metadata says {record['bytes']}")
-        if hashlib.sha256(data).hexdigest() != record["sha256"]:
-            raise DCPError(f"checkpoint file {path} is corrupt: its sha256 does not match the metadata")
+        read_verified(Path(directory) / file, record)
+
+
+def read_verified(path, record):
+    """The bytes of ``path``, after checking them against ``record`` ({"bytes", "sha256"}), or a
+    DCPError naming the file: the one integrity check of both formats (checkpoint.read_shard too)."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise DCPError(f"checkpoint file {path} is missing") from None
+    if len(data) != record["bytes"]:
+        raise DCPError(f"checkpoint file {path} is truncated or corrupt: "
+                       f"{len(data)} bytes, the metadata says {record['bytes']}")
+    if hashlib.sha256(data).hexdigest() != record["sha256"]:
+        raise DCPError(f"checkpoint file {path} is corrupt: its sha256 does not match the metadata")
+    return data
 
 
 def stored(directory):
