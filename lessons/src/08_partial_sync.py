@@ -95,7 +95,9 @@ transpose of the other.
 
 `mappings.partial_reduce_forward(comm, x, p)` does it in numpy with one all-reduce of the
 (B, T, k) slice, so the meter sees k/H of a full all-reduce's bytes. ($k = \lfloor pH \rfloor$, like
-the authors' `int(h * p)`; a product within 1e-9 of an integer counts as that integer.)"""),
+the authors' `int(hidden * drop_p)`: their code, `_PartialReduceFromModelParallelRegion` in
+`megatron/core/tensor_parallel/mappings.py` of GitHub's itlamp/Megatron-LM-comms at commit 80d888f8;
+a product within 1e-9 of an integer counts as that integer.)"""),
     new_code_cell("""t, shape = 4, (2, 16, 64)
 for p in (1.0, 0.75, 0.5, 0.25, 0.0):
     def on_rank(comm):
@@ -266,7 +268,8 @@ display(Image(filename=str(REPO / "lessons/measurements/partial_sync.png")))""")
 Lesson 7's sequence parallelism replaces g by a reduce-scatter **along the sequence** and
 runs the LayerNorms on a sequence shard, then all-gathers before the next column layers. It
 saves activation memory, not bytes. Can it be combined with CAAT? The authors' code does not
-(its scripts turn sequence parallelism off). What breaks:
+(its Llama scripts, `examples/llama/run_llama_130M.sh`, `_1B.sh` and `_7B.sh` at the same commit, set
+`HL_SEQ_PARALLEL=0`). What breaks:
 
 * After a partial reduce, a token's private channels exist on **every** rank, one version
   per stream. Cutting the sequence into t shards would leave rank r holding, for the
@@ -288,7 +291,8 @@ saves activation memory, not bytes. Can it be combined with CAAT? The authors' c
 
 `exercises/ex08_partial_sync.py`: write `PartialReduceFromTensorParallelRegion` (forward and
 the backward derived in section 2, one all-reduce of the k channels each way, no in-place
-change of the caller's tensor, unlike the authors' code), `is_replicated_parameter` and
+change of the caller's tensor, unlike the authors' code at p = 1, whose forward hands the caller's
+tensor to Megatron's `_reduce`, an in-place all-reduce), `is_replicated_parameter` and
 `all_reduce_replicated_grads` (section 4). `.venv/bin/python -m pytest exercises -m ex08` grades it, ending with
 a two-block CAAT model on every rank against its t-stream single-device model."""),
 ]
