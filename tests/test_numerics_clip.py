@@ -9,6 +9,7 @@ counts each expert once. The dp x tp mesh runs under torchrun (tests/test_numeri
 """
 import copy
 import math
+import os
 
 import pytest
 import torch
@@ -259,7 +260,9 @@ def test_gpt_train_refuses_a_clip_grad_norm_it_cannot_honour(monkeypatch, capsys
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("trainer,arch", [("gpt.train", ["--arch", "llama", "--kv-heads", "1"]),
-                                          ("sequence_parallel.train", ["--arch", "gpt2"])],
+                                          pytest.param("sequence_parallel.train", ["--arch", "gpt2"], marks=pytest.mark.skipif(
+                                              os.environ.get("TP_TEST_SLOW") != "1",
+                                              reason="a second dp x tp launch: run `make test-slow`"))],
                          ids=["gpt-llama-one-kv-head", "sp-gpt2-layernorms"])
 def test_clip_grad_norm_on_a_dp_x_tp_mesh_under_torchrun_equals_one_device(trainer, arch):
     # dp = 2 x tp = 2, float64: every step's loss equal to the single-device run clipped by

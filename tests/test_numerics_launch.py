@@ -8,14 +8,21 @@ differentiable all-reduces where g belongs give exactly twice the weight gradien
 t = 8 runs in `make test-slow` (tests/test_slow_tp8.py). Then numerics.train, Lesson 6's trainer
 on the invariant GPT, launched at t = 1, 2 and 4 under torchrun and under mpiexec (Lesson 2's
 MPIComm): the same losses, bit for bit; and numerics.generate under torchrun: the same greedy ids.
+Those three launch series (t = 1, 2, 4 each) run in `make test-slow` (TP_TEST_SLOW=1): make test
+holds the same claims on simulated ranks (tests/test_numerics_training.py) within its 15 minutes.
 """
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
+import os
+
 import pytest
 
 from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
+
+SLOW_ONLY = pytest.mark.skipif(os.environ.get("TP_TEST_SLOW") != "1",
+                               reason="a series of launches at t = 1, 2, 4: run `make test-slow`")
 
 SCRIPT = "tests.spmd_scripts.numerics"
 NPROC = 4
@@ -56,6 +63,7 @@ def test_torchs_differentiable_all_reduce_doubles_the_weight_gradient_at_t2(laun
     assert "torch.distributed.nn.functional.all_reduce 4.000000 4.000000" in out
 
 
+@SLOW_ONLY
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_numerics_train_gives_the_same_losses_bit_for_bit_at_t1_t2_and_t4(tmp_path):
@@ -74,6 +82,7 @@ def test_numerics_train_gives_the_same_losses_bit_for_bit_at_t1_t2_and_t4(tmp_pa
     assert losses[2] == losses[1] and losses[4] == losses[1], losses
 
 
+@SLOW_ONLY
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_numerics_train_under_mpiexec_gives_the_same_losses_bit_for_bit_at_t1_t2_and_t4():
@@ -102,6 +111,7 @@ def test_numerics_train_under_mpiexec_refuses_what_needs_torch_distributed_by_na
         assert exit_info.value.code == 2 and message in capsys.readouterr().err, message
 
 
+@SLOW_ONLY
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_numerics_generate_gives_the_same_greedy_ids_at_t1_t2_and_t4(tmp_path):
