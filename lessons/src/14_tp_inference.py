@@ -165,11 +165,12 @@ weights this small model reads (71 MB in float32 at t = 1) saves the "read" colu
 while each of the nine gloo all-reduces of a step costs two messages of about α, milliseconds
 each (gloo moves every message over TCP, even between two processes of one machine, Lesson 9),
 and at t = 4 four processes share two cores. The ratio line above says how close the prediction
-came, and here it is **not** within the ±25 % this lesson aims at: the measurement was taken
-with the load average printed above, on two cores shared with other programs, so the calibration
-(memory bandwidth, the per-layer overhead) and the bench, minutes apart, saw different machines.
-Rerun `bash lessons/measurements/remeasure/14_decode_latency.sh` on a quiet machine to see
-yours; the benchmark prints the ratios and asserts nothing."""),
+came: here within the ±25 % this lesson aims at at t = 1, 2 and 4. The measurement was taken on a
+quiet machine (the load average printed above is what the minutes before it left); on two cores
+shared with other programs the calibration (memory bandwidth, the per-layer overhead) and the
+bench, minutes apart, see different machines: earlier runs on a loaded machine came out at 0.56 to
+0.64 and at 1.36 to 1.65. Rerun `bash lessons/measurements/remeasure/14_decode_latency.sh` on a quiet
+machine to see yours; the benchmark prints the ratios and asserts nothing."""),
     new_markdown_cell(r"""## 2. The next token from the vocabulary shards (Exercise 14)
 
 The LM head is vocabulary-parallel (Lesson 5): rank r holds the logits of its ids, Sharded(vocab).
