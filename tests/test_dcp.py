@@ -27,6 +27,9 @@ from tp_from_scratch.gpt.parallelize import shard_tensor
 
 LLAMA = GPTConfig(arch="llama", vocab_size=11, seq_len=8, n_layers=1, hidden=16, n_heads=4, n_kv_heads=2, ffn=24,
                   tie_embeddings=False)
+# every split uneven at t = 2, 3 and 4: heads (whole), KV heads, the FFN width, the vocabulary
+UNEVEN = GPTConfig(arch="llama", vocab_size=11, seq_len=8, n_layers=1, hidden=40, n_heads=10, n_kv_heads=5, ffn=22,
+                   tie_embeddings=False)
 SIZE = ["--vocab-size", "13", "--seq-len", "8", "--layers", "1", "--hidden", "16", "--heads", "4",
         "--kv-heads", "2", "--ffn", "32"]   # CONFIG's command line
 
@@ -46,12 +49,13 @@ def step_directory(root):
     return ckpt.read_metadata(root)[0]
 
 
-@pytest.mark.parametrize("config", [CONFIG, LLAMA], ids=["gpt", "llama"])
-@pytest.mark.parametrize("t", [4, 3, 1])
+@pytest.mark.parametrize("config, t", [(CONFIG, 4), (CONFIG, 1), (LLAMA, 4), (LLAMA, 1), (UNEVEN, 3), (UNEVEN, 4)],
+                         ids=["gpt-4", "gpt-1", "llama-4", "llama-1", "uneven-3", "uneven-4"])
 def test_saved_at_t2_every_rank_at_another_t_reads_its_pieces_bitwise(tmp_path, config, t):
     # at t = 2 the vocabulary rows are uneven (13: 7, 6); at t = 4 they are 4, 3, 3, 3 and each KV
-    # head sits on two ranks; at t = 3 the heads themselves split unevenly. DCP's planner reads
-    # each rank's chunks from the saved ones: moving data only, so every bit must come back
+    # head sits on two ranks; UNEVEN's 5 KV heads (10 query heads) and FFN 22 split unevenly at
+    # t = 2, 3 and 4 (KV heads 3, 2; 2, 2, 1; 2, 1, 1, 1). DCP's planner reads each rank's chunks
+    # from the saved ones: moving data only, so every bit must come back
     model, optimizer = trained(config, seed=t)
     ckpt.write_dcp(tmp_path, model, optimizer, config, tp=2, step=7)
     assert sorted(p.name for p in step_directory(tmp_path).iterdir()) == [".metadata", "__0_0.distcp",
@@ -115,15 +119,20 @@ def test_any_tool_reads_it_whole_without_a_process_group(tmp_path):
 def test_the_placement_is_the_plans_cut_and_the_full_shapes_its_glue():
     # every piece the plan cuts is a choice of slices along one axis; its runs, read back from
     # the full tensor, are the piece, and the pieces' shapes glue to the full shape
-    model, _ = trained(LLAMA, seed=2)
-    for t in (1, 2, 3, 4):
-        pieces = [{n: shard_tensor(n, v, t, r, LLAMA) for n, v in model.items()} for r in range(t)]
+    for config, ts in ((LLAMA, (1, 2, 4)), (UNEVEN, (2, 3, 4))):
+        check_placement(config, ts)
+
+
+def check_placement(config, ts):
+    model, _ = trained(config, seed=2)
+    for t in ts:
+        pieces = [{n: shard_tensor(n, v, t, r, config) for n, v in model.items()} for r in range(t)]
         shapes = dcp.full_shapes([{n: tuple(p.shape) for n, p in piece.items()} for piece in pieces],
-                                 {"config": LLAMA.to_dict()}, ckpt.GPT_SHARDING)
+                                 {"config": config.to_dict()}, ckpt.GPT_SHARDING)
         assert shapes == {n: tuple(v.shape) for n, v in model.items()}
         for r in range(t):
             for name, full in model.items():
-                runs = dcp.placement(name, full.shape, t, r, LLAMA, ckpt.GPT_SHARDING)
+                runs = dcp.placement(name, full.shape, t, r, config, ckpt.GPT_SHARDING)
                 got = [full if axis is None else full.narrow(axis, offsets[axis], length)
                        for offsets, axis, _, length in runs]
                 axis = runs[0][1]

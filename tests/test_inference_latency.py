@@ -129,7 +129,7 @@ def test_planner_command_line(capsys):
     assert planner.main(argv) == 0
     out = capsys.readouterr().out
     assert "141.11" in out and "decode step (ms) by batch and context" in out
-    for bad, needle in [(["--tp", "3"], "--tp 3"), (["--bits", "5", "--bits", "12"], "--bits"),
+    for bad, needle in [(["--tp", "12"], "--tp 12"), (["--bits", "5", "--bits", "12"], "--bits"),
                         (["--spd-blocks", "81"], "--spd-blocks"), (["--profile", "no/such.json"], "no/such.json"),
                         (["--batch-size", "0"], "--batch-size")]:
         with pytest.raises(SystemExit) as stop:

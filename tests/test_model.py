@@ -13,7 +13,7 @@ from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.comm.launchers import run_command, torchrun_command
 from single_device import layers_of, single_device_losses
 from tp_from_scratch.gpt import train
-from tp_from_scratch.gpt.check import BASE, check_config, configs_for
+from tp_from_scratch.gpt.check import check_config, configs_for
 from tp_from_scratch.layers import reference
 from tp_from_scratch.testing import random_array, rank_rng
 
@@ -62,9 +62,9 @@ def test_the_gpt_is_causal_and_deterministic():
 
 
 @pytest.mark.parametrize("config, tp, message", [
-    (GPTConfig(hidden=30, n_heads=6, n_kv_heads=6), 4, "hidden size 30 is not divisible by tp=4"),
-    (GPTConfig(hidden=48, n_heads=6, n_kv_heads=3), 2, "n_kv_heads 3 is not divisible by tp=2"),
-    (GPTConfig(ffn=102), 4, "ffn size 102 is not divisible by tp=4"),
+    (GPTConfig(hidden=30, n_heads=6, n_kv_heads=6), 7, "tp=7 is larger than n_heads 6: every rank needs at least one"),
+    (GPTConfig(hidden=48, n_heads=6, n_kv_heads=3), 4, "tp=4 is larger than n_kv_heads 3 but not a multiple"),
+    (GPTConfig(ffn=3), 4, "tp=4 is larger than ffn size 3"),
     (GPTConfig(n_heads=8, n_kv_heads=3), 1, "n_heads 8 is not a multiple of n_kv_heads 3"),
     (GPTConfig(hidden=96, n_heads=12, n_kv_heads=4), 6, "tp=6 is larger than n_kv_heads 4 but not a multiple"),
     (GPTConfig(), 0, "tp must be at least 1, got 0"),
@@ -92,9 +92,8 @@ def test_tp_gpt_equals_single_device_under_torchrun(nproc):
 @pytest.mark.parametrize("tp", [1, 2, 3, 4])
 def test_tp_gpt_equals_single_device_on_simulated_ranks(tp):
     # the same checks as under torchrun, on in-process ranks with the ring collectives; at
-    # tp = 3 no config of the torchrun checks fits, so a 3-way one is added
-    configs = configs_for(tp) or [replace(BASE, hidden=24, n_heads=6, n_kv_heads=3, ffn=48)]
-    for config in configs:
+    # tp = 3 the heads, KV heads and FFN widths of these configs split unevenly (whole heads)
+    for config in configs_for(tp):
         run_spmd(lambda comm: check_config(comm, config, torch.float64), tp)
 
 

@@ -195,7 +195,7 @@ def test_every_trainer_refuses_a_shared_option_the_same_way(monkeypatch, capsys,
     # the benchmark and the ViT have command lines of their own: a trainer flag is not theirs
     ("bench.train", ["--data", "text"], 2, "unrecognized arguments: --data text"),
     ("bench.train", ["--rounds", 0], 2, "--rounds must be at least 1, got 0"),
-    ("bench.train", [], 3, "hidden size 128 is not divisible by tp=3"),
+    ("bench.train", [], 3, "is not divisible by tp=3: DTensor's ColwiseParallel"),
     ("gpt.vit", ["--eval-every", 2], None, "unrecognized arguments: --eval-every 2"),
 ])
 def test_what_a_trainer_cannot_honour_is_refused(monkeypatch, capsys, main, argv, world, message):

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from tp_from_scratch.bench.common import timed_steps
 from tp_from_scratch.comm.launch import torch_main
 from tp_from_scratch.gpt.data import global_batch
+from tp_from_scratch.gpt.dtensor_plan import check_plannable
 from tp_from_scratch.gpt.model import init_gpt
 from tp_from_scratch.gpt.options import (add_model_flags, at_least, first_problem, greater_than_zero, model_config,
                                          parse_valid_args, positive)
@@ -64,7 +65,7 @@ def validate(args, world):
     if problem is None and args.warmup > args.steps_per_round:
         problem = f"--warmup {args.warmup} is more than --steps-per-round {args.steps_per_round} (its batches)"
     try:
-        return problem or model_config(args).validate(world)
+        return problem or check_plannable(model_config(args), world)   # DTensor runs the same model
     except ValueError as e:
         return str(e)
 

@@ -43,6 +43,7 @@ import torch
 
 from tp_from_scratch.gpt.arch import COLWISE, COPY_IN, REPLICATED, ROWWISE, SPLIT_AXES, module_style
 from tp_from_scratch.gpt.parallelize import cut, glue
+from tp_from_scratch.sharding import shard_sizes
 
 EXPERTS, EXPERT_TP = "experts", "expert_tp"
 MOE = "moe"   # a whole MoE layer, in model_plan only (its parts are cut by PLANS)
@@ -116,13 +117,18 @@ def split_axis(name, layout):
     return split.axis if isinstance(split, Stacked) else split
 
 
+def _cut(full, axis, t, r):
+    """Rank r's piece of ``full`` along ``axis``, split like numpy.array_split (whole when None)."""
+    return cut(full, axis, None if axis is None else shard_sizes(full.shape[axis], t), r)
+
+
 def shard(name, full, layout, t, r):
     """Rank r's piece (a copy) of the full tensor ``name`` under ``layout``, from the plan."""
     split = split_of(name, layout)
     if isinstance(split, Stacked):
-        return torch.cat([cut(part, split.axis, t, r) for part in full.chunk(split.parts, dim=split.axis)],
+        return torch.cat([_cut(part, split.axis, t, r) for part in full.chunk(split.parts, dim=split.axis)],
                          dim=split.axis)
-    return cut(full, split, t, r)
+    return _cut(full, split, t, r)
 
 
 def unshard(name, pieces, layout):

@@ -30,6 +30,7 @@ A new architecture adds a preset and a plan in these styles, and new styles wher
 (say latent down-projections REPLICATED, up-projections COLWISE, experts split by expert: a plan
 in its own package, read by its own cut and glue).
 """
+from tp_from_scratch.sharding import shard_sizes
 
 # ---------------------------------------------------------------------------------------
 # The presets
@@ -144,13 +145,66 @@ def shard_axis(name, arch=None):
 
 
 def kv_replicas(config, tp):
-    """How many ranks hold each KV head: 1 when t divides nkv, else t / nkv (nkv < t)."""
+    """How many ranks hold each KV head: 1 when nkv >= t (each rank its own KV heads, evenly or
+    not), else t / nkv (nkv < t; GPTConfig.validate demands that nkv divide t then)."""
     return max(1, tp // config.n_kv_heads)
 
 
+def head_counts(config, tp):
+    """(query heads of each rank, KV heads of each distinct KV piece): how t ranks split the heads.
+
+    The KV heads are the unit: a query head must sit on the rank of the KV head it reads (query
+    head j reads KV head j // g, g = nh / nkv), so no KV head is cut or sent. With nkv >= t the
+    ranks take ⌈nkv/t⌉ or ⌊nkv/t⌋ KV heads each (sharding.shard_sizes: the first nkv % t one more)
+    and the g query heads of each; with multi-head attention (g = 1) that is ⌈nh/t⌉ or ⌊nh/t⌋ query
+    heads, 52 heads at t = 8 giving 7, 7, 7, 7, 6, 6, 6, 6. With nkv < t each KV head is held by
+    r = t / nkv neighbouring ranks, which split its g query heads ⌈g/r⌉ or ⌊g/r⌋. When t divides the
+    heads every rank gets nh/t and nkv/t (or one KV head), the even split of the earlier lessons.
+
+    The course's own choice: keeping the KV heads whole costs balance under grouped-query attention
+    (nh = 52, nkv = 4 at t = 3: 26, 13, 13 query heads), where splitting the query heads evenly
+    would put a KV head on two ranks.
+    """
+    config.validate(tp)   # a ValueError naming the size that tp cannot split
+    nh, nkv = config.n_heads, config.n_kv_heads
+    group = nh // nkv
+    if nkv >= tp:
+        kv = shard_sizes(nkv, tp)
+        return [group * n for n in kv], kv
+    r = tp // nkv
+    return [shard_sizes(group, r)[rank % r] for rank in range(tp)], [1] * nkv
+
+
+# the modules whose split axis is cut at head boundaries: "q" heads (q's rows, o's columns) or
+# "kv" heads (k's and v's rows); every other split is by single rows or columns
+HEAD_SPLITS = {"blocks.*.attn.q": "q", "blocks.*.attn.o": "q", "blocks.*.attn.k": "kv", "blocks.*.attn.v": "kv"}
+
+
+def head_split_sizes(name, config, tp):
+    """The sizes of the t / r pieces of a module (or parameter) that attention splits at head
+    boundaries (HEAD_SPLITS: q's rows and o's columns by query heads, k's and v's rows by KV heads,
+    gpt.arch.head_counts); None for any other name."""
+    module = name.rpartition(".")[0] if name.rpartition(".")[2] in ("weight", "bias") else name
+    role = next((role for pattern, role in HEAD_SPLITS.items() if _matches(pattern, module)), None)
+    if role is None:
+        return None
+    q, kv = head_counts(config, tp)
+    return [n * config.head_size for n in (q if role == "q" else kv)]
+
+
+def split_sizes(name, config, tp, size):
+    """The sizes, along shard_axis(name), of the t / r distinct pieces of parameter (or module)
+    ``name`` whose full size along that axis is ``size``; piece i is held by ranks i*r .. i*r+r-1
+    (r = replicas_of(name)). Heads stay whole (head_split_sizes); the rest splits like
+    numpy.array_split (sharding.shard_sizes), as the vocabulary always has."""
+    heads = head_split_sizes(name, config, tp)
+    return heads if heads is not None else shard_sizes(size, tp // replicas_of(name, config, tp))
+
+
 def replicas_of(name, config, tp):
-    """How many neighbouring ranks hold the same piece of ``name``: t/nkv for k, v when nkv < t."""
-    module = name.rpartition(".")[0]
+    """How many neighbouring ranks hold the same piece of parameter (or module) ``name``: t/nkv
+    for k, v when nkv < t, else 1."""
+    module = name.rpartition(".")[0] if name.rpartition(".")[2] in ("weight", "bias") else name
     return kv_replicas(config, tp) if module_style(module, config.arch) == KV_COLWISE else 1
 
 

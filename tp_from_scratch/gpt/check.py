@@ -34,6 +34,15 @@ GPT2 = GPTConfig(arch="gpt2", vocab_size=67, seq_len=16, n_layers=2, hidden=32, 
 LLAMA = GPTConfig(arch="llama", vocab_size=67, seq_len=16, n_layers=2, hidden=32, n_heads=8, n_kv_heads=2,
                   ffn=64)
 
+# heads, KV heads and FFN widths that t does not divide (gpt.arch.head_counts, split_sizes): GPT-2
+# with 52 heads (7, 7, 7, 7, 6, 6, 6, 6 at t = 8; 18, 17, 17 at t = 3) and FFN 100; Llama with 20
+# query heads on 4 KV heads (10, 5, 5 query heads on 2, 1, 1 KV heads at t = 3; at t = 8 each KV
+# head held by 2 ranks, which split its 5 query heads 3 and 2) and FFN 50
+UNEVEN_GPT2 = GPTConfig(arch="gpt2", vocab_size=67, seq_len=12, n_layers=2, hidden=104, n_heads=52, n_kv_heads=52,
+                        ffn=100)
+UNEVEN_LLAMA = GPTConfig(arch="llama", vocab_size=67, seq_len=12, n_layers=2, hidden=80, n_heads=20, n_kv_heads=4,
+                         ffn=50)
+
 
 def configs_for(tp):
     """The configs checked at TP degree tp: tied and untied head, one KV head (replicated

@@ -24,6 +24,7 @@ from tp_from_scratch.gpt.arch import COLWISE, KV_COLWISE, ROWWISE, VOCAB_PARALLE
 def check_plannable(config, tp):
     """Raise a ValueError unless DTensor's styles shard ``config`` over ``tp`` ranks as ours do."""
     config.validate(tp)
+    config.check_even(tp, "DTensor's ColwiseParallel and RowwiseParallel (torch.chunk's split would cut a head)")
     if config.n_kv_heads % tp:
         raise ValueError(f"--impl dtensor needs the KV heads (n_kv_heads, --kv-heads) divisible by tp (got "
                          f"{config.n_kv_heads} and {tp}): ColwiseParallel would cut a key/value head across "

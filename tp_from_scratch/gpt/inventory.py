@@ -7,9 +7,10 @@ gpt.step, reads the collectives).
     parameter_count(config, t=, rank=)  the exact count of the model, or of one TP rank's shard
     collective_calls(config, t, batch)  [Call(where, group, calls, elements)] of one step
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 
-from tp_from_scratch.gpt.arch import ARCHS, KV_COLWISE, PLANS, SPLIT_AXES
+from tp_from_scratch.gpt.arch import ARCHS, KV_COLWISE, PLANS, SPLIT_AXES, head_split_sizes
 from tp_from_scratch.sharding import shard_sizes
 
 # ---------------------------------------------------------------------------------------
@@ -26,6 +27,8 @@ class Tensor:
     matmul: True when the forward multiplies every token by it (2 FLOPs per element per token).
     pieces: the most pieces ``rows`` may be cut into (0: no limit). k and v have one piece per
     KV head: with t > nkv ranks, each KV head is held whole by t / nkv neighbouring ranks.
+    heads: for attention's q, k, v, o, t -> the sizes of the pieces (gpt.arch.head_split_sizes:
+    whole heads, ⌈n/t⌉ or ⌊n/t⌋ when t does not divide them); None: cut like numpy.array_split.
     """
     name: str
     rows: int
@@ -34,6 +37,8 @@ class Tensor:
     copies: int = 1
     matmul: bool = False
     pieces: int = 0
+    heads: object = field(default=None, repr=False, compare=False)   # t -> the pieces' sizes, for
+                                                                      # rows cut at head boundaries
 
     def replicas(self, t):
         """How many ranks hold the same piece: t / pieces when t exceeds ``pieces``, else 1."""
@@ -42,7 +47,10 @@ class Tensor:
     def count(self, t=1, rank=0):
         """Elements on TP rank ``rank`` of ``t`` (uneven splits like numpy.array_split)."""
         r = self.replicas(t)
-        rows = shard_sizes(self.rows, t // r)[rank // r] if self.split else self.rows
+        if not self.split:
+            rows = self.rows
+        else:
+            rows = (self.heads(t) if self.heads else shard_sizes(self.rows, t // r))[rank // r]
         return self.copies * rows * self.cols
 
 
@@ -107,11 +115,13 @@ def parameters(config, arch=None):
             continue
         # rows: the axis TP splits (the input features of a row-parallel weight)
         rows, cols = (n_in, n_out) if axes.get("weight") == 1 else (n_out, n_in)
+        heads = partial(head_split_sizes, module, config) if head_split_sizes(module, config, 1) else None
         out.append(Tensor(f"{name}.weight", rows, cols, axes.get("weight") is not None, copies,
-                          matmul=module not in _LOOKUPS, pieces=pieces))
+                          matmul=module not in _LOOKUPS, pieces=pieces, heads=heads))
         if bias:
             split = axes.get("bias") is not None
-            out.append(Tensor(f"{name}.bias", n_out, 1, split, copies, pieces=pieces if split else 0))
+            out.append(Tensor(f"{name}.bias", n_out, 1, split, copies, pieces=pieces if split else 0,
+                              heads=heads if split else None))
     return out
 
 

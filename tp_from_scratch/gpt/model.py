@@ -46,7 +46,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tp_from_scratch.gpt.arch import ARCHS
-from tp_from_scratch.sharding import check_divisible
 
 GELUS = {"erf": "none", "tanh": "tanh"}  # config name -> F.gelu's ``approximate``
 NORMS = ("layernorm", "rmsnorm")
@@ -118,19 +117,23 @@ class GPTConfig:
                              f"{self.vocab_size})")
         if tp < 1:
             raise ValueError(f"tp must be at least 1, got {tp}")
-        for name, size in [("ffn size", self.ffn), ("vocab size", self.vocab_size),
-                           ("n_heads", self.n_heads), ("hidden size", self.hidden)]:
+        for name, size in [("ffn size", self.ffn), ("vocab size", self.vocab_size), ("n_heads", self.n_heads)]:
             if tp > size:
                 raise ValueError(f"tp={tp} is larger than {name} {size}: every rank needs at least one")
-        check_divisible(self.hidden, tp, "hidden size")
-        check_divisible(self.n_heads, tp, "n_heads")
-        if tp <= self.n_kv_heads:
-            check_divisible(self.n_kv_heads, tp, "n_kv_heads")
-        elif tp % self.n_kv_heads != 0:  # each KV head is then replicated on tp / nkv ranks
-            raise ValueError(f"tp={tp} is larger than n_kv_heads {self.n_kv_heads} but not a multiple "
-                             f"of it: the ranks cannot share the KV heads equally")
-        check_divisible(self.ffn, tp, "ffn size")
-        # the vocabulary may split unevenly (sharding.shard_sizes: the first V % t ranks one row more)
+        if tp > self.n_kv_heads and tp % self.n_kv_heads != 0:  # each KV head is then held by tp / nkv ranks
+            raise ValueError(f"tp={tp} is larger than n_kv_heads {self.n_kv_heads} but not a multiple of it: "
+                             f"each KV head is held whole by tp / n_kv_heads ranks, so that number must be whole "
+                             f"(a query head reads its KV head on its own rank)")
+        # the heads (whole), the KV heads, the FFN width and the vocabulary may split unevenly:
+        # ranks hold ⌈n/t⌉ or ⌊n/t⌋ (gpt.arch.split_sizes, head_counts)
+
+    def check_even(self, tp, who):
+        """Raise a ValueError naming the first size tp does not divide, for ``who``: a layer set
+        that splits heads, KV heads and the FFN width only evenly (the vocabulary may be uneven)."""
+        sizes = [("n_heads", self.n_heads), ("ffn size", self.ffn)]
+        for name, size in sizes + ([("n_kv_heads", self.n_kv_heads)] if tp <= self.n_kv_heads else []):
+            if size % tp:
+                raise ValueError(f"{name} {size} is not divisible by tp={tp}: {who} splits it only evenly")
 
 
 def rope_tables(positions, head_size, theta, dtype):

@@ -45,7 +45,8 @@ import torch
 from torch import nn
 
 from tp_from_scratch.gpt.arch import (COLWISE, COPY_IN, KV_COLWISE, PLANS, REPLICATED, ROWWISE,
-                                      VOCAB_PARALLEL, kv_replicas, module_style, replicas_of, shard_axis)
+                                      VOCAB_PARALLEL, head_split_sizes, kv_replicas, module_style, replicas_of,
+                                      shard_axis, split_sizes)
 from tp_from_scratch.gpt.model import GPT
 from tp_from_scratch.nn import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
                                 copy_to_tp_region, vocab_parallel_cross_entropy)
@@ -89,8 +90,10 @@ def copy_in_style(point, group, site):
 
 
 def column_style(linear, group, site, replicas=1):
-    """COLWISE: this rank's rows of W and b (out/t); no f of its own where its parent applies one."""
-    layer = ColumnParallelLinear.from_linear(linear, group=group, replicas=replicas)
+    """COLWISE: this rank's rows of W and b (out/t; whole query heads, gpt.arch.split_sizes); no f
+    of its own where its parent applies one."""
+    sizes = head_split_sizes(site.name, site.config, tp_world_size(group))  # None: like numpy.array_split
+    layer = ColumnParallelLinear.from_linear(linear, group=group, replicas=replicas, sizes=sizes)
     layer.input_is_copied = site.copied
     return layer
 
@@ -101,8 +104,10 @@ def kv_column_style(linear, group, site):
 
 
 def row_style(linear, group, site):
-    """ROWWISE: this rank's columns of W (in/t), the bias whole; the input arrives Sharded."""
-    return RowParallelLinear.from_linear(linear, group=group)
+    """ROWWISE: this rank's columns of W (in/t; the columns of its query heads for attention's o),
+    the bias whole; the input arrives Sharded."""
+    sizes = head_split_sizes(site.name, site.config, tp_world_size(group))  # None: like numpy.array_split
+    return RowParallelLinear.from_linear(linear, group=group, sizes=sizes)
 
 
 def vocab_parallel_style(module, group, site):
@@ -209,13 +214,13 @@ def gpt_to_tp(group, model_or_state_dict, config=None, *, plan=None, styles=TP_S
 # (gpt.arch.PLANS): e.g. blocks.0.attn.q.weight -> 0 (column), blocks.0.mlp.down.weight -> 1 (row)
 
 
-def cut(full, axis, t, rank, replicas=1):
-    """Rank ``rank``'s piece of ``full`` split along ``axis`` over t ranks (a copy; whole when
-    axis is None). A tensor held by r replicas is cut into t/r pieces; rank i takes piece i // r;
-    uneven sizes split like numpy.array_split."""
+def cut(full, axis, sizes, rank, replicas=1):
+    """Rank ``rank``'s piece of ``full`` split along ``axis`` into pieces of ``sizes`` (a copy;
+    whole when axis is None). A tensor held by r replicas is cut into t/r pieces; rank i takes
+    piece i // r."""
     if axis is None:
         return full.clone()
-    return torch.tensor_split(full, t // replicas, dim=axis)[rank // replicas].clone()
+    return torch.split(full, sizes, dim=axis)[rank // replicas].clone()
 
 
 def glue(pieces, axis, replicas=1):
@@ -226,8 +231,11 @@ def glue(pieces, axis, replicas=1):
 
 
 def shard_tensor(name, full, tp, rank, config):
-    """This rank's piece of the full tensor ``full`` named ``name`` (a copy)."""
-    return cut(full, shard_axis(name, config.arch), tp, rank, replicas_of(name, config, tp))
+    """This rank's piece of the full tensor ``full`` named ``name`` (a copy): its rows or columns
+    as the plan splits them (gpt.arch.split_sizes: heads whole, the rest like numpy.array_split)."""
+    axis = shard_axis(name, config.arch)
+    sizes = None if axis is None else split_sizes(name, config, tp, full.shape[axis])
+    return cut(full, axis, sizes, rank, replicas_of(name, config, tp))
 
 
 def unshard_tensor(name, pieces, config):

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from tp_from_scratch.collectives import ring_messages
 from tp_from_scratch.cost.model import PRESETS, all_reduce_seconds, architecture, parameters
+from tp_from_scratch.gpt.arch import head_counts
 from tp_from_scratch.inference.quantized import UNQUANTIZED, reduce_bytes, reduce_messages
 from tp_from_scratch.inference.sampling import exchanges, sharded_sampling_bytes
 from tp_from_scratch.partial_sync.mappings import synced_channels
@@ -109,8 +110,14 @@ def matmul_weights(config, t, rank=0, arch=None):
 
 
 def kv_heads_per_rank(config, t):
-    """KV heads one rank caches: nkv / t, or one whole (replicated) head when nkv < t."""
-    return max(1, config.n_kv_heads // t)
+    """KV heads rank 0 caches: nkv / t, ⌈nkv/t⌉ when t does not divide them (rank 0 holds the
+    largest piece of every split, so it sets the step), or one whole (replicated) head when nkv < t."""
+    return head_counts(config, t)[1][0]
+
+
+def query_heads_per_rank(config, t):
+    """Query heads rank 0 attends with: nh / t, or the most any rank holds (gpt.arch.head_counts)."""
+    return head_counts(config, t)[0][0]
 
 
 def kv_cache_bytes(config, t, batch, context, itemsize):
@@ -196,7 +203,8 @@ def decode_step(config, profile, t, batch, context, itemsize=2, arch=None, sampl
     rate, bandwidth, stretch = _rates(profile, t)
     weights = matmul_weights(config, t, 0, arch)
     kv = kv_cache_bytes(config, t, batch, context, itemsize)
-    flops = 2 * batch * weights + 4 * batch * context * config.head_size * (config.n_heads // t) * config.n_layers
+    heads = query_heads_per_rank(config, t)
+    flops = 2 * batch * weights + 4 * batch * context * config.head_size * heads * config.n_layers
     memory = (weights * itemsize + kv) / bandwidth * stretch
     compute = flops / rate * stretch
     all_reduce = all_reduces_seconds(config, profile, t, batch, itemsize, collectives=collectives, **syncs)
@@ -217,7 +225,8 @@ def prefill(config, profile, t, batch, prompt, itemsize=2, arch=None, sampling="
     rate, bandwidth, stretch = _rates(profile, t)
     weights = matmul_weights(config, t, 0, arch)
     tokens = batch * prompt
-    flops = 2 * tokens * weights + 4 * batch * prompt ** 2 * config.head_size * (config.n_heads // t) * config.n_layers
+    heads = query_heads_per_rank(config, t)
+    flops = 2 * tokens * weights + 4 * batch * prompt ** 2 * config.head_size * heads * config.n_layers
     memory = (weights * itemsize + kv_cache_bytes(config, t, batch, prompt, itemsize)) / bandwidth * stretch
     compute = flops / rate * stretch
     all_reduce = all_reduces_seconds(config, profile, t, tokens, itemsize, collectives=collectives, **syncs)

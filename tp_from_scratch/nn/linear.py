@@ -13,7 +13,9 @@ A column layer followed by a row layer (the Megatron MLP) needs one all-reduce f
 and one backward (f), and nothing in between.
 
 Uneven sizes are allowed: the feature axis is split like numpy.array_split (the first
-``n % t`` ranks hold one more), which is what a vocabulary that t does not divide needs.
+``n % t`` ranks hold one more), which is what a vocabulary or an FFN width that t does not divide
+needs; ``sizes=`` gives the blocks explicitly, as a model's attention does to keep every head whole
+when t does not divide the heads (a later lesson's).
 """
 import math
 
@@ -30,7 +32,7 @@ from tp_from_scratch.nn.mappings import (
     tp_rank,
     tp_world_size,
 )
-from tp_from_scratch.sharding import shard_range, shard_sizes
+from tp_from_scratch.sharding import shard_sizes
 
 
 def _init_full_linear(out_features, in_features, bias, dtype, device):
@@ -49,6 +51,16 @@ def _init_full_linear(out_features, in_features, bias, dtype, device):
     return w, b
 
 
+def _block_sizes(sizes, features, blocks, rank, what):
+    """The ``blocks`` sizes a layer's ``features`` split into: ``sizes`` checked, or shard_sizes."""
+    if sizes is None:
+        return shard_sizes(features, blocks)
+    sizes = [int(n) for n in sizes]
+    if len(sizes) != blocks or sum(sizes) != features or min(sizes) < 0:
+        raise ValueError(f"rank {rank}: {what} sizes {sizes} do not split {features} features into {blocks} blocks")
+    return sizes
+
+
 class ColumnParallelLinear(nn.Module):
     """Y_i = X @ W_i^T + b_i: this rank's block of output features (a column block of Y).
 
@@ -60,10 +72,13 @@ class ColumnParallelLinear(nn.Module):
     replicas=r: the output features are cut into t/r blocks and r neighbouring ranks hold the
     same block (a KV head shared by several ranks when there are fewer KV heads than ranks);
     the copies' gradients are summed among them in backward. Local weight (r*out/t, in).
+
+    sizes: the t/r blocks' sizes, summing to out (default sharding.shard_sizes: numpy.array_split's
+    rule); a model splitting at head boundaries passes its own.
     """
 
     def __init__(self, in_features, out_features, bias=True, gather_output=False, *, group,
-                 input_is_copied=False, replicas=1, dtype=None, device=None, init=True):
+                 input_is_copied=False, replicas=1, sizes=None, dtype=None, device=None, init=True):
         super().__init__()
         self.group, self.gather_output = group, gather_output
         # input_is_copied: the caller already applied f, once for several layers reading the
@@ -78,8 +93,9 @@ class ColumnParallelLinear(nn.Module):
                              f"every replicated block {replicas} times")
         self.replicas = replicas
         blocks = t // replicas
-        self.output_sizes = shard_sizes(out_features, blocks)  # every block, for the gather
-        self.output_start, self.output_stop = shard_range(out_features, rank // replicas, blocks)
+        self.output_sizes = _block_sizes(sizes, out_features, blocks, rank, "output")  # every block, for the gather
+        self.output_start = sum(self.output_sizes[:rank // replicas])
+        self.output_stop = self.output_start + self.output_sizes[rank // replicas]
         local_out = self.output_stop - self.output_start
         self.weight = nn.Parameter(torch.empty(local_out, in_features, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.empty(local_out, dtype=dtype, device=device)) if bias else None
@@ -96,14 +112,14 @@ class ColumnParallelLinear(nn.Module):
             self.bias.copy_(b[self.output_start:self.output_stop])
 
     @classmethod
-    def from_linear(cls, linear, *, group, gather_output=False, replicas=1):
+    def from_linear(cls, linear, *, group, gather_output=False, replicas=1, sizes=None):
         """This rank's shard of a single-device torch.nn.Linear (its rows of W and entries of b).
 
         The shard is a copy: training it never changes ``linear``.
         """
         w = linear.weight
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, gather_output,
-                    group=group, replicas=replicas, dtype=w.dtype, device=w.device, init=False)
+                    group=group, replicas=replicas, sizes=sizes, dtype=w.dtype, device=w.device, init=False)
         with torch.no_grad():
             layer.weight.copy_(w[layer.output_start:layer.output_stop])
             if linear.bias is not None:
@@ -134,17 +150,19 @@ class RowParallelLinear(nn.Module):
     forward: (scatter of X unless input_is_parallel), local matmul, g (all-reduce), + b once.
     backward: g's backward is the identity; the scatter's backward all-gathers dX.
     Local weight (out, in/t); the bias (out,) is replicated and added after the reduction,
-    so it is counted once, not t times.
+    so it is counted once, not t times. sizes: the t blocks of input features (default
+    sharding.shard_sizes), as for ColumnParallelLinear.
     """
 
     def __init__(self, in_features, out_features, bias=True, input_is_parallel=True, *, group,
-                 dtype=None, device=None, init=True):
+                 sizes=None, dtype=None, device=None, init=True):
         super().__init__()
         self.group, self.input_is_parallel = group, input_is_parallel
         self.in_features, self.out_features = in_features, out_features
         t, rank = tp_world_size(group), tp_rank(group)
-        self.input_sizes = shard_sizes(in_features, t)
-        self.input_start, self.input_stop = shard_range(in_features, rank, t)
+        self.input_sizes = _block_sizes(sizes, in_features, t, rank, "input")
+        self.input_start = sum(self.input_sizes[:rank])
+        self.input_stop = self.input_start + self.input_sizes[rank]
         local_in = self.input_stop - self.input_start
         self.weight = nn.Parameter(torch.empty(out_features, local_in, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
@@ -161,14 +179,14 @@ class RowParallelLinear(nn.Module):
             self.bias.copy_(b)
 
     @classmethod
-    def from_linear(cls, linear, *, group, input_is_parallel=True):
+    def from_linear(cls, linear, *, group, input_is_parallel=True, sizes=None):
         """This rank's shard of a single-device torch.nn.Linear (its columns of W, all of b).
 
         The shard is a copy: training it never changes ``linear``.
         """
         w = linear.weight
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
-                    input_is_parallel, group=group, dtype=w.dtype, device=w.device, init=False)
+                    input_is_parallel, group=group, sizes=sizes, dtype=w.dtype, device=w.device, init=False)
         with torch.no_grad():
             layer.weight.copy_(w[:, layer.input_start:layer.input_stop])
             if linear.bias is not None:

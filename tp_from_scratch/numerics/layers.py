@@ -208,6 +208,7 @@ def check_invariant(config, t, leaves=DEFAULT_LEAVES):
     """Raise a ValueError naming the first size of ``config`` (a GPTConfig) the fixed tree of
     ``leaves`` leaves cannot serve at t ranks; None when every layer can be invariant."""
     config.validate(t)
+    config.check_even(t, "the fixed reduction tree's layers (every rank whole subtrees)")
     check_leaves(leaves, t)
     for what, size in [("hidden size", config.hidden), ("ffn size", config.ffn), ("vocab size", config.vocab_size),
                        ("n_kv_heads * head size", config.n_kv_heads * config.head_size)]:

@@ -15,10 +15,9 @@ LEAD: this table is verify's own until gpt/arch.py records each style's layouts 
 (OUTPUT_LAYOUT, from the plan refactor); then import that instead and delete STYLE_LAYOUTS.
 """
 from tp_from_scratch.gpt.arch import COLWISE, KV_COLWISE, REPLICATED as REPLICATED_STYLE, ROWWISE, VOCAB_PARALLEL
-import torch
 
-from tp_from_scratch.gpt.arch import kv_replicas, module_style, replicas_of, shard_axis
-from tp_from_scratch.sharding import shard_sizes
+from tp_from_scratch.gpt.arch import kv_replicas, module_style, shard_axis, split_sizes
+from tp_from_scratch.gpt.parallelize import shard_tensor
 from tp_from_scratch.verify.locator import REPLICATED, sharded
 
 # style -> (input layout, output layout); replicas of a KV_COLWISE output are the config's
@@ -49,8 +48,7 @@ def gpt_layout(config, t, rank):
             layout = sharded(-1, replicas)
         if layout.sharded:
             width = reference.shape[-1]
-            blocks = t // layout.replicas
-            want = shard_sizes(width, blocks)[rank // layout.replicas]
+            want = split_sizes(name, config, t, width)[rank // layout.replicas]
             if local.shape[-1] != want:
                 whole = f"each of its {width // config.head_size} heads whole" if style != COLWISE else ""
                 held = (f", every KV head held whole by {replicas} ranks" if style == KV_COLWISE and replicas > 1
@@ -90,8 +88,7 @@ def gpt_misplaced(config, t, rank, reference, parallel):
             continue
         axis, want = shard_axis(name, config.arch), tuple(full[name].shape)
         if axis is not None:
-            r = replicas_of(name, config, t)
-            want = tuple(torch.tensor_split(full[name], t // r, dim=axis)[rank // r].shape)
+            want = tuple(shard_tensor(name, full[name], t, rank, config).shape)
         if tuple(p.shape) != want:
             module = name.rpartition(".")[0]
             return (f"{module} (parameter {name}): rank {rank} holds {tuple(p.shape)} where the plan's "
