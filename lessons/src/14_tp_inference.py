@@ -34,6 +34,9 @@ inference". Lesson 6 generated text with TP and timed it: on this machine a deco
    equal to a float64 single-device emulation, with bytes = formula, beside CAAT-Net (Lesson 8).
 4. **What each costs on real text**: perplexity against bytes per token against the modelled
    decode step, for all of them on one small trained model, with the papers' numbers beside ours.
+5. **Heads that t does not divide** (section 7): 52 heads at t = 8 or 3, FFN widths and KV heads
+   split ⌈n/t⌉ or ⌊n/t⌋, equal to one device in training, generation, checkpoints and Hugging
+   Face's import and export.
 
 Where things are (`tp_from_scratch/inference/`): `latency.py` the model, `planner.py` its command
 line, `calibrate.py` and `benchmark.py` this machine; `sampling.py`; `quantized.py` (the
@@ -239,10 +242,6 @@ temperature, top_k))` chooses every token from the shards, and the tests check t
 are those of one device at t = 2 and 3 (the vocabulary split unevenly) for fewer bytes than
 gathering. Without `pick`, generate keeps Lesson 6's gathered `choose`, whose samples use other
 random numbers.
-
-What this lesson does not build: heads, KV heads and FFN widths that t does not divide. Only the
-vocabulary splits unevenly (Lesson 5: ⌈V/t⌉ or ⌊V/t⌋ ids per rank, as above); a model with 52
-heads at t = 8 is still refused, naming the number of heads and t.
 
 **Exercise 14** (`exercises/ex14_sharded_sampling.py`): write `greedy_from_shards` and
 `sample_from_shards` yourself. The graders (`exercises/test_ex14_sharded_sampling.py`, run them
@@ -472,6 +471,64 @@ that make 4-bit communication hard in large models (2411.07942), so compression 
 than at 70B; and the times are the planner's, not measured: on this CPU every gloo call costs
 milliseconds whatever it carries, so no technique here would change a measured step by its bytes.
 
+## 7. Heads that t does not divide
+
+LLaMA-33B has 52 heads; vLLM refuses it at t = 3 and a fine-tune of it at t = 8 ("Total number of
+attention heads (52) must be divisible by tensor parallel size", vllm-project/vllm#414, where a
+maintainer suggests padding the model's dimensions or another GPU count, and #2652), and Qwen2-7B's
+28 query heads on 4 KV heads at t = 8 (#11797, a feature request that proposes padding or
+replicated attention). Until this lesson the
+course refused them too. A head cannot be cut: its softmax needs all of its dimensions. A query
+head cannot leave its KV head either, or its keys and values would have to be sent. So the course
+splits by KV heads (`gpt.arch.head_counts`; the rule is the course's own choice):
+
+* nkv ≥ t: rank r holds ⌈nkv/t⌉ or ⌊nkv/t⌋ whole KV heads (the first nkv mod t ranks one more, as
+  `numpy.array_split`) and the nh/nkv query heads that read each. With multi-head attention
+  (nkv = nh) that is ⌈nh/t⌉ or ⌊nh/t⌋ query heads: 7, 7, 7, 7, 6, 6, 6, 6 for 52 at t = 8.
+* nkv < t: each KV head is held by t/nkv neighbouring ranks (Lesson 6's replication), which split
+  its query heads ⌈⌉ or ⌊⌋; t must then be a multiple of nkv, the one refusal that remains here.
+* The FFN width and the vocabulary split like `numpy.array_split`, column by column.
+
+Nothing else changes: the layers are Lesson 5's, given the plan's sizes (`gpt.arch.split_sizes`);
+the two all-reduces of a block still carry B·T·H numbers; checkpoints, DCP, the planner's inventory
+and `verify`'s layouts read the same sizes. The price is balance: the rank with the most heads sets
+the step. At t = 8 it attends with 7 of the 52 heads, 8 % more than the mean 6.5, and holds 2.5 %
+more parameters than the mean (printed below; the FFN's columns differ by one at most). With
+grouped-query attention the KV heads set the grain: 20 query heads on 4 KV heads split 10, 5, 5 at
+t = 3. What cannot split unevenly says why: DTensor's `ColwiseParallel` (torch.chunk's split would
+cut a head), Lesson 13's fixed reduction tree and CAAT-Net (Lesson 8) refuse such a t, naming the
+size."""),
+    new_code_cell("""from tp_from_scratch.gpt.arch import head_counts
+from tp_from_scratch.gpt.check import UNEVEN_GPT2, UNEVEN_LLAMA, check_config, check_generation
+from tp_from_scratch.gpt.inventory import parameter_count
+
+# the sizes of their Hugging Face configs (seq_len enters no count)
+LLAMA_33B = GPTConfig(arch="llama", vocab_size=32000, seq_len=2048, n_layers=60, hidden=6656, n_heads=52,
+                      n_kv_heads=52, ffn=17920)
+QWEN2_7B = GPTConfig(arch="llama", vocab_size=152064, seq_len=2048, n_layers=28, hidden=3584, n_heads=28,
+                     n_kv_heads=4, ffn=18944)
+for name, config, t in (("LLaMA-33B", LLAMA_33B, 8), ("LLaMA-33B", LLAMA_33B, 3), ("Qwen2-7B", QWEN2_7B, 8)):
+    q, kv = head_counts(config, t)
+    held = [parameter_count(config, t=t, rank=r) for r in range(t)]
+    print(f"{name} at t={t}: query heads {q}, KV heads per piece {kv}; parameters per rank "
+          f"{min(held) / 1e6:,.0f}M to {max(held) / 1e6:,.0f}M (the largest {max(held) / (sum(held) / t):.3f} x the mean)")
+
+# and the promise, live on simulated ranks: 52 heads (GPT-2 style) and 20 on 4 KV heads (Llama)
+for config in (UNEVEN_GPT2, UNEVEN_LLAMA):
+    for t in (3, 8):
+        run_spmd(lambda comm: check_config(comm, config, torch.float64), t)
+        run_spmd(lambda comm: check_generation(comm, config, torch.float32), t)
+        print(f"{config.arch}, {config.n_heads} heads on {config.n_kv_heads} KV heads, FFN {config.ffn}, t={t} "
+              f"{head_counts(config, t)[0]}: logits, loss, every gradient, one SGD step and generated ids "
+              "equal to one device")"""),
+    new_markdown_cell(r"""`tests/test_uneven.py` proves more at t = 3 and 8: five training steps of the trainer's own loop,
+both checkpoint formats saved at t = 3 and loaded into the TP model at t = 8, 2 and 1 bit for bit,
+transformers' own GPT-2 of 52 heads and Llama of 20 on 4 KV heads imported and equal to it at
+every gradient, an export read back by transformers, the planner's per-rank counts equal to what
+the built model holds, and every refusal that remains. Lesson 6's trainer takes such a size as it is:
+
+    .venv/bin/torchrun --standalone --nproc-per-node 3 -m tp_from_scratch.gpt.train --tp 3 --arch gpt2 --hidden 104 --heads 52 --kv-heads 52 --ffn 100 --steps 20 --compare-single
+
 ## Summary
 
 * Decode reads every weight once per step: below ~300 tokens per step it is memory-bound, and TP
@@ -482,6 +539,8 @@ milliseconds whatever it carries, so no technique here would change a measured s
   ids at every t.
 * SPD drops calls; quantized all-reduce shrinks bytes; CAAT-Net shrinks channels. In decode only the
   first helps much; in prefill the others do. Each is exact against its single-device emulation.
+* Heads, KV heads and FFN widths that t does not divide split ⌈n/t⌉ or ⌊n/t⌋, whole KV heads with
+  their query heads; the rank with the most heads sets the pace, and one device is still the answer.
 * On real text, at this small scale: zero-shot SPD on the least sensitive blocks and 4-bit
   communication in small groups cost well under 1 % perplexity; the most sensitive block, or 2 bits
   in large groups, cost 5-18 %. What 70B models pay is the papers' to say."""),
