@@ -60,6 +60,8 @@ def all_reduces_of_a_step(config, batch_size, t, rank, itemsize=4):
     The library calls every all-reduce even at t = 1 (each then sends 0 bytes): list them too.
     Count the model's all-reduces: the embedding, each block, the LM head, the loss.
     Raises ValueError (naming the quantity) when rank is not one of the t ranks, when t < 1,
-    or when t does not divide n_heads, n_kv_heads, hidden or ffn. config is not modified.
+    when config cannot be split over t ranks (config.validate(t) says why: a size smaller than
+    t, say), or when t does not divide n_kv_heads (this ledger counts whole KV heads on every
+    rank: no KV head replicated). config is not modified.
     """
     raise NotImplementedError("Exercise 6 (all_reduces_of_a_step): see lessons/06_training.ipynb")
