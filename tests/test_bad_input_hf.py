@@ -278,8 +278,8 @@ def test_outputs_that_cannot_be_written_are_refused_before_reading(fixtures, tmp
     assert f"--out {a_file / 'hf'}: {a_file} is a file, not a directory" in line, line
     line = refusal(convert.main, ["import", fixtures["gpt2"], "--out", tmp_path / "o", "--tp", 0], capsys)
     assert "--tp must be at least 1, got 0" in line, line
-    line = refusal(convert.main, ["import", fixtures["gpt2"], "--out", tmp_path / "o", "--tp", 3], capsys)
-    assert "--tp 3 does not fit" in line and "not divisible by tp=3" in line, line
+    line = refusal(convert.main, ["import", fixtures["gpt2"], "--out", tmp_path / "o", "--tp", 5], capsys)
+    assert "--tp 5 does not fit" in line and "tp=5 is larger than n_heads 4" in line, line
     assert listing(tmp_path) == ["a_file"]
 
 

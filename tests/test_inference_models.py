@@ -25,7 +25,10 @@ LAYERS = 3
 CONFIGS = {"gpt": GPTConfig(arch="gpt", vocab_size=29, seq_len=8, n_layers=LAYERS, hidden=48, n_heads=12,
                             n_kv_heads=12, ffn=96),
            "llama": GPTConfig(arch="llama", vocab_size=29, seq_len=8, n_layers=LAYERS, hidden=48, n_heads=12,
-                              n_kv_heads=2, ffn=96)}
+                              n_kv_heads=2, ffn=96),
+           # heads, KV heads and FFN that t = 3 and 4 split unevenly (KV heads 2, 2, 1 and 2, 1, 1, 1)
+           "uneven": GPTConfig(arch="llama", vocab_size=29, seq_len=8, n_layers=LAYERS, hidden=40, n_heads=10,
+                               n_kv_heads=5, ffn=50)}
 # (SPD blocks, bits, group size, scheme)
 VARIANTS = {"spd": ((0, 2), 16, 128, "two_step"), "two_step": ((), 4, 16, "two_step"),
             "all_gather": ((), 6, 7, "all_gather"), "spd+8bit": ((1,), 8, 16, "two_step")}
@@ -54,7 +57,7 @@ def tp_logits(gpt, idx, t, spd, bits, group_size, scheme):
 # every variant at an even and an odd t or on both models; t = 4 replicates Llama's 2 KV heads
 CASES = [("spd", "gpt", 2), ("spd", "gpt", 3), ("spd", "llama", 4), ("two_step", "gpt", 4), ("two_step", "gpt", 3),
          ("two_step", "llama", 2), ("all_gather", "gpt", 2), ("all_gather", "llama", 4), ("spd+8bit", "gpt", 3),
-         ("spd+8bit", "llama", 2)]
+         ("spd+8bit", "llama", 2), ("spd", "uneven", 3), ("two_step", "uneven", 4), ("all_gather", "uneven", 3)]
 
 
 @pytest.mark.parametrize("name, arch, t", CASES)

@@ -24,6 +24,7 @@ from tp_from_scratch.gpt.inventory import parameter_count
 from tp_from_scratch.gpt.model import GPTConfig, init_gpt
 from tp_from_scratch.gpt.parallelize import gpt_to_tp, shard_state_dict, shard_tensor, tp_to_gpt
 from tp_from_scratch.numerics import check_invariant
+from tp_from_scratch.partial_sync import train as caat_train
 from tp_from_scratch.partial_sync.params import check_whole_kv_heads as caat_check
 from tp_from_scratch.sharding import shard_sizes
 
@@ -183,6 +184,8 @@ def test_a_checkpoint_saved_at_t_3_exports_to_transformers(tmp_path):
      "n_heads 8 is not divisible by tp=3: DTensor's ColwiseParallel"),
     (lambda: check_invariant(UNEVEN_GPT2, 8, 16), "n_heads 52 is not divisible by tp=8: the fixed reduction tree"),
     (lambda: caat_check(UNEVEN_LLAMA, 3), "number of heads 20 is not divisible by tp=3"),
+    (lambda: caat_train.validate(caat_train.parse(["--tp", "3", "--sync-fraction", "0.5"]), 3),
+     "n_heads 8 is not divisible by tp=3: CAAT-Net's streams"),
     (lambda: UNEVEN_LLAMA.validate(6), "tp=6 is larger than n_kv_heads 4 but not a multiple of it"),
 ])
 def test_what_cannot_split_unevenly_says_why(check, message):

@@ -491,7 +491,8 @@ splits by KV heads (`gpt.arch.head_counts`; the rule is the course's own choice)
 
 Nothing else changes: the layers are Lesson 5's, given the plan's sizes (`gpt.arch.split_sizes`);
 the two all-reduces of a block still carry B·T·H numbers; checkpoints, DCP, the planner's inventory
-and `verify`'s layouts read the same sizes. The price is balance: the rank with the most heads sets
+and `verify`'s layouts read the same sizes, and so do SPD and the quantized all-reduce of sections
+3 and 4 (their tests run a model of 10 heads on 5 KV heads at t = 3 and 4 against the emulation). The price is balance: the rank with the most heads sets
 the step. At t = 8 it attends with 7 of the 52 heads, 8 % more than the mean 6.5, and holds 2.5 %
 more parameters than the mean (printed below; the FFN's columns differ by one at most). With
 grouped-query attention the KV heads set the grain: 20 query heads on 4 KV heads split 10, 5, 5 at

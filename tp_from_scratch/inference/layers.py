@@ -25,7 +25,7 @@ def _copy_of(cls, row, **options):
     """A ``cls`` holding a copy of the RowParallelLinear ``row``'s shard (its columns of W, all of b)."""
     w = row.weight
     layer = cls(row.in_features, row.out_features, row.bias is not None, row.input_is_parallel,
-                group=row.group, dtype=w.dtype, device=w.device, init=False, **options)
+                group=row.group, sizes=row.input_sizes, dtype=w.dtype, device=w.device, init=False, **options)
     with torch.no_grad():
         layer.weight.copy_(w)
         if row.bias is not None:
@@ -55,9 +55,9 @@ class QuantizedRowParallelLinear(RowParallelLinear):
     ``group_size``). bits = 16: the ordinary RowParallelLinear. Forward only."""
 
     def __init__(self, in_features, out_features, bias=True, input_is_parallel=True, *, group, bits=8,
-                 group_size=128, scheme="two_step", dtype=None, device=None, init=True):
+                 group_size=128, scheme="two_step", sizes=None, dtype=None, device=None, init=True):
         check_quantization(bits, group_size, scheme)
-        super().__init__(in_features, out_features, bias, input_is_parallel, group=group, dtype=dtype,
+        super().__init__(in_features, out_features, bias, input_is_parallel, group=group, sizes=sizes, dtype=dtype,
                          device=device, init=init)
         self.bits, self.group_size, self.scheme = bits, group_size, scheme
 

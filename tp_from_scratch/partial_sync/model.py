@@ -29,6 +29,10 @@ from tp_from_scratch.gpt.arch import COLWISE, COPY_IN, KV_COLWISE, PLANS, ROWWIS
 from tp_from_scratch.gpt.model import causal_self_attention
 from tp_from_scratch.gpt.parallelize import TP_STYLES, column_style, gpt_to_tp, kv_column_style
 from tp_from_scratch.nn import RowParallelLinear, copy_to_tp_region
+from tp_from_scratch.nn.mappings import tp_world_size
+
+# why CAAT-Net refuses heads and FFN widths that t does not divide
+CAAT_EVEN = "CAAT-Net's streams (each cut evenly, as their single-device reference cuts them)"
 from tp_from_scratch.partial_sync.autograd import partial_reduce_from_tp_region
 from tp_from_scratch.partial_sync.mappings import synced_channels
 
@@ -96,6 +100,7 @@ def caat_from_gpt(group, gpt, sync_fraction):
     """This rank's CAAT GPT (sync fraction p) holding its shard of a single-device GPT's weights
     (copies). forward(idx, targets) -> (this rank's logits (B, T, V/t), loss): the loss is the
     full vocabulary's mean cross-entropy, the same on every rank."""
+    gpt.config.check_even(tp_world_size(group), CAAT_EVEN)
     return gpt_to_tp(group, gpt, plan=caat_plan(gpt.config.arch), styles=caat_styles(sync_fraction))
 
 

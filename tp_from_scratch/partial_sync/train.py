@@ -43,7 +43,7 @@ from tp_from_scratch.gpt.options import train_flag_problem
 from tp_from_scratch.gpt.step import make_optimizer, single_device_run, steps_on_comm, train_step
 from tp_from_scratch.partial_sync.autograd import all_reduce_replicated_grads
 from tp_from_scratch.partial_sync.mappings import synced_channels
-from tp_from_scratch.partial_sync.model import caat_from_gpt, t_stream_forward
+from tp_from_scratch.partial_sync.model import CAAT_EVEN, caat_from_gpt, t_stream_forward
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,13 @@ def validate(opts, world_size):
     problem = train_flag_problem(opts)
     if problem:
         return problem
-    return gpt_train.validate(opts, world_size, description(opts.model, opts.tp, opts.sync_fraction))
+    problem = gpt_train.validate(opts, world_size, description(opts.model, opts.tp, opts.sync_fraction))
+    if problem is None:
+        try:
+            opts.model.check_even(opts.tp, CAAT_EVEN)
+        except ValueError as e:
+            problem = str(e)
+    return problem
 
 
 def validate_simulated(opts, world_size):
