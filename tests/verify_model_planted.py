@@ -13,6 +13,7 @@ from tp_from_scratch.gpt import parallelize as gpt_parallelize
 from tp_from_scratch.gpt.arch import COLWISE
 from tp_from_scratch.nn import copy_to_tp_region, reduce_from_tp_region
 from tp_from_scratch.nn.mappings import tp_rank
+from tp_from_scratch.sharding import shard_sizes
 
 
 def o_proj_colwise(monkeypatch):
@@ -26,8 +27,16 @@ def o_proj_colwise(monkeypatch):
 
 def kv_heads_split(monkeypatch):
     """With fewer KV heads than ranks, k and v cut into t pieces instead of whole heads replicated."""
+    heads, sizes = gpt_parallelize.head_split_sizes, gpt_parallelize.split_sizes
+
+    def kv(name):
+        return name.removesuffix(".weight").removesuffix(".bias").endswith(("attn.k", "attn.v"))
     monkeypatch.setattr(gpt_parallelize, "kv_replicas", lambda config, tp: 1)
     monkeypatch.setattr(gpt_parallelize, "replicas_of", lambda name, config, tp: 1)
+    monkeypatch.setattr(gpt_parallelize, "head_split_sizes",   # None: cut like numpy.array_split, t pieces
+                        lambda name, config, tp: None if kv(name) else heads(name, config, tp))
+    monkeypatch.setattr(gpt_parallelize, "split_sizes", lambda name, config, tp, size:
+                        shard_sizes(size, tp) if kv(name) else sizes(name, config, tp, size))
 
 
 def missing_f_in_layer_1(monkeypatch):
