@@ -9,9 +9,10 @@ cannot split unevenly is refused naming why: DTensor's styles, the fixed reducti
 import pytest
 import torch
 
-import hf_models  # noqa: E402  (tests/hf_models.py)
+from tests import hf_models
 from single_device import layers_of, single_device_losses
-from test_convert import check_tp_against_hf, hf_reference, imported
+from tests.test_convert import check_tp_against_hf, hf_reference, imported
+from tests.test_dcp import trained
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.compare import assert_matches_reference, tolerance
 from tp_from_scratch.gpt import checkpoint as ckpt
@@ -109,24 +110,13 @@ def test_uneven_training_follows_one_device(t):
                                      rank=rank, tol=tolerance("float64", layers=layers_of(argv), steps=step))
 
 
-def trained(config, seed):
-    model = init_gpt(config, seed, torch.float64)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    gen = torch.Generator().manual_seed(seed + 1)
-    for p in model.parameters():
-        p.grad = torch.randn(p.shape, generator=gen, dtype=p.dtype)
-    opt.step()
-    return model, ckpt.optimizer_state_by_name(model, opt)
-
-
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("fmt", ["course", "dcp"])
 def test_a_checkpoint_saved_at_t_3_loads_into_the_tp_model_at_t_8_2_and_1(tmp_path, fmt):
     # pieces saved at t = 3 (18, 17, 17 heads) are read at t = 8 (7 or 6 heads), 2 and 1 into the TP
     # model the plan builds there, bit for bit; the optimizer's moments follow the same cut
     config = UNEVEN_GPT2
-    model, optimizer = trained(config, seed=4)
-    full = model.state_dict()
+    full, optimizer = trained(config, seed=4)
     if fmt == "dcp":
         ckpt.write_dcp(tmp_path, full, optimizer, config, tp=3, step=2)
     else:
@@ -169,8 +159,10 @@ def test_hugging_face_models_import_at_t_3_and_8(name, tmp_path):
 def test_a_checkpoint_saved_at_t_3_exports_to_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
     config = UNEVEN_LLAMA
-    model, optimizer = trained(config, seed=6)
-    ckpt.write_dcp(tmp_path / "ours", model.state_dict(), optimizer, config, tp=3, step=1)
+    full, optimizer = trained(config, seed=6)
+    model = init_gpt(config, 0, torch.float64)
+    model.load_state_dict(full)
+    ckpt.write_dcp(tmp_path / "ours", full, optimizer, config, tp=3, step=1)
     assert convert.main(["export", str(tmp_path / "ours"), "--out", str(tmp_path / "hf")]) is None
     hf = hf_models.float64_llama(AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float64,
                                                                       attn_implementation="sdpa"))
