@@ -15,13 +15,14 @@ from tests.test_convert import check_tp_against_hf, hf_reference, imported
 from tests.test_dcp import trained
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.compare import assert_matches_reference, tolerance
+from tp_from_scratch.cost.model import elementwise_elements, forward_flops
 from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt import convert, train
 from tp_from_scratch.gpt.arch import head_counts, kv_replicas
 from tp_from_scratch.gpt.check import UNEVEN_GPT2, UNEVEN_LLAMA, check_config, check_generation
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.dtensor_plan import check_plannable
-from tp_from_scratch.gpt.inventory import parameter_count
+from tp_from_scratch.gpt.inventory import parameter_count, parameters
 from tp_from_scratch.gpt.model import GPTConfig, init_gpt
 from tp_from_scratch.gpt.parallelize import gpt_to_tp, shard_state_dict, shard_tensor, tp_to_gpt
 from tp_from_scratch.numerics import check_invariant
@@ -94,6 +95,21 @@ def test_the_planners_count_is_what_each_rank_holds(name, t):
     held = run_spmd(lambda comm: sum(p.numel() for p in gpt_to_tp(comm, init_gpt(config, 0)).parameters()), t)
     assert held == [parameter_count(config, t=t, rank=r) for r in range(t)]
     assert len(set(held)) > 1
+
+
+@pytest.mark.parametrize("t", [3, 8])
+def test_the_cost_model_prices_the_heads_each_rank_holds(t):
+    # Lesson 9's planner, per rank: attention's FLOPs and element-wise work of its own query heads,
+    # RoPE on its own KV heads (20 query heads on 4 KV heads: 10, 5, 5 at t = 3)
+    config, B = UNEVEN_LLAMA, 2
+    q, kv = head_counts(config, t)
+    L, T, hs = config.n_layers, config.seq_len, config.head_size
+    for rank in range(t):
+        work = elementwise_elements(config, None, B, t, rank)
+        assert work["softmax"] == L * B * q[rank] * T * T
+        assert work["rope"] == L * B * T * (q[rank] + kv[rank // kv_replicas(config, t)]) * hs
+        matmuls = 2 * B * T * sum(p.count(t, rank) for p in parameters(config) if p.matmul)   # untied head
+        assert forward_flops(config, None, B, t, rank) - matmuls == 4 * B * T ** 2 * hs * q[rank] * L
 
 
 @pytest.mark.timeout(300)

@@ -165,14 +165,14 @@ step_time_bars(ax, [f"t={row['tp']}" for row in measured["rows"]],
 fig.tight_layout()"""),
     new_markdown_cell(r"""What it shows. On two CPU cores TP makes decode slower, and the model says why: splitting the
 weights this small model reads (71 MB in float32 at t = 1) saves the "read" column's milliseconds,
-while each of the nine gloo all-reduces of a step costs two messages of about α, milliseconds
-each (gloo moves every message over TCP, even between two processes of one machine, Lesson 9),
+while each of the nine gloo all-reduces of a step costs 2(t − 1) messages of about α (two at
+t = 2, six at t = 4), milliseconds each (gloo moves every message over TCP, even between two processes of one machine, Lesson 9),
 and at t = 4 four processes share two cores. The ratio line above says how close the prediction
-came: here within the ±25 % this lesson aims at at t = 1, 2 and 4. The measurement was taken on a
-quiet machine (the load average printed above is what the minutes before it left); on two cores
-shared with other programs the calibration (memory bandwidth, the per-layer overhead) and the
-bench, minutes apart, see different machines: earlier runs on a loaded machine came out at 0.56 to
-0.64 and at 1.36 to 1.65. Rerun `bash lessons/measurements/remeasure/14_decode_latency.sh` on a quiet
+came: here within the ±25 % this lesson aims at at t = 1, 2 and 4. The load average printed above
+is read after the run, whose own t = 4 bench is four processes on two cores; the machine was
+quieter than for the two earlier runs, at load averages of 10.2 and 8.6, which came out at 0.56 to
+0.64 and at 1.36 to 1.65: on two cores shared with other programs the calibration (memory
+bandwidth, the per-layer overhead) and the bench, minutes apart, see different machines. Rerun `bash lessons/measurements/remeasure/14_decode_latency.sh` on a quiet
 machine to see yours; the benchmark prints the ratios and asserts nothing."""),
     new_markdown_cell(r"""## 2. The next token from the vocabulary shards (Exercise 14)
 
@@ -478,32 +478,39 @@ attention heads (52) must be divisible by tensor parallel size", vllm-project/vl
 maintainer suggests padding the model's dimensions or another GPU count, and #2652), and Qwen2-7B's
 28 query heads on 4 KV heads at t = 8 (#11797, a feature request that proposes padding or
 replicated attention). Until this lesson the
-course refused them too. A head cannot be cut: its softmax needs all of its dimensions. A query
-head cannot leave its KV head either, or its keys and values would have to be sent. So the course
-splits by KV heads (`gpt.arch.head_counts`; the rule is the course's own choice):
+course refused them too. A head cannot be cut without communication: its softmax needs the sum
+over all of its dimensions. A query head cannot leave its KV head either, unless that KV head is
+held by both ranks (its projection, cache and gradient sums duplicated) or its keys and values are
+sent. The course splits by whole KV heads (`gpt.arch.head_counts`; the rule is its own choice):
 
 * nkv ≥ t: rank r holds ⌈nkv/t⌉ or ⌊nkv/t⌋ whole KV heads (the first nkv mod t ranks one more, as
   `numpy.array_split`) and the nh/nkv query heads that read each. With multi-head attention
   (nkv = nh) that is ⌈nh/t⌉ or ⌊nh/t⌋ query heads: 7, 7, 7, 7, 6, 6, 6, 6 for 52 at t = 8.
 * nkv < t: each KV head is held by t/nkv neighbouring ranks (Lesson 6's replication), which split
-  its query heads ⌈⌉ or ⌊⌋; t must then be a multiple of nkv, the one refusal that remains here.
+  its query heads ⌈⌉ or ⌊⌋; t must then be a multiple of nkv, the one refusal that remains here
+besides a t larger than a size itself (fewer heads or FFN columns than ranks).
 * The FFN width and the vocabulary split like `numpy.array_split`, column by column.
 
 Nothing else changes: the layers are Lesson 5's, given the plan's sizes (`gpt.arch.split_sizes`);
 the two all-reduces of a block still carry B·T·H numbers; checkpoints, DCP, the planner's inventory
 and `verify`'s layouts read the same sizes, and so do SPD and the quantized all-reduce of sections
-3 and 4 (their tests run a model of 10 heads on 5 KV heads at t = 3 and 4 against the emulation). The price is balance: the rank with the most heads sets
+3 and 4 (their tests run a model of 10 heads on 5 KV heads against the emulation: SPD at t = 3, the
+quantized all-reduces at t = 3 and 4). The price is balance: the rank with the most heads sets
 the step. At t = 8 it attends with 7 of the 52 heads, 8 % more than the mean 6.5, and holds 2.5 %
 more parameters than the mean (printed below; the FFN's columns differ by one at most). With
-grouped-query attention the KV heads set the grain: 20 query heads on 4 KV heads split 10, 5, 5 at
-t = 3. What cannot split unevenly says why: DTensor's `ColwiseParallel` (torch.chunk's split would
+grouped-query attention the KV heads set the grain, and the price grows: 20 query heads on 4 KV
+heads split 10, 5, 5 at t = 3, 50 % above the mean; 64 on 8 (Llama 3 70B's) split 16, 16, 8, 8, 8, 8
+at t = 6. Splitting the query heads evenly instead, with each KV head at a boundary held by both of
+its ranks (the nkv < t mechanism), would balance the query heads at the cost of duplicated KV
+projections, cache and gradient sums; the course keeps KV heads whole. What cannot split unevenly says why: DTensor's `ColwiseParallel` (torch.chunk's split would
 cut a head), Lesson 13's fixed reduction tree and CAAT-Net (Lesson 8) refuse such a t, naming the
 size."""),
     new_code_cell("""from tp_from_scratch.gpt.arch import head_counts
 from tp_from_scratch.gpt.check import UNEVEN_GPT2, UNEVEN_LLAMA, check_config, check_generation
 from tp_from_scratch.gpt.inventory import parameter_count
 
-# the sizes of their Hugging Face configs (seq_len enters no count)
+# the sizes of their Hugging Face configs (seq_len enters no count; Qwen2's q, k, v biases, 129,024
+# parameters, are left out: the course's llama has none)
 LLAMA_33B = GPTConfig(arch="llama", vocab_size=32000, seq_len=2048, n_layers=60, hidden=6656, n_heads=52,
                       n_kv_heads=52, ffn=17920)
 QWEN2_7B = GPTConfig(arch="llama", vocab_size=152064, seq_len=2048, n_layers=28, hidden=3584, n_heads=28,
@@ -540,8 +547,9 @@ the built model holds, and every refusal that remains. Lesson 6's trainer takes 
   ids at every t.
 * SPD drops calls; quantized all-reduce shrinks bytes; CAAT-Net shrinks channels. In decode only the
   first helps much; in prefill the others do. Each is exact against its single-device emulation.
-* Heads, KV heads and FFN widths that t does not divide split ⌈n/t⌉ or ⌊n/t⌋, whole KV heads with
-  their query heads; the rank with the most heads sets the pace, and one device is still the answer.
+* KV heads and FFN widths that t does not divide split ⌈n/t⌉ or ⌊n/t⌋, and each rank takes the query
+  heads of its KV heads (⌈nh/t⌉ or ⌊nh/t⌋ with multi-head attention); the rank with the most heads
+  sets the pace, and one device is still the answer.
 * On real text, at this small scale: zero-shot SPD on the least sensitive blocks and 4-bit
   communication in small groups cost well under 1 % perplexity; the most sensitive block, or 2 bits
   in large groups, cost 5-18 %. What 70B models pay is the papers' to say."""),

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from tp_from_scratch.collectives import ring_all_reduce_bytes, ring_messages
+from tp_from_scratch.gpt.arch import head_counts, kv_replicas
 from tp_from_scratch.gpt.inventory import architecture, collective_calls, parameter_count, parameters
 from tp_from_scratch.sequence_parallel.memory import korthikanti_bytes
 from tp_from_scratch.sharding import shard_sizes
@@ -100,7 +101,7 @@ def forward_flops(config, arch, batch, t=1, rank=0):
     weights = sum(p.count(t, rank) for p in parameters(config, arch) if p.matmul)
     if architecture(config, arch)["tie_embeddings"]:
         weights += shard_sizes(config.vocab_size, t)[rank] * config.hidden
-    heads = config.n_heads // t
+    heads = head_counts(config, t)[0][rank]   # nh/t, or this rank's share of heads t does not divide
     attention = 4 * batch * config.seq_len ** 2 * config.head_size * heads * config.n_layers
     return 2 * tokens * weights + attention
 
@@ -150,7 +151,7 @@ def elementwise_elements(config, arch, batch, t=1, rank=0):
     a = architecture(config, arch)
     L, T, H = config.n_layers, config.seq_len, config.hidden
     N, hs = batch * T, config.head_size
-    heads = shard_sizes(config.n_heads, t)[rank]
+    heads, kv = rank_heads(config, t, rank)
     out = {a["norm"]: (2 * L + 1) * N * H,
            "add": (2 * L + 1 + (2 * L if a["bias"] and t > 1 else 0)) * N * H,
            ("swiglu" if a["mlp"] == "swiglu" else "gelu"): L * N * shard_sizes(config.ffn, t)[rank],
@@ -161,7 +162,7 @@ def elementwise_elements(config, arch, batch, t=1, rank=0):
                                 if p.name.endswith(".bias") and p.name.startswith(("attn.", "mlp."))),
            "adamw": parameter_count(config, arch, t, rank)}
     if a["position"] == "rope":
-        out["rope"] = L * N * (heads + max(1, config.n_kv_heads // t)) * hs
+        out["rope"] = L * N * (heads + kv) * hs
     return out
 
 
@@ -231,9 +232,18 @@ def predict_step(config, profile, t, batch, dp=1, itemsize=4, arch=None, threads
             "overhead_s": overhead, "step_s": compute + elementwise + comm + overhead}
 
 
+def rank_heads(config, t, rank):
+    """(query heads, KV heads) TP rank ``rank`` of t holds (gpt.arch.head_counts: uneven when t
+    does not divide them, rank 0 the most)."""
+    q, kv = head_counts(config, t)
+    return q[rank], kv[rank // kv_replicas(config, t)]
+
+
 def valid_tp_degrees(config, arch=None, largest=64):
     """The t in 1..largest that split heads, hidden and ffn evenly, and KV heads evenly or into
-    whole replicated heads (t a multiple of nkv); the vocabulary may split unevenly."""
+    whole replicated heads (t a multiple of nkv); the vocabulary may split unevenly. The degrees
+    the planner's tables list: a t that splits heads or ffn unevenly also trains (Lesson 14) and
+    is priced when asked for (--tp), at the pace of rank 0, which holds the most."""
     sizes = (config.n_heads, config.hidden, config.ffn)
     kv = config.n_kv_heads  # fewer KV heads than ranks: each is replicated on t / nkv ranks
     return [t for t in range(1, largest + 1) if all(s % t == 0 for s in sizes)

@@ -134,7 +134,7 @@ def report(args, config, profile, say=print):
     say(f"{arch}: V={config.vocab_size} T={config.seq_len} L={config.n_layers} H={config.hidden} "
         f"nh={config.n_heads} nkv={config.n_kv_heads} F={config.ffn}; {fields}")
     say(f"parameters: {n:,} exactly, {rounded(n)} rounded")
-    degrees = [t for t in valid_tp_degrees(config, arch) if t <= 64]
+    degrees = sorted({t for t in valid_tp_degrees(config, arch) if t <= 64} | {args.tp})   # --tp even if uneven
     unit, scale = memory_unit(sum(memory_per_rank(config, arch, 1, B // args.dp, args.precision).values()))
 
     def size(n):

@@ -16,6 +16,9 @@ with t TP ranks (Megatron's f / g pair; f sits at the ``copy_in`` points, the id
         --attention, per head--> (B, T, nh/t*hs) --o (row)--> Partial --g--> (B, T, H) Replicated
     x --f--> fc (column): (B, T, F/t) --GeLU--> proj (row): Partial --g--> (B, T, H) Replicated
 
+(nh/t, nkv/t and F/t when t divides them; otherwise ranks hold ⌈nkv/t⌉ or ⌊nkv/t⌋ whole KV heads
+with the query heads that read them, and ⌈F/t⌉ or ⌊F/t⌋ columns: gpt.arch.head_counts, split_sizes.)
+
 With fewer KV heads than ranks (nkv < t, as in Llama 3 70B's 8 KV heads at t = 8 or more),
 each KV head is held by t/nkv neighbouring ranks: k and v are (B, T, hs) on every rank, its
 weight rows are replicated over those ranks, and their gradients are summed among them
@@ -195,7 +198,8 @@ def causal_self_attention(q, k, v, head_size, rope=None, cache=None, causal=True
     """softmax(q k^T / sqrt(hs) + causal mask) v for the heads this rank holds.
 
     q (B, T, nq*hs), k and v (B, T, nkv*hs) -> (B, T, nq*hs). The head counts are read off
-    the shapes, so the same code serves the full model (nq = nh) and a TP shard (nh/t):
+    the shapes, so the same code serves the full model (nq = nh) and a TP shard (the heads this
+    rank holds, gpt.arch.head_counts: nh/t, or ⌈⌉ / ⌊⌋ of whole KV groups when t does not divide):
     the q heads of a shard use exactly the kv heads of the same shard (Sharded by heads; one
     replicated KV head when nkv < t). ``rope``: (cos, sin) of the T new positions, applied
     to q and k per head. ``cache``: a layer of a KVCache; the T new tokens come after the

@@ -32,8 +32,7 @@ import math
 from pathlib import Path
 
 from tp_from_scratch.collectives import ring_messages
-from tp_from_scratch.cost.model import PRESETS, all_reduce_seconds, architecture, parameters
-from tp_from_scratch.gpt.arch import head_counts
+from tp_from_scratch.cost.model import PRESETS, all_reduce_seconds, architecture, parameters, rank_heads
 from tp_from_scratch.inference.quantized import UNQUANTIZED, reduce_bytes, reduce_messages
 from tp_from_scratch.inference.sampling import exchanges, sharded_sampling_bytes
 from tp_from_scratch.partial_sync.mappings import synced_channels
@@ -112,12 +111,12 @@ def matmul_weights(config, t, rank=0, arch=None):
 def kv_heads_per_rank(config, t):
     """KV heads rank 0 caches: nkv / t, ⌈nkv/t⌉ when t does not divide them (rank 0 holds the
     largest piece of every split, so it sets the step), or one whole (replicated) head when nkv < t."""
-    return head_counts(config, t)[1][0]
+    return rank_heads(config, t, 0)[1]
 
 
 def query_heads_per_rank(config, t):
     """Query heads rank 0 attends with: nh / t, or the most any rank holds (gpt.arch.head_counts)."""
-    return head_counts(config, t)[0][0]
+    return rank_heads(config, t, 0)[0]
 
 
 def kv_cache_bytes(config, t, batch, context, itemsize):
