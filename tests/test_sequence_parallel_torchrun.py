@@ -23,7 +23,7 @@ from tp_from_scratch.sequence_parallel import train
     (["--impl", "dtensor", "--recompute-attention"], "--recompute-attention is ours"),
     (["--impl", "dtensor", "--tp", "2", "--kv-heads", "1"], "--impl dtensor needs the KV heads (n_kv_heads, --kv-heads) divisible by tp"),
     (["--impl", "dtensor", "--save", "x"], "--save and --load work with --impl scratch only"),
-    (["--tp", "2", "--ffn", "33"], "ffn size 33 is not divisible by tp=2"),  # Lesson 6's checks still apply
+    (["--tp", "2", "--ffn", "1"], "tp=2 is larger than ffn size 1"),  # Lesson 6's checks still apply
 ])
 def test_what_the_script_does_not_offer_is_refused_clearly(monkeypatch, capsys, argv, message):
     monkeypatch.setenv("WORLD_SIZE", "2")

@@ -28,6 +28,7 @@ from tp_from_scratch.gpt.parallelize import gpt_to_tp, shard_state_dict, shard_t
 from tp_from_scratch.numerics import check_invariant
 from tp_from_scratch.partial_sync import train as caat_train
 from tp_from_scratch.partial_sync.params import check_whole_kv_heads as caat_check
+from tp_from_scratch.sequence_parallel.model import gpt_to_sp
 from tp_from_scratch.sharding import shard_sizes
 
 UNEVEN = {"gpt2-52-heads": UNEVEN_GPT2, "llama-20-on-4-kv": UNEVEN_LLAMA}
@@ -115,11 +116,14 @@ def test_the_cost_model_prices_the_heads_each_rank_holds(t):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("t", [3, 8])
 def test_uneven_training_follows_one_device(t):
-    # five AdamW steps of the trainer's own loop, 52 heads and FFN 100, on simulated ranks
+    # five AdamW steps of the trainer's own loop, 52 heads and FFN 100, on simulated ranks, TP and TP + SP
     argv = ["--arch", "gpt2", "--hidden", "104", "--heads", "52", "--kv-heads", "52", "--ffn", "100",
             "--layers", "2", "--seq-len", "12", "--dtype", "float64", "--steps", "5"]
     expected = single_device_losses(argv)
-    for rank, losses in enumerate(run_spmd(lambda comm: train.train_on_comm(comm, argv), t)):
+    tp = run_spmd(lambda comm: train.train_on_comm(comm, argv), t)
+    # and sequence parallel (Lesson 7), which runs the same TP model on a split sequence
+    sp = run_spmd(lambda comm: train.train_on_comm(comm, argv, parallelize=lambda full, group: gpt_to_sp(group, full)), t)
+    for rank, losses in enumerate(tp + sp):
         assert len(losses) == len(expected) == 5
         for step, (got, want) in enumerate(zip(losses, expected)):
             assert_matches_reference(torch.tensor(got, dtype=torch.float64), want, name=f"loss at step {step}",

@@ -529,7 +529,8 @@ for config, t in ((UNEVEN_GPT2, 8), (UNEVEN_LLAMA, 3)):
     print(f"{config.arch}, {config.n_heads} heads on {config.n_kv_heads} KV heads, FFN {config.ffn}, t={t} "
           f"{head_counts(config, t)[0]}: logits, loss, every gradient, one SGD step and generated ids "
           "equal to one device")"""),
-    new_markdown_cell(r"""`tests/test_uneven.py` proves more at t = 3 and 8: five training steps of the trainer's own loop,
+    new_markdown_cell(r"""`tests/test_uneven.py` proves more at t = 3 and 8: five training steps of the trainer's own loop
+(with Lesson 7's sequence parallelism too),
 both checkpoint formats saved at t = 3 and loaded into the TP model at t = 8, 2 and 1 bit for bit,
 transformers' own GPT-2 of 52 heads and Llama of 20 on 4 KV heads imported and equal to it at
 every gradient, an export read back by transformers, the planner's per-rank counts equal to what
