@@ -17,7 +17,7 @@ help:
 	@echo "make test     run the whole suite: library tests, graders (reference), meta-tests, lessons"
 	@echo "make test-fast  the library tests without the launches (mpiexec, torchrun): the inner loop"
 	@echo "make lint     ruff: unused or undefined names and other real mistakes (make test runs it first)"
-	@echo "make test-slow  what does not fit make test: tp=8 on 8 processes, verify model at t = 3, 4, 2of4 and the zoo, Lesson 13 launched at t = 1, 2, 4 and 1,000 steps, Lesson 6's trainer launched for 50 steps, the GPT and Lesson 8's trainer launched at t = 4 (minutes on 2 cores)"
+	@echo "make test-slow  what does not fit make test: tp=8 on 8 processes, verify model at t = 3, 4, 2of4 and the zoo, Lesson 13 launched at t = 1, 2, 4 and 1,000 steps, Lesson 6's trainer launched for 50 steps, the GPT, Lesson 8's trainer and DeepSeek's resume launched at t = 4 (minutes on 2 cores)"
 	@echo "make grade    grade YOUR exercises in exercises/ and print a summary (EX=ex03: one exercise)"
 	@echo "make lessons  re-execute every notebook in place (outputs are committed)"
 	@echo "make site     the course as a website in site/ (offline; open site/index.html)"
@@ -75,7 +75,7 @@ lint: $(STAMP)
 test-slow: $(STAMP)
 	TP_TEST_SLOW=1 $(PY) -m pytest tests/test_slow_tp8.py tests/test_verify_model_slow.py tests/test_numerics_training.py \
 		tests/test_numerics_launch.py tests/test_numerics_clip.py tests/test_train.py tests/test_model.py \
-		tests/test_partial_sync_torch.py -q
+		tests/test_partial_sync_torch.py tests/test_deepseek_train.py -q
 
 # make grade EX=ex03 grades one exercise; COLLECTIVES=mine runs Exercises 3-5 on your own ex02 ring
 grade: $(STAMP)
