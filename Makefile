@@ -55,17 +55,18 @@ demo: $(STAMP)
 		--sample --temperature 0.7 --top-k 10 --compare-single
 
 # The suite runs on TEST_WORKERS processes (pytest-xdist); --dist loadfile keeps each test file on
-# one worker, so a file's module-scoped launches (torchrun runs, grader subprocesses) happen once
+# one worker, so a file's module-scoped launches (torchrun runs, grader subprocesses) happen once;
+# --no-loadscope-reorder keeps tests/conftest.py's order, the longest files first
 TEST_WORKERS ?= 2
 test: lint $(SITE_STAMP)
 	TP_IMPL=reference $(PY) -m pytest exercises -q
-	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile --durations=15
+	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 	$(PY) -m pytest --nbmake lessons -q -n $(TEST_WORKERS)
 
 # The inner loop: the library and meta-tests without the launched processes (@pytest.mark.slow),
 # the graders and the notebooks
 test-fast: $(STAMP)
-	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check --no-cache .
