@@ -4,12 +4,13 @@
   * one step of the CAAT GPT on t simulated ranks gives every parameter's gradient of the t-stream
     model (this rank's shard of it), t = 2, 3, 4 and p in {0.5, 0};
   * 50 AdamW steps in float64 at t = 2 and 4 give the reference's loss at every step
-    (simulated ranks, then torchrun with 4 processes here; the 2-process launch, with every
-    shared option, is tests/test_trainer_options.py's);
+    (simulated ranks; the 2-process launch, with every shared option, is
+    tests/test_trainer_options.py's; torchrun with 4 processes here in `make test-slow`);
   * the meter: lowering p removes exactly the ring bytes of the unsynced channels;
   * a checkpoint trained with p < 1 refuses to load at another t.
 """
 import json
+import os
 
 import pytest
 import torch
@@ -128,8 +129,13 @@ def test_checkpoint_trained_below_p_1_refuses_another_t():
         fits({"tp": 2, "sync_fraction": 0.5}, 2, 0.25)
 
 
+# make test holds the same claims without this 4-process launch: 50 steps at t = 4 on simulated
+# ranks (test_50_steps_on_simulated_ranks_match_the_t_stream_model), 50 steps launched at t = 2
+# with the metrics and the checkpoint's p and t (tests/test_trainer_options.py), and the refusal at
+# another t (test_checkpoint_trained_below_p_1_refuses_another_t)
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.skipif(os.environ.get("TP_TEST_SLOW") != "1", reason="4 processes on 2 cores: run `make test-slow`")
 @pytest.mark.parametrize("ranks", [4])
 def test_torchrun_training_matches_the_t_stream_model(ranks, tmp_path):
     metrics, saved = tmp_path / "metrics.jsonl", tmp_path / "ckpt"

@@ -1,6 +1,7 @@
 """Training under torchrun equals single-device training, step by step, at every dp x tp.
 
-Every configuration trains the default tiny GPT for 50 steps and writes its losses (--metrics).
+Every configuration trains the default tiny GPT for 20 steps (50 in `make test-slow`,
+TP_TEST_SLOW=1) and writes its losses (--metrics).
 The reference is computed here, at test time, by the single-device GPT on the same
 global batches (tests/single_device.py), and every step's loss is compared through
 compare.assert_matches_reference under the per-dtype tolerance.
@@ -8,9 +9,15 @@ compare.assert_matches_reference under the per-dtype tolerance.
 The runs on 4 processes share ONE torchrun launch (tests/spmd_scripts/gpt_training.py: tp=4 and
 dp=2 x tp=2 meshes of the same processes, seven runs, resumes included), made once per module by
 the ``runs`` fixture; the two-node rehearsal has its own two launchers. The 2-process,
-dp=1 trainer is launched by tests/test_trainer_options.py.
+dp=1 trainer is launched by tests/test_trainer_options.py. `make test` trains 20 steps: every
+claim here holds from the first step on (each step's loss against one device, the resume
+half-way, the trained weights), and 50 launched steps of the same trainer stay in make test
+through Lesson 7's launch (tests/test_sp_training_torchrun.py: 50 steps at tp=4, 50 float64
+steps at dp=2 x tp=2 saved, then loaded by this file's trainer at tp=4); `make test-slow` runs
+this file at 50 steps.
 """
 import json
+import os
 import threading
 from functools import lru_cache
 
@@ -22,7 +29,8 @@ from single_device import layers_of, lr_of, single_device_losses, single_device_
 from tp_from_scratch.compare import assert_matches_reference, tolerance
 from tp_from_scratch.comm.launchers import free_port, run_command, torchrun_command
 
-STEPS = 50
+STEPS = 50 if os.environ.get("TP_TEST_SLOW") == "1" else 20
+HALF = STEPS // 2   # the dp=2 x tp=2 run saves here on its way, and two runs resume from it
 LAUNCH_TIMEOUT = 240
 
 
@@ -55,7 +63,7 @@ def launch_two_nodes(args, tmp, name):
 def runs(tmp_path_factory):
     """runs(name) -> {step: loss} of that run of tests/spmd_scripts/gpt_training.py (one launch)."""
     tmp = tmp_path_factory.mktemp("train")
-    out = run_command(torchrun_command(4, "tests.spmd_scripts.gpt_training", tmp), timeout=540)
+    out = run_command(torchrun_command(4, "tests.spmd_scripts.gpt_training", tmp, STEPS), timeout=540)
     assert out.returncode == 0, f"the training launch failed:\n{out.stdout[-4000:]}"
 
     def get(name):
@@ -88,7 +96,7 @@ def assert_losses_match(losses, ref, what, dtype, first=0, exact=False):
 # float64 at dp=2 x tp=2: the two-node run
 @pytest.mark.parametrize("name", ["dp2tp2-f32", "tp4-f32", "dp2tp2-scratch-f32", "tp4-f64"])
 def test_losses_equal_single_device(runs, name):
-    # 50 steps at tp=4 and dp=2 x tp=2, float32 and float64: every step's loss must
+    # STEPS steps at tp=4 and dp=2 x tp=2, float32 and float64: every step's loss must
     # equal the single-device loss under the per-dtype tolerance (near-bitwise in float64)
     dtype = "float64" if name.endswith("f64") else "float32"
     assert_losses_match(runs(name), reference(dtype), name, dtype)
@@ -118,7 +126,7 @@ def test_two_nodes_dp2_tp2_float64_sgd(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_trained_weights_adamw_float64_equal_single_device(runs):
-    # after 50 AdamW steps at tp=4, the gathered weights equal single-device training's.
+    # after STEPS AdamW steps at tp=4, the gathered weights equal single-device training's.
     # float64 on purpose: Adam divides by sqrt(v) + eps, so a weight whose gradient is nearly
     # zero turns the gradient's roundoff into a weight error up to lr / eps times larger
     # (compare.py's growth rule); in float32 that bound would be useless, so float32 training
@@ -144,19 +152,19 @@ def test_dtensor_equals_scratch(runs):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_resume_same_and_other_tp(runs):
-    # the dp=2 x tp=2 run saved at step 25 (--save-every 25) on its way to 50
+    # the dp=2 x tp=2 run saved at step HALF (--save-every HALF) on its way to STEPS
     uninterrupted = runs("dp2tp2-f32")
     meta = [ckpt.read_metadata(d)[1] for d in runs.dir.glob("ckpt/step_*")]
-    assert sorted(m["step"] for m in meta) == [25, 50]
-    # 1) resumed at the same tp: steps 25..49 bitwise equal to the uninterrupted run. Another
+    assert sorted(m["step"] for m in meta) == [HALF, STEPS]
+    # 1) resumed at the same tp: steps HALF..STEPS-1 bitwise equal to the uninterrupted run. Another
     #    run, the same bits: runs are deterministic, and the checkpoint lost nothing
     #    (weights, both AdamW moments and its step count)
     same = runs("resumed-tp2")
-    assert_losses_match(same, [uninterrupted[s] for s in range(25, STEPS)], "resumed at tp=2",
-                        "float32", first=25, exact=True)
+    assert_losses_match(same, [uninterrupted[s] for s in range(HALF, STEPS)], "resumed at tp=2",
+                        "float32", first=HALF, exact=True)
     # 2) resumed at tp=4 (resharded weights and AdamW moments): equal within the tolerance
     other = runs("resumed-tp4")
-    assert_losses_match(other, [uninterrupted[s] for s in range(25, STEPS)], "resumed at tp=4",
-                        "float32", first=25)
-    assert_losses_match(other, reference("float32")[25:], "resumed at tp=4 vs single device",
-                        "float32", first=25)
+    assert_losses_match(other, [uninterrupted[s] for s in range(HALF, STEPS)], "resumed at tp=4",
+                        "float32", first=HALF)
+    assert_losses_match(other, reference("float32")[HALF:], "resumed at tp=4 vs single device",
+                        "float32", first=HALF)

@@ -1,11 +1,11 @@
 """Lesson 6's trainer under torchrun: every mesh of 4 processes the tests need, in ONE launch.
 
-    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tests.spmd_scripts.gpt_training DIR
+    .venv/bin/torchrun --standalone --nproc-per-node 4 -m tests.spmd_scripts.gpt_training DIR [STEPS]
 
 Each run is tp_from_scratch.gpt.train.run on one of two meshes of the same processes (tp=4,
-and dp=2 x tp=2), 50 steps of the default tiny GPT, its losses written to DIR/<name>.jsonl
-(--metrics); the checks against one device are tests/test_train.py's, in the test process.
-One launch instead of seven: a launch costs more than the 50 steps it runs.
+and dp=2 x tp=2), STEPS steps (default 50) of the default tiny GPT, its losses written to
+DIR/<name>.jsonl (--metrics); the checks against one device are tests/test_train.py's, in the
+test process. One launch instead of seven: a launch costs more than the steps it runs.
 """
 import sys
 from pathlib import Path
@@ -16,32 +16,31 @@ from tp_from_scratch.gpt import train
 from tp_from_scratch.comm.process_group import init_process_group
 from tp_from_scratch.gpt.mesh import setup_mesh
 
-STEPS = 50
-
-# (name, tp, flags); {dir} is DIR, {at25} the step-25 checkpoint the "dp2tp2-f32" run saved
+# (name, tp, flags); {dir} is DIR, {half} the half-way checkpoint the "dp2tp2-f32" run saved (at STEPS / 2)
 RUNS = [
     ("tp4-f32", 4, ["--dtype", "float32"]),
     # the TP groups on the from-scratch ring (a TorchComm over each TP process group)
     ("dp2tp2-scratch-f32", 2, ["--dtype", "float32", "--collectives", "scratch"]),
     ("tp4-f64", 4, ["--dtype", "float64", "--save", "{dir}/ckpt-tp4-f64"]),
-    ("dp2tp2-f32", 2, ["--dtype", "float32", "--save", "{dir}/ckpt", "--save-every", "25"]),
+    ("dp2tp2-f32", 2, ["--dtype", "float32", "--save", "{dir}/ckpt", "--save-every", "{half_steps}"]),
     ("dtensor-dp2tp2-f32", 2, ["--dtype", "float32", "--impl", "dtensor"]),
-    # resumed from step 25: at the same tp, and resharded to tp=4
-    ("resumed-tp2", 2, ["--load", "{at25}"]),
-    ("resumed-tp4", 4, ["--load", "{at25}"]),
+    # resumed half-way: at the same tp, and resharded to tp=4
+    ("resumed-tp2", 2, ["--load", "{half}"]),
+    ("resumed-tp4", 4, ["--load", "{half}"]),
 ]
 
 
 def main():
     out = Path(sys.argv[1])
+    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 50
     status = 0
     try:
         init_process_group("cpu", 60)   # torch_main's start, without its exit: this script exits itself
         meshes = {tp: setup_mesh(tp, timeout=60, dtensor=True) for tp in (4, 2)}
         for name, tp, flags in RUNS:
-            at25 = next(iter(sorted((out / "ckpt").glob("step_00000025-*"))), None)
-            argv = [f.format(dir=out, at25=at25) for f in flags]
-            opts = train.parse([*argv, "--tp", str(tp), "--steps", str(STEPS), "--no-progress", "--timeout", "60",
+            half = next(iter(sorted((out / "ckpt").glob(f"step_{steps // 2:08d}-*"))), None)
+            argv = [f.format(dir=out, half=half, half_steps=steps // 2) for f in flags]
+            opts = train.parse([*argv, "--tp", str(tp), "--steps", str(steps), "--no-progress", "--timeout", "60",
                                 "--metrics", str(out / f"{name}.jsonl")])
             status |= train.run(opts, meshes[tp])
             if meshes[tp].rank == 0:
