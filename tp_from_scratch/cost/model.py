@@ -242,7 +242,7 @@ def rank_heads(config, t, rank):
 def valid_tp_degrees(config, arch=None, largest=64):
     """The t in 1..largest that split heads, hidden and ffn evenly, and KV heads evenly or into
     whole replicated heads (t a multiple of nkv); the vocabulary may split unevenly. The degrees
-    the planner's tables list: a t that splits heads or ffn unevenly also trains (Lesson 14) and
+    the planner's tables list: a t that splits heads or ffn unevenly also trains (gpt.arch.head_counts) and
     is priced when asked for (--tp), at the pace of rank 0, which holds the most."""
     sizes = (config.n_heads, config.hidden, config.ffn)
     kv = config.n_kv_heads  # fewer KV heads than ranks: each is replicated on t / nkv ranks
