@@ -144,6 +144,11 @@ def shard_axis(name, arch=None):
     return SPLIT_AXES.get(module_style(module, arch), {}).get(leaf)
 
 
+def _module_of(name):
+    """'blocks.0.attn.k.weight' -> 'blocks.0.attn.k'; a module's own name is returned as it is."""
+    return name.rpartition(".")[0] if name.rpartition(".")[2] in ("weight", "bias") else name
+
+
 def kv_replicas(config, tp):
     """How many ranks hold each KV head: 1 when nkv >= t (each rank its own KV heads, evenly or
     not), else t / nkv (nkv < t; GPTConfig.validate demands that nkv divide t then)."""
@@ -184,7 +189,7 @@ def head_split_sizes(name, config, tp):
     """The sizes of the t / r pieces of a module (or parameter) that attention splits at head
     boundaries (HEAD_SPLITS: q's rows and o's columns by query heads, k's and v's rows by KV heads,
     gpt.arch.head_counts); None for any other name."""
-    module = name.rpartition(".")[0] if name.rpartition(".")[2] in ("weight", "bias") else name
+    module = _module_of(name)
     role = next((role for pattern, role in HEAD_SPLITS.items() if _matches(pattern, module)), None)
     if role is None:
         return None
@@ -204,7 +209,7 @@ def split_sizes(name, config, tp, size):
 def replicas_of(name, config, tp):
     """How many neighbouring ranks hold the same piece of parameter (or module) ``name``: t/nkv
     for k, v when nkv < t, else 1."""
-    module = name.rpartition(".")[0] if name.rpartition(".")[2] in ("weight", "bias") else name
+    module = _module_of(name)
     return kv_replicas(config, tp) if module_style(module, config.arch) == KV_COLWISE else 1
 
 

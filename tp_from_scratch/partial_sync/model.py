@@ -30,11 +30,11 @@ from tp_from_scratch.gpt.model import causal_self_attention
 from tp_from_scratch.gpt.parallelize import TP_STYLES, column_style, gpt_to_tp, kv_column_style
 from tp_from_scratch.nn import RowParallelLinear, copy_to_tp_region
 from tp_from_scratch.nn.mappings import tp_world_size
+from tp_from_scratch.partial_sync.autograd import partial_reduce_from_tp_region
+from tp_from_scratch.partial_sync.mappings import synced_channels
 
 # why CAAT-Net refuses heads and FFN widths that t does not divide
 CAAT_EVEN = "CAAT-Net's streams (each cut evenly, as their single-device reference cuts them)"
-from tp_from_scratch.partial_sync.autograd import partial_reduce_from_tp_region
-from tp_from_scratch.partial_sync.mappings import synced_channels
 
 
 class PartialSyncRowParallelLinear(RowParallelLinear):
