@@ -17,7 +17,7 @@ help:
 	@echo "make test     run the whole suite: library tests, graders (reference), meta-tests, lessons"
 	@echo "make test-fast  the library tests without the launches (mpiexec, torchrun): the inner loop"
 	@echo "make lint     ruff: unused or undefined names and other real mistakes (make test runs it first)"
-	@echo "make test-slow  what does not fit make test: tp=8 on 8 processes, verify model at t = 3, 4, 2of4 and the zoo, Lesson 13 launched at t = 1, 2, 4 and 1,000 steps, Lesson 6's trainer launched for 50 steps, the GPT, Lesson 8's trainer and DeepSeek's resume launched at t = 4 (minutes on 2 cores)"
+	@echo "make test-slow  what does not fit make test: tp=8 on 8 processes, verify model at t = 3, 4, 2of4 and the zoo, Lesson 13 launched at t = 1, 2, 4 and 1,000 steps, Lessons 6 and 7's trainers launched for 50 steps, the GPT, Lesson 8's trainer, DeepSeek's resume, the collectives and DeepSeek's layers launched at t = 4 under torchrun, the benchmarks' torchrun smoke tests (minutes on 2 cores)"
 	@echo "make grade    grade YOUR exercises in exercises/ and print a summary (EX=ex03: one exercise)"
 	@echo "make lessons  re-execute every notebook in place (outputs are committed)"
 	@echo "make site     the course as a website in site/ (offline; open site/index.html)"
@@ -56,12 +56,13 @@ demo: $(STAMP)
 
 # The suite runs on TEST_WORKERS processes (pytest-xdist); --dist loadfile keeps each test file on
 # one worker, so a file's module-scoped launches (torchrun runs, grader subprocesses) happen once;
-# --no-loadscope-reorder keeps tests/conftest.py's order, the longest files first
+# --no-loadscope-reorder keeps tests/conftest.py's order, the longest files first. The lessons'
+# notebooks (--nbmake: each executed, any error fails it) run in the same session, so they fill
+# the gaps the long files leave instead of waiting for the last one
 TEST_WORKERS ?= 2
 # (the graders on the reference run inside tests/test_graders.py, which also pins their counts)
 test: lint $(SITE_STAMP)
-	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
-	$(PY) -m pytest --nbmake lessons -q -n $(TEST_WORKERS)
+	$(PY) -m pytest tests lessons --nbmake -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 # The inner loop: the library and meta-tests without the launched processes (@pytest.mark.slow),
 # the graders and the notebooks
@@ -76,7 +77,8 @@ lint: $(STAMP)
 test-slow: $(STAMP)
 	TP_TEST_SLOW=1 $(PY) -m pytest tests/test_slow_tp8.py tests/test_verify_model_slow.py tests/test_numerics_training.py \
 		tests/test_numerics_launch.py tests/test_numerics_clip.py tests/test_train.py tests/test_model.py \
-		tests/test_partial_sync_torch.py tests/test_deepseek_train.py -q
+		tests/test_partial_sync_torch.py tests/test_deepseek_train.py tests/test_sp_training_torchrun.py \
+		tests/test_collectives_native.py tests/test_deepseek_moe.py tests/test_bench_collectives.py tests/test_bench_p2p.py -q
 
 # make grade EX=ex03 grades one exercise; COLLECTIVES=mine runs Exercises 3-5 on your own ex02 ring
 grade: $(STAMP)

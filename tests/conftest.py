@@ -30,6 +30,7 @@ LONGEST_FIRST = [
     "test_deepseek_train.py", "test_verify_model.py", "test_commands.py", "test_dcp_launched.py",
     "test_doctor.py", "test_deepseek_moe.py", "test_parallelisms.py", "test_numerics_launch.py",
     "test_numerics_clip.py", "test_collectives_native.py", "test_plan.py", "test_dcp.py",
+    "06_training.ipynb",         # ~50 s: make test runs the lessons' notebooks in the same session
 ]
 
 

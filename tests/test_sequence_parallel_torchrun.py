@@ -2,7 +2,7 @@
 step's loss equal to the single-device loss (the trainer exits 1 when a step differs).
 
 The trainer's command line as a user types it (tp=2, float32, 20 steps, every shared option) is
-launched by tests/test_trainer_options.py, the 50-step runs by tests/test_sp_training_torchrun.py;
+launched by tests/test_trainer_options.py, the tp=4 and dp=2 x tp=2 runs by tests/test_sp_training_torchrun.py;
 here PyTorch's own DTensor sequence-parallel plan on 2 ranks, against one device, its collectives counted next to
 ours, the counts equal to the committed measurement the lesson shows; in the same launch, both
 DTensor plans of gpt2 and llama against one device. (tp=4 and dp=2 x tp=2,

@@ -11,10 +11,9 @@ dp=2 x tp=2 meshes of the same processes, seven runs, resumes included), made on
 the ``runs`` fixture; the two-node rehearsal has its own two launchers. The 2-process,
 dp=1 trainer is launched by tests/test_trainer_options.py. `make test` trains 20 steps: every
 claim here holds from the first step on (each step's loss against one device, the resume
-half-way, the trained weights), and 50 launched steps of the same trainer stay in make test
-through Lesson 7's launch (tests/test_sp_training_torchrun.py: 50 steps at tp=4, 50 float64
-steps at dp=2 x tp=2 saved, then loaded by this file's trainer at tp=4); `make test-slow` runs
-this file at 50 steps.
+half-way, the trained weights); `make test-slow` runs this file, and Lesson 7's launch
+(tests/test_sp_training_torchrun.py: tp=4, and dp=2 x tp=2 saved, then loaded by this file's
+trainer at tp=4), at 50 steps.
 """
 import json
 import os

@@ -124,8 +124,10 @@ def run_graders(impl="", exercises=None, timeout=EXERCISE_TIMEOUT, stop_at_first
             log = Path(tmp) / f"grading-{attempt}.jsonl"
             files = [str(EXERCISE_DIR / f"test_{EXERCISES[e][0]}.py") for e in todo]
             # only the one plugin the graders use (their timeouts): auto-loading every installed
-            # plugin (jupyter's nbmake, hypothesis, ...) costs ~3 s per run, ~0.4 s without
-            cmd = [sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider", "-p", "pytest_timeout",
+            # plugin (jupyter's nbmake, hypothesis, ...) costs ~3 s per run, ~0.4 s without.
+            # --tb=no: what is graded comes from the log (each failure's message whole); pytest's
+            # tracebacks would go unread, and formatting them took half a run of the stubs
+            cmd = [sys.executable, "-m", "pytest", *files, "-q", "--tb=no", "-p", "no:cacheprovider", "-p", "pytest_timeout",
                    *(["-k", keyword] if keyword else [])]
             env = subprocess_env(TP_IMPL=impl, TP_COLLECTIVES="mine" if collectives == "mine" else "",
                                  PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", TP_GRADE_LOG=str(log),
