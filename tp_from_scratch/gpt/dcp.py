@@ -41,13 +41,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, MetadataIndex, TensorProperties,
-                                                   TensorStorageMetadata)
-from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
 OPTIMIZER, STEP = "optimizer.state.", "train_state.step"
 MARKER = ".metadata"   # what makes a directory a DCP checkpoint
@@ -55,6 +48,14 @@ MARKER = ".metadata"   # what makes a directory a DCP checkpoint
 
 class DCPError(RuntimeError, ValueError):
     """A DCP directory that cannot be used (gpt/checkpoint.py reports it as a CheckpointError)."""
+
+
+def torch_dcp():
+    """torch.distributed.checkpoint, imported when a DCP checkpoint is first written or read, not
+    with this file: it brings DTensor and sympy along, about 1.7 s of CPU that every rank of every
+    launch would pay (gpt/checkpoint.py imports this file, and its own format never needs DCP)."""
+    import torch.distributed.checkpoint as dcp   # with its api, metadata, planner and default_planner
+    return dcp
 
 
 # ---------------------------------------------------------------------------------------
@@ -109,14 +110,16 @@ class Pieces(torch.Tensor):
         raise NotImplementedError(f"Pieces only describes chunks for DCP; {func} is not defined on it")
 
     def __create_write_items__(self, fqn, obj):
-        return [WriteItem(index=MetadataIndex(fqn, offsets), type=WriteItemType.SHARD,
-                          tensor_data=TensorWriteData(chunk=ChunkStorageMetadata(offsets, piece.shape),
-                                                      properties=TensorProperties.create_from_tensor(piece),
-                                                      size=self.size()))
+        planner, metadata = torch_dcp().planner, torch_dcp().metadata
+        return [planner.WriteItem(index=metadata.MetadataIndex(fqn, offsets), type=planner.WriteItemType.SHARD,
+                                  tensor_data=planner.TensorWriteData(
+                                      chunk=metadata.ChunkStorageMetadata(offsets, piece.shape),
+                                      properties=metadata.TensorProperties.create_from_tensor(piece),
+                                      size=self.size()))
                 for offsets, piece in self.chunks]
 
     def __create_chunk_list__(self):
-        return [ChunkStorageMetadata(offsets, piece.shape) for offsets, piece in self.chunks]
+        return [torch_dcp().metadata.ChunkStorageMetadata(offsets, piece.shape) for offsets, piece in self.chunks]
 
     def __get_tensor_shard__(self, index):
         return next(piece for offsets, piece in self.chunks if offsets == index.offset)
@@ -189,7 +192,7 @@ def save(group, directory, step, model_state, optimizer_state, config, tp, tp_ra
     shapes = [None] * tp
     dist.all_gather_object(shapes, local, group=group)
     full = full_shapes(shapes, meta, sharding)
-    dcp.save(rank_state(model_state, optimizer_state, step, full, tp, tp_rank, config, sharding),
+    torch_dcp().save(rank_state(model_state, optimizer_state, step, full, tp, tp_rank, config, sharding),
              checkpoint_id=directory)
 
 
@@ -197,8 +200,9 @@ def save_ranks(directory, states):
     """DCP's save of ``states`` (one state dict per rank, rank order) in ONE process: the steps
     dcp.save takes on each rank (local plan; the coordinator's global plan; each rank's writes;
     the coordinator's .metadata), with its collectives replaced by a loop."""
-    planners = [DefaultSavePlanner() for _ in states]
-    writers = [FileSystemWriter(directory) for _ in states]
+    dcp = torch_dcp()
+    planners = [dcp.default_planner.DefaultSavePlanner() for _ in states]
+    writers = [dcp.FileSystemWriter(directory) for _ in states]
     plans = []
     for rank, (state, planner, writer) in enumerate(zip(states, planners, writers)):
         planner.set_up_planner(state_dict=state, storage_meta=writer.storage_meta(), is_coordinator=rank == 0)
@@ -243,19 +247,21 @@ def read_verified(path, record):
 def stored(directory):
     """{key: TensorStorageMetadata} of the tensors DCP recorded in ``directory``'s .metadata."""
     try:
-        metadata = FileSystemReader(directory).read_metadata()
+        metadata = torch_dcp().FileSystemReader(directory).read_metadata()
     except Exception as e:   # a damaged pickle raises several types
         raise DCPError(f"DCP metadata {Path(directory) / MARKER} is unreadable: {e}") from None
-    return {k: v for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
+    return {k: v for k, v in metadata.state_dict_metadata.items()
+            if isinstance(v, torch_dcp().metadata.TensorStorageMetadata)}
 
 
 def _load(state, directory):
     """dcp.load in this process alone (no_dist): every value of ``state`` filled in place."""
+    dcp = torch_dcp()
     try:
         with warnings.catch_warnings():   # DCP's note that no process group is used: that is the point
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(state, checkpoint_id=directory, no_dist=True)
-    except (CheckpointException, RuntimeError, ValueError, KeyError) as e:
+    except (dcp.api.CheckpointException, RuntimeError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()
         raise DCPError(f"DCP checkpoint {directory} cannot be read for this model: "
                        f"{first[-1] if first else type(e).__name__}") from None

@@ -29,7 +29,6 @@ from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt import train
 from tp_from_scratch.gpt.mesh import setup_mesh
 from tp_from_scratch.gpt.parallelize import gpt_to_tp
-from tp_from_scratch.sequence_parallel.dtensor_plan import parallelize_gpt_sp
 from tp_from_scratch.sequence_parallel.model import SequenceParallelGPT
 
 
@@ -60,7 +59,8 @@ def validate(opts, world_size):
 
 def sequence_parallelizer(opts, mesh):
     """parallelize(full, group) for gpt.hooks.Hooks: this rank's sequence-parallel model."""
-    if opts.impl == "dtensor":
+    if opts.impl == "dtensor":   # DTensor imported only here, as in gpt/train.py (~1 s a rank)
+        from tp_from_scratch.sequence_parallel.dtensor_plan import parallelize_gpt_sp
         return lambda full, group: parallelize_gpt_sp(full, mesh.device_mesh["tp"])
     return lambda full, group: SequenceParallelGPT(gpt_to_tp(group, full),
                                                    recompute_attention=opts.recompute_attention)
