@@ -78,7 +78,8 @@ test-slow: $(STAMP)
 	TP_TEST_SLOW=1 $(PY) -m pytest tests/test_slow_tp8.py tests/test_verify_model_slow.py tests/test_numerics_training.py \
 		tests/test_numerics_launch.py tests/test_numerics_clip.py tests/test_train.py tests/test_model.py \
 		tests/test_partial_sync_torch.py tests/test_deepseek_train.py tests/test_sp_training_torchrun.py \
-		tests/test_collectives_native.py tests/test_deepseek_moe.py tests/test_bench_collectives.py tests/test_bench_p2p.py -q
+		tests/test_collectives_native.py tests/test_deepseek_moe.py tests/test_bench_collectives.py tests/test_bench_p2p.py \
+		tests/test_pipeline_launch.py -q
 
 # make grade EX=ex03 grades one exercise; COLLECTIVES=mine runs Exercises 3-5 on your own ex02 ring
 grade: $(STAMP)

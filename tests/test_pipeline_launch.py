@@ -6,7 +6,15 @@ parameter against single-device training; a mismatch raises on that rank and end
 Both launches then check the ViT the same way (TP inside each stage, the pipeline across:
 patch embedding on the first stage, class-token norm and classifier on the last).
 m = 1 and 2 are covered on the simulator (test_pipeline.py).
+
+The torchrun launch runs in `make test-slow` (TP_TEST_SLOW=1). In `make test`, GPipe and 1F1B
+on pp=2 x tp=2 under torchrun are Lesson 11's mesh launch's (tests/test_parallelisms.py); the
+ViT's pipeline stages run under mpiexec here and on the simulator (tests/test_pipeline.py), its
+TP on simulated ranks (tests/test_vit.py); only the ViT with TP inside pipeline stages waits for
+`make test-slow`.
 """
+import os
+
 import pytest
 
 from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
@@ -14,6 +22,8 @@ from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchru
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
+@pytest.mark.skipif(os.environ.get("TP_TEST_SLOW") != "1", reason="4 processes, held in make test by "
+                    "tests/test_parallelisms.py's launch: run `make test-slow`")
 def test_pipeline_with_tensor_parallel_stages_equals_one_device_under_torchrun():
     cmd = torchrun_command(4, "tp_from_scratch.parallelisms.check", "pipeline", "--tp", 2, "--micro", 4)
     result = run_command(cmd, timeout=180)

@@ -4,9 +4,8 @@
   sum(p.numel()) of the single-device GPT and of each TP rank's shard;
 * FLOPs: torch's FlopCounterMode on a real forward, and forward + backward;
 * bytes: the Comm meter of every simulated TP rank after real training steps, and the
-  trainer's own report under torchrun for dp=2 x tp=2.
+  trainer's own report under torchrun for dp=2 x tp=2 (checked in tests/test_train.py's launch).
 """
-import re
 
 import pytest
 import torch
@@ -14,7 +13,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from tp_from_scratch.comm import run_spmd
-from tp_from_scratch.comm.launchers import run_command, torchrun_command
 from tp_from_scratch.cost import calibrate, planner
 from tp_from_scratch.cost import model as cost
 from tp_from_scratch.gpt import inventory, train
@@ -162,37 +160,8 @@ def test_ring_bytes_equal_the_meter_of_every_simulated_rank(name):
         assert meter["bytes_sent"] == STEPS * sum(x["ring_bytes"] for x in rows), f"rank {r}"
 
 
-def table_rows(text, header):
-    """The whitespace-separated rows of the text table that starts at the line ``header`` begins."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(header))
-    rows = []
-    for line in lines[start + 1:]:
-        if not line.strip() or not re.match(r"^[\w(-]", line):
-            break
-        if not line.startswith("-"):
-            rows.append(line.split())
-    return rows
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(150)
-def test_dp2_tp2_trainer_reports_the_predicted_bytes():
-    # one launch, two meters: torch.distributed's dp all-reduces (payload, CollectiveCounter)
-    # and the from-scratch ring of the tp group (TorchComm meter, totals over the steps)
-    argv = ["--tp", "2", "--steps", str(STEPS), "--no-progress", "--collectives", "scratch"]
-    out = run_command(torchrun_command(4, "tp_from_scratch.gpt.train", *argv), timeout=120)
-    assert out.returncode == 0, out.stdout[-4000:]
-    args = train.parse(argv)
-    rows = cost.traffic(args.model, 2, args.batch_size, dp=2, itemsize=4)
-    dp = [r for r in rows if r["group"] == "dp"]
-    tp = [r for r in rows if r["group"] == "tp"]
-    counted = {(r[0], r[1]): r for r in table_rows(out.stdout, "collective               group")}
-    assert float(counted["all_reduce", "dp"][2]) == sum(r["calls"] for r in dp)
-    assert int(counted["all_reduce", "dp"][3].replace(",", "")) == sum(r["payload_bytes"] for r in dp)
-    ring = {r[0]: r for r in table_rows(out.stdout, "collective  calls")}
-    assert int(ring["all_reduce"][1]) == STEPS * sum(r["calls"] for r in tp)
-    assert int(ring["all_reduce"][3]) == STEPS * sum(r["ring_bytes"] for r in tp)
+# The dp=2 x tp=2 trainer's printed bytes against this cost model: tests/test_train.py, in its
+# launch of 4 processes (test_dp2_tp2_trainer_reports_the_predicted_bytes).
 
 
 # ---- element-wise work --------------------------------------------------------------------

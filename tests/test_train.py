@@ -9,7 +9,8 @@ compare.assert_matches_reference under the per-dtype tolerance.
 The runs on 4 processes share ONE torchrun launch (tests/spmd_scripts/gpt_training.py: tp=4 and
 dp=2 x tp=2 meshes of the same processes, seven runs, resumes included), made once per module by
 the ``runs`` fixture; the two-node rehearsal has its own two launchers. The 2-process,
-dp=1 trainer is launched by tests/test_trainer_options.py. `make test` trains 20 steps: every
+dp=1 trainer is launched by tests/test_trainer_options.py. The dp=2 x tp=2 run on the
+from-scratch ring also has its printed bytes held to Lesson 9's traffic model here. `make test` trains 20 steps: every
 claim here holds from the first step on (each step's loss against one device, the resume
 half-way, the trained weights); `make test-slow` runs this file, and Lesson 7's launch
 (tests/test_sp_training_torchrun.py: tp=4, and dp=2 x tp=2 saved, then loaded by this file's
@@ -17,13 +18,16 @@ trainer at tp=4), at 50 steps.
 """
 import json
 import os
+import re
 import threading
 from functools import lru_cache
 
 import numpy as np
 import pytest
 
+from tp_from_scratch.cost import model as cost
 from tp_from_scratch.gpt import checkpoint as ckpt
+from tp_from_scratch.gpt import train
 from single_device import layers_of, lr_of, single_device_losses, single_device_weights
 from tp_from_scratch.compare import assert_matches_reference, tolerance
 from tp_from_scratch.comm.launchers import free_port, run_command, torchrun_command
@@ -68,8 +72,16 @@ def runs(tmp_path_factory):
     def get(name):
         return read_losses(tmp / f"{name}.jsonl")
 
-    get.dir = tmp
+    get.dir, get.stdout = tmp, out.stdout
     return get
+
+
+def printed_by(stdout, name):
+    """What rank 0 printed during the launch's run ``name`` (the script prints "ran <name>" after each)."""
+    lines = stdout.splitlines()
+    end = lines.index(f"ran {name}")
+    start = max((i for i in range(end) if lines[i].startswith("ran ")), default=-1) + 1
+    return "\n".join(lines[start:end])
 
 
 @lru_cache(maxsize=None)
@@ -120,6 +132,38 @@ def test_two_nodes_dp2_tp2_float64_sgd(tmp_path):
     bound = tolerance("float64", layers=layers_of([]), steps=STEPS)
     for name, value in expected.items():
         assert_matches_reference(got[name], value, name=f"trained {name}", tol=bound)
+
+
+def table_rows(text, header):
+    """The whitespace-separated rows of the text table that starts at the line ``header`` begins."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 1:]:
+        if not line.strip() or not re.match(r"^[\w(-]", line):
+            break
+        if not line.startswith("-"):
+            rows.append(line.split())
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_dp2_tp2_trainer_reports_the_predicted_bytes(runs):
+    # Lesson 9's traffic model against what the trainer prints, two meters of one run:
+    # torch.distributed's dp all-reduces (payload per step, CollectiveCounter) and the
+    # from-scratch ring of the tp group (the TorchComm's meter, totals over the steps)
+    printed = printed_by(runs.stdout, "dp2tp2-scratch-f32")
+    args = train.parse(["--tp", "2", "--steps", str(STEPS), "--dtype", "float32", "--collectives", "scratch"])
+    rows = cost.traffic(args.model, 2, args.batch_size, dp=2, itemsize=4)
+    dp = [r for r in rows if r["group"] == "dp"]
+    tp = [r for r in rows if r["group"] == "tp"]
+    counted = {(r[0], r[1]): r for r in table_rows(printed, "collective               group")}
+    assert float(counted["all_reduce", "dp"][2]) == sum(r["calls"] for r in dp)
+    assert int(counted["all_reduce", "dp"][3].replace(",", "")) == sum(r["payload_bytes"] for r in dp)
+    ring = {r[0]: r for r in table_rows(printed, "collective  calls")}
+    assert int(ring["all_reduce"][1]) == STEPS * sum(r["calls"] for r in tp)
+    assert int(ring["all_reduce"][3]) == STEPS * sum(r["ring_bytes"] for r in tp)
 
 
 @pytest.mark.slow
