@@ -21,7 +21,6 @@ import importlib.util
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,9 +29,8 @@ from pathlib import Path
 
 import torch
 
-from tp_from_scratch.comm.launchers import free_port, subprocess_env
 from tp_from_scratch.verify.report import busy
-from tp_from_scratch.verify.supervisor import PROGRESS
+from tp_from_scratch.verify.supervisor import PROGRESS, start_workers
 from tp_from_scratch.verify.worker import FINISHED, RESTART
 
 COULD_NOT_RUN, NOTHING_CHECKED, SOME_FAIL, ALL_EQUAL = 2, 3, 1, 0
@@ -201,20 +199,10 @@ def configurations(sources, launches, dtypes):
 # ---------------------------------------------------------------------------------------
 
 def _spawn(world, items_file, store_port, launch, after, args, logs):
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = {k: v for k, v in subprocess_env(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false").items()
-               if not k.startswith("TORCHELASTIC_")}
-        env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        cmd = [sys.executable, "-m", "tp_from_scratch.verify.model_worker", "--store", f"127.0.0.1:{store_port}",
-               "--launch", launch, "--items", items_file, "--shared", str(logs / "shared"), "--after", str(after), "--seed", str(args.seed),
-               "--timeout", str(args.timeout)]
-        log = open(logs / f"{launch.replace('/', '_')}_rank{rank}.log", "w")
-        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        log.close()
-    return procs
+    argv = ["--store", f"127.0.0.1:{store_port}", "--launch", launch, "--items", items_file,
+            "--shared", logs / "shared", "--after", after, "--seed", args.seed, "--timeout", args.timeout]
+    return start_workers("tp_from_scratch.verify.model_worker", world, argv, logs, launch,
+                         HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
 
 
 def _end(procs):

@@ -17,11 +17,17 @@ A deadlocking adapter thus costs about one check timeout plus one start of the w
 adapter may cost ``restarts`` fresh starts (--restarts); past them its remaining checks are
 given up (one row says so), so one misbehaving adapter cannot use up the launch and every
 other adapter keeps its full results.
+
+A start is cheap: the workers are forked from a server process that imported the worker's
+module, torch with it, once (multiprocessing's "forkserver"; start_workers), instead of each
+being a new Python that imports torch again: 4-5 s of CPU a worker on 2 cores, paid by every
+rank of every fresh start. Each worker still gets its own environment, session and log.
 """
+import importlib
 import json
+import multiprocessing
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,23 +63,75 @@ class CouldNotRun(RuntimeError):
     """The workers never got going (not a problem of an adapter): exit status 2."""
 
 
-def _spawn(config, world, group_size, store_port, launch, after, broken, logs):
+class Worker:
+    """A forked worker, with the face of subprocess.Popen the supervisors use (pid, poll, wait)."""
+
+    def __init__(self, process):
+        self.process, self.pid = process, process.pid
+
+    def poll(self):
+        return self.process.exitcode   # None while it runs; -9 once SIGKILL ended it, as Popen's
+
+    def wait(self):
+        self.process.join()
+        return self.process.exitcode
+
+
+_FORKSERVER = {}   # the module the fork server imported -> its multiprocessing context
+
+
+def _forkserver(module):
+    """The fork server for ``module``'s workers, started on first use with only that module
+    (and what it imports) loaded; its workers fork from it already holding torch."""
+    if module not in _FORKSERVER:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([module])
+        _FORKSERVER[module] = context
+    return _FORKSERVER[module]
+
+
+def _run_worker(module, argv, env, log):
+    """In a forked worker: a session of its own (the supervisor ends its process group), the
+    environment a launched rank gets, its log as stdout and stderr, then ``module``.main(argv)."""
+    os.setsid()
+    os.environ.clear()
+    os.environ.update(env)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout.reconfigure(line_buffering=True)
+    import torch
+    torch.set_num_threads(int(env["OMP_NUM_THREADS"]))   # the fork server's torch read its own
+    sys.exit(importlib.import_module(module).main(argv))
+
+
+def start_workers(module, world, argv, logs, launch, **extra_env):
+    """``world`` ranks of ``module``'s main(argv), forked from its fork server, each with the
+    environment torchrun would give it (a fresh port) and its log in ``logs``."""
     port = free_port()
+    context = _forkserver(module)
     procs = []
     for rank in range(world):
-        env = {k: v for k, v in subprocess_env().items() if not k.startswith("TORCHELASTIC_")}
+        env = {k: v for k, v in subprocess_env(**extra_env).items() if not k.startswith("TORCHELASTIC_")}
         env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                    LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        cmd = [sys.executable, "-m", "tp_from_scratch.verify.worker", *config.adapters,
-               "--store", f"127.0.0.1:{store_port}", "--launch", launch, "--after", after,
-               "--broken", ",".join(map(str, sorted(broken))), "--group-size", str(group_size),
-               "--dtypes", ",".join(config.dtypes), "--seed", str(config.seed),
-               "--device", config.device, "--check-timeout", str(config.check_timeout)]
-        log = open(logs / f"{launch.replace('/', '_')}_rank{rank}.log", "w")
-        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                      start_new_session=True))
-        log.close()
+        log = str(logs / f"{launch.replace('/', '_')}_rank{rank}.log")
+        process = context.Process(target=_run_worker, args=(module, list(map(str, argv)), env, log),
+                                  name=f"{launch} rank {rank}", daemon=True)
+        process.start()
+        procs.append(Worker(process))
     return procs
+
+
+def _spawn(config, world, group_size, store_port, launch, after, broken, logs):
+    argv = [*config.adapters, "--store", f"127.0.0.1:{store_port}", "--launch", launch, "--after", after,
+            "--broken", ",".join(map(str, sorted(broken))), "--group-size", group_size,
+            "--dtypes", ",".join(config.dtypes), "--seed", config.seed,
+            "--device", config.device, "--check-timeout", config.check_timeout]
+    return start_workers("tp_from_scratch.verify.worker", world, argv, logs, launch)
 
 
 def _end(procs):
