@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tp_from_scratch.tools.grade import run_graders
+from tp_from_scratch.tools.grade import run_graders, run_graders_of
 from tp_from_scratch.tools.grading import EXERCISE_DIR, EXERCISES, REPO
 
 KNOWN_WRONG = Path(__file__).parent / "known_wrong"
@@ -131,33 +131,32 @@ def test_stubs_fail_with_not_implemented(tmp_path):
 
 @pytest.fixture(scope="module")
 def wrong_results(request, tmp_path_factory):
-    """Grade every selected known-wrong implementation, in batches of at most one per exercise.
+    """Grade every selected known-wrong implementation, each as a submission of its own.
 
-    A batch is one directory holding one known-wrong file per exercise, graded by one pytest
-    process in which each exercise stops at its own first failure (as alone under -x): that
-    process imports numpy and torch once for up to 11 implementations, instead of once each.
-    Batches run as many at once as there are cores. Only the cases the session runs are
-    graded (`-k ex06` grades ex06's alone).
+    Each known-wrong file goes in a directory of its own, graded as that directory's exercise
+    with each exercise stopping at its own first failure (as alone under -x). One pytest
+    process grades a share of them all (run_graders_of: TP_IMPL names every directory), so
+    Python, torch and the graders start once per core instead of once per implementation.
+    Only the cases the session runs are graded (`-k ex06` grades ex06's alone).
     """
-    selected = {(item.callspec.params["exercise"], item.callspec.params["wrong"])
+    selected = [(item.callspec.params["exercise"], item.callspec.params["wrong"])
                 for item in request.session.items
-                if "wrong" in getattr(getattr(item, "callspec", None), "params", {})}
-    by_exercise = {}
-    for exercise, wrong in WRONG_CASES:
-        if (exercise, wrong) in selected:
-            by_exercise.setdefault(exercise, []).append(wrong)
-    batches = [{e: files[i] for e, files in by_exercise.items() if i < len(files)}
-               for i in range(max(map(len, by_exercise.values()), default=0))]
+                if "wrong" in getattr(getattr(item, "callspec", None), "params", {})]
+    root, directory_of = tmp_path_factory.mktemp("known-wrong"), {}
+    for exercise, wrong in dict.fromkeys(selected):
+        directory = root / f"{exercise}-{wrong.stem}"
+        directory.mkdir()
+        shutil.copy(wrong, directory / f"{EXERCISES[exercise][0]}.py")
+        directory_of[exercise, wrong] = str(directory)
+    cases, cores = list(directory_of), os.cpu_count() or 2
+    shares = [cases[i::cores] for i in range(cores) if cases[i::cores]]
 
-    def grade(batch):
-        directory = tmp_path_factory.mktemp("known-wrong")
-        for exercise, wrong in batch.items():
-            shutil.copy(wrong, directory / f"{EXERCISES[exercise][0]}.py")
-        results = run_graders(str(directory), list(batch), stop_at_first_failure=True)
-        return {(exercise, wrong): results[exercise] for exercise, wrong in batch.items()}
+    def grade(share):
+        results = run_graders_of([(directory_of[case], case[0]) for case in share], stop_at_first_failure=True)
+        return {case: results[directory_of[case], case[0]] for case in share}
 
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        return {case: result for graded in pool.map(grade, batches) for case, result in graded.items()}
+    with ThreadPoolExecutor(max_workers=len(shares) or 1) as pool:
+        return {case: result for graded in pool.map(grade, shares) for case, result in graded.items()}
 
 
 @pytest.mark.slow  # grader subprocesses: not in make test-fast

@@ -22,6 +22,7 @@ stubs still raise NotImplementedError) are not failures, so a learner who skippe
 import argparse
 import csv
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -83,7 +84,8 @@ def _add_test(result, name, outcome, message):
 
 
 def _read_log(path, results):
-    """Fold a grading log into ``results``; returns (exercises started, the one timed out or None)."""
+    """Fold a grading log into ``results`` ({(submission, exercise): ExerciseResult}); returns
+    (the pairs started, the one timed out or None)."""
     started, timed_out = [], None
     for line in (path.read_text().splitlines() if path.exists() else []):
         try:
@@ -91,15 +93,18 @@ def _read_log(path, results):
         except ValueError:  # the last line of a process killed mid-write
             continue
         if "start" in entry:
-            started.append(entry["start"])
+            started.append((entry["submission"], entry["start"]))
         elif "timed_out" in entry:
-            timed_out = entry["timed_out"]
+            timed_out = (entry["submission"], entry["timed_out"])
         elif "collected" in entry:
-            for exercise, n in entry["collected"].items():
-                if exercise in results:
-                    results[exercise].collected = n
-        elif entry.get("exercise") in results:
-            _add_test(results[entry["exercise"]], entry["name"], entry["outcome"], entry["message"])
+            for submission, exercise, n in entry["collected"]:
+                if (submission, exercise) in results:
+                    results[submission, exercise].collected = n
+        elif "exercise" in entry:
+            submission = entry["submission"]   # None: a grader file that failed to import, for every submission
+            for pair in [(submission, entry["exercise"])] if submission is not None else list(results):
+                if pair in results and pair[1] == entry["exercise"]:
+                    _add_test(results[pair], entry["name"], entry["outcome"], entry["message"])
     return started, timed_out
 
 
@@ -116,20 +121,37 @@ def run_graders(impl="", exercises=None, timeout=EXERCISE_TIMEOUT, stop_at_first
     collectives: "library", or "mine" to run on the ring of impl's Exercise 2 (TP_COLLECTIVES).
     keyword: only the graders pytest's -k selects with it (None: all of them).
     """
-    exercises = list(exercises or EXERCISES)
-    results = {e: ExerciseResult(e) for e in exercises}
-    todo = exercises
+    pairs = [(impl, e) for e in (exercises or EXERCISES)]
+    results = run_graders_of(pairs, timeout, stop_at_first_failure, collectives, keyword)
+    return {exercise: results[impl, exercise] for _, exercise in pairs}
+
+
+def run_graders_of(pairs, timeout=EXERCISE_TIMEOUT, stop_at_first_failure=False, collectives="library",
+                   keyword=None):
+    """run_graders for several submissions in ONE pytest process (exercises/conftest.py: TP_IMPL
+    names them all): one start of Python, torch and the graders instead of one per submission.
+    pairs: [(submission directory, exercise id)], each graded as if alone. Returns
+    {(submission, exercise): ExerciseResult}. A pair that times out is stopped as in
+    run_graders; the pairs not reached are graded in a new process."""
+    pairs = list(dict.fromkeys(pairs))
+    results = {pair: ExerciseResult(pair[1]) for pair in pairs}
+    todo = pairs
     with tempfile.TemporaryDirectory() as tmp:
-        for attempt in range(len(exercises)):
+        for attempt in range(len(pairs)):
             log = Path(tmp) / f"grading-{attempt}.jsonl"
-            files = [str(EXERCISE_DIR / f"test_{EXERCISES[e][0]}.py") for e in todo]
+            submissions = list(dict.fromkeys(s for s, _ in todo))
+            if len(submissions) > 1 and any(os.pathsep in s or s in ("", "reference") for s in submissions):
+                raise ValueError(f"several submissions in one process must be directories without {os.pathsep!r}: "
+                                 f"{submissions}")
+            files = [str(EXERCISE_DIR / f"test_{EXERCISES[e][0]}.py") for e in dict.fromkeys(e for _, e in todo)]
             # only the one plugin the graders use (their timeouts): auto-loading every installed
             # plugin (jupyter's nbmake, hypothesis, ...) costs ~3 s per run, ~0.4 s without.
             # --tb=no: what is graded comes from the log (each failure's message whole); pytest's
             # tracebacks would go unread, and formatting them took half a run of the stubs
             cmd = [sys.executable, "-m", "pytest", *files, "-q", "--tb=no", "-p", "no:cacheprovider", "-p", "pytest_timeout",
                    *(["-k", keyword] if keyword else [])]
-            env = subprocess_env(TP_IMPL=impl, TP_COLLECTIVES="mine" if collectives == "mine" else "",
+            env = subprocess_env(TP_IMPL=os.pathsep.join(submissions), TP_GRADE_ONLY=json.dumps(todo),
+                                 TP_COLLECTIVES="mine" if collectives == "mine" else "",
                                  PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", TP_GRADE_LOG=str(log),
                                  TP_GRADE_EXERCISE_TIMEOUT=str(timeout),
                                  TP_GRADE_FIRST_FAILURE="1" if stop_at_first_failure else "")
