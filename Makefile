@@ -9,6 +9,10 @@ SITE_STAMP := $(VENV)/.site-installed-$(shell cksum < requirements-site.txt | cu
 export PYTHONPATH := $(CURDIR)
 # one BLAS thread per process: ranks run oversubscribed on a laptop's few cores
 export OMP_NUM_THREADS ?= 1
+# Python compiles each module it imports once and keeps the .pyc (an environment that sets
+# PYTHONDONTWRITEBYTECODE=1 would have every process compile torch again, 14 s of CPU each):
+# the venv is not byte-compiled whole, only what the commands import, as they first import it
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: demo test test-fast lint test-slow grade lessons doctor bench measurements site clean help
 
@@ -29,18 +33,15 @@ $(STAMP): requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed; set PYTHON=python3.x")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	@# pip byte-compiles the packages one file at a time; compileall makes the same .pyc files on
-	@# every core (105 s -> 78 s for this step on 2 cores). A few third-party files are written for other
-	@# Python versions and do not compile: pip skips them too, hence the || true
+	@# --no-compile: byte-compiling all 16,800 files of the venv took 68 s on 2 cores (compileall -j 0);
+	@# importing torch, the trainer and transformers compiles 2,200 of them (14 s), once, when first imported
 	$(PY) -m pip install --quiet --no-compile -r requirements.txt
-	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
 	@# make the repo importable from anywhere in the venv (jupyter lab, torchrun, mpiexec), no build step
 	$(PY) -c 'import os, site; open(os.path.join(site.getsitepackages()[0], "tp_from_scratch.pth"), "w").write(os.getcwd() + "\n")'
 	rm -f $(VENV)/.installed-* && touch $@
 
 $(SITE_STAMP): requirements-site.txt $(STAMP)
 	$(PY) -m pip install --quiet --no-compile -r requirements-site.txt
-	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
 	rm -f $(VENV)/.site-installed-* && touch $@
 
 # The main job: a tp=2 GPT trained by 2 CPU processes on real text (bytes of Python's standard library),
@@ -58,8 +59,10 @@ demo: $(STAMP)
 # one worker, so a file's module-scoped launches (torchrun runs, grader subprocesses) happen once;
 # --no-loadscope-reorder keeps tests/conftest.py's order, the longest files first. The lessons'
 # notebooks (--nbmake: each executed, any error fails it) run in the same session, so they fill
-# the gaps the long files leave instead of waiting for the last one
-TEST_WORKERS ?= 2
+# the gaps the long files leave instead of waiting for the last one. Three workers on 2 cores: a
+# launch waiting on a timeout (a failing rank, a stuck adapter, the browser) leaves a core to the
+# third (the suite kept 95 % of both cores busy, 90 % with two workers)
+TEST_WORKERS ?= 3
 # (the graders on the reference run inside tests/test_graders.py, which also pins their counts)
 test: lint $(SITE_STAMP)
 	$(PY) -m pytest tests lessons --nbmake -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
