@@ -8,7 +8,7 @@ difference):
   Lesson 6's trainer WITHOUT it at tp=4, saved again, loaded with it at tp=2: all STEPS + 10 steps
   equal to one uninterrupted single-device run; then the DTensor plan in float32 with data parallelism.
 
-STEPS is 20 in `make test` (as tests/test_train.py's launch) and 50 in `make test-slow`
+STEPS is 10 in `make test` (as tests/test_train.py's launch) and 50 in `make test-slow`
 (TP_TEST_SLOW=1): every claim holds from the first step on; the longer run is there to see
 roundoff stay within the policy's growth over more steps.
 """
@@ -19,7 +19,7 @@ import pytest
 from tp_from_scratch.comm.launchers import run_command, torchrun_command
 
 SCRIPT = "tests.spmd_scripts.sp_training"
-STEPS = 50 if os.environ.get("TP_TEST_SLOW") == "1" else 20
+STEPS = 50 if os.environ.get("TP_TEST_SLOW") == "1" else 10
 
 
 @pytest.fixture(scope="module")

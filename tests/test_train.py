@@ -1,6 +1,6 @@
 """Training under torchrun equals single-device training, step by step, at every dp x tp.
 
-Every configuration trains the default tiny GPT for 20 steps (50 in `make test-slow`,
+Every configuration trains the default tiny GPT for 10 steps (50 in `make test-slow`,
 TP_TEST_SLOW=1) and writes its losses (--metrics).
 The reference is computed here, at test time, by the single-device GPT on the same
 global batches (tests/single_device.py), and every step's loss is compared through
@@ -10,7 +10,7 @@ The runs on 4 processes share ONE torchrun launch (tests/spmd_scripts/gpt_traini
 dp=2 x tp=2 meshes of the same processes, seven runs, resumes included), made once per module by
 the ``runs`` fixture; the two-node rehearsal has its own two launchers. The 2-process,
 dp=1 trainer is launched by tests/test_trainer_options.py. The dp=2 x tp=2 run on the
-from-scratch ring also has its printed bytes held to Lesson 9's traffic model here. `make test` trains 20 steps: every
+from-scratch ring also has its printed bytes held to Lesson 9's traffic model here. `make test` trains 10 steps: every
 claim here holds from the first step on (each step's loss against one device, the resume
 half-way, the trained weights); `make test-slow` runs this file, and Lesson 7's launch
 (tests/test_sp_training_torchrun.py: tp=4, and dp=2 x tp=2 saved, then loaded by this file's
@@ -32,7 +32,7 @@ from single_device import layers_of, lr_of, single_device_losses, single_device_
 from tp_from_scratch.compare import assert_matches_reference, tolerance
 from tp_from_scratch.comm.launchers import free_port, run_command, torchrun_command
 
-STEPS = 50 if os.environ.get("TP_TEST_SLOW") == "1" else 20
+STEPS = 50 if os.environ.get("TP_TEST_SLOW") == "1" else 10
 HALF = STEPS // 2   # the dp=2 x tp=2 run saves here on its way, and two runs resume from it
 LAUNCH_TIMEOUT = 240
 
