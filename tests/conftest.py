@@ -26,14 +26,21 @@ LONGEST_FIRST = [
     "test_verify.py",            # ~200 s: two launches of python -m tp_from_scratch.verify
     "test_trainer_options.py",   # ~110 s: one torchrun launch per trainer
     "test_train.py",             # ~90 s
+    "06_training.ipynb",         # ~50 s alone, ~100 s in the suite; the other notebooks right after it
     "test_sp_training_torchrun.py", "test_pipeline_launch.py", "test_failures_comm.py",
     "test_deepseek_train.py", "test_verify_model.py", "test_commands.py", "test_dcp_launched.py",
     "test_doctor.py", "test_deepseek_moe.py", "test_parallelisms.py", "test_numerics_launch.py",
     "test_numerics_clip.py", "test_collectives_native.py", "test_plan.py", "test_dcp.py",
-    "06_training.ipynb",         # ~50 s: make test runs the lessons' notebooks in the same session
 ]
+
+
+# make test runs the lessons' notebooks in the same session (Makefile): each is one unit of 10 to
+# 100 s, so they start early, after Lesson 6's, rather than last, where the slowest of them would
+# be the only thing left running
+NOTEBOOKS = LONGEST_FIRST.index("06_training.ipynb") + 0.5
 
 
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: each file's own order kept
+    items.sort(key=lambda item: rank.get(item.path.name, NOTEBOOKS if item.path.suffix == ".ipynb" else len(rank)))
+    # (sort is stable: each file's own order kept)
