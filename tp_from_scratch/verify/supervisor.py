@@ -77,19 +77,6 @@ class Worker:
         return self.process.exitcode
 
 
-_FORKSERVER = {}   # the module the fork server imported -> its multiprocessing context
-
-
-def _forkserver(module):
-    """The fork server for ``module``'s workers, started on first use with only that module
-    (and what it imports) loaded; its workers fork from it already holding torch."""
-    if module not in _FORKSERVER:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([module])
-        _FORKSERVER[module] = context
-    return _FORKSERVER[module]
-
-
 def _run_worker(module, argv, env, log):
     """In a forked worker: a session of its own (the supervisor ends its process group), the
     environment a launched rank gets, its log as stdout and stderr, then ``module``.main(argv)."""
@@ -112,7 +99,11 @@ def start_workers(module, world, argv, logs, launch, **extra_env):
     """``world`` ranks of ``module``'s main(argv), forked from its fork server, each with the
     environment torchrun would give it (a fresh port) and its log in ``logs``."""
     port = free_port()
-    context = _forkserver(module)
+    # multiprocessing keeps one fork server per process, started with the first worker: the preload
+    # is read then (a process runs verify or verify model, so one module; a later one is imported
+    # by each worker itself)
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([module])
     procs = []
     for rank in range(world):
         env = {k: v for k, v in subprocess_env(**extra_env).items() if not k.startswith("TORCHELASTIC_")}
