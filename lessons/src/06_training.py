@@ -282,8 +282,8 @@ print(f"loss {vit_single[0]:.3f} -> {vit_single[-1]:.3f}")"""),
     new_markdown_cell(r"""### What "equal" means over a long run
 
 A hundred steps are equal above. Run the full training (`.venv/bin/python -m tp_from_scratch.gpt.vit`) and
-the TP and single-device losses part after some dozens of steps (printed below, in float32 and
-float64), then stay close without being equal. Not a TP bug: the
+the TP and single-device losses part after more than a hundred steps (the first step beyond the
+tolerance is printed below, in float32 and float64), then stay close without being equal. Not a TP bug: the
 measurement below (`.venv/bin/python -m tp_from_scratch.gpt.vit --drift ...`) trains, next to the
 single-device ViT, a second single-device ViT whose initial weights were moved by **one unit in
 the last place**, and it parts at the same time and at the same rate. Each step multiplies the
