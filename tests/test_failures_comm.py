@@ -5,6 +5,7 @@ Each case launches 3 ranks of tests/spmd_scripts/fail_rank.py with TP_TIMEOUT=3,
 waiting on a peer that is gone gives up after 3 s instead of hanging. TP_DEBUG=1 turns on the
 fingerprint exchange that catches mismatched collectives.
 """
+import os
 import re
 import time
 
@@ -37,10 +38,21 @@ def launch(launcher, mode):
     return result, time.monotonic() - start
 
 
+# the collective-mismatch case under torchrun runs in make test-slow: the fingerprint exchange is
+# the same code on every Comm, held in make test under mpiexec here and on simulated ranks
+# (tests/test_comm_launch.py); torchrun's own ways to lose a rank (raise, exit, kill) stay here
+SLOW_CASES = {("mismatch", "torchrun")}
+
+
+def slow_case(mode, launcher):
+    return pytest.param(mode, launcher, marks=pytest.mark.skipif(
+        (mode, launcher) in SLOW_CASES and os.environ.get("TP_TEST_SLOW") != "1",
+        reason="the same check under a second launcher: run `make test-slow`"))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
-@pytest.mark.parametrize("mode", list(EXPECTED))
+@pytest.mark.parametrize("mode, launcher", [slow_case(m, la) for m in EXPECTED for la in ("mpiexec", "torchrun")])
 def test_a_failing_rank_ends_the_job_and_is_named(launcher, mode):
     result, elapsed = launch(launcher, mode)
     assert result.returncode != 0, f"the job exited 0 although rank 1 failed:\n{result.stdout[-3000:]}"
