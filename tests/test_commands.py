@@ -12,7 +12,9 @@ without torch. torchrun must also choose its rendezvous (``--standalone``, or ``
    in README.md, CONTRIBUTING.md, STYLE.md and docs/*.md, and in the module docstrings of tp_from_scratch/
    and of the exercise stubs, checked for bare launchers.
 2. A sample, one short command per lesson 6-13, run exactly as printed (found in the lesson's
-   source and in its notebook, then launched from the repository root).
+   source and in its notebook, then launched from the repository root); where another test
+   launches that very command (LAUNCHED_BY), the sample checks it is the same command instead of
+   launching it a second time.
 """
 import argparse
 import ast
@@ -165,6 +167,14 @@ SAMPLE = {
 }
 
 
+# lesson -> (the test that launches the sampled command, the launcher call it makes, as written there)
+LAUNCHED_BY = {
+    "07_sequence_parallelism": ("tests/test_sequence_parallel.py",
+                                'mpiexec_command(4, "tp_from_scratch.sequence_parallel.check")'),
+    "08_partial_sync": ("tests/test_partial_sync.py", 'mpiexec_command(4, "tp_from_scratch.partial_sync.check")'),
+}
+
+
 def printed(lesson, piece):
     """The one command of ``lesson`` containing ``piece``, the same in its source and notebook."""
     source = [c for c in commands_in((ROOT / "lessons" / "src" / f"{lesson}.py").read_text()) if piece in c]
@@ -177,9 +187,19 @@ def printed(lesson, piece):
     return source[0]
 
 
+def test_the_sampled_commands_another_test_launches_are_the_commands_printed():
+    from tp_from_scratch.comm.launchers import mpiexec_command, torchrun_command
+    for lesson, (test_file, call) in LAUNCHED_BY.items():
+        assert call in (ROOT / test_file).read_text(), f"{test_file} no longer launches {call}: sample it here"
+        launched = eval(call, {"mpiexec_command": mpiexec_command, "torchrun_command": torchrun_command})
+        as_printed = [str(ROOT / word) if word.startswith(".venv/bin/") else word
+                      for word in shlex.split(printed(lesson, SAMPLE[lesson]))]
+        assert launched == as_printed, (lesson, launched, as_printed)
+
+
 @pytest.mark.timeout(200)
 def test_a_sample_of_the_lessons_commands_runs_as_printed():
-    commands = {lesson: printed(lesson, piece) for lesson, piece in SAMPLE.items()}
+    commands = {lesson: printed(lesson, piece) for lesson, piece in SAMPLE.items() if lesson not in LAUNCHED_BY}
     # at the same time: most of each is starting Python and importing torch
     with ThreadPoolExecutor(len(commands)) as pool:
         results = dict(zip(commands, pool.map(lambda c: run_command(shlex.split(c), timeout=180, cwd=ROOT),
