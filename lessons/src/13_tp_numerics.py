@@ -234,8 +234,8 @@ for change, t in ((dict(n_kv_heads=4, arch="llama"), 8), (dict(vocab_size=67), 4
 this course's GPT with 4, Llama with 8) and proves its logits, its loss and every gradient
 `torch.equal` to t = 1's at t = 2, 4 and 8 on simulated ranks (GPT-2 is skipped at t = 4, where
 its 2 KV heads on 2 ranks each with 2 query heads per rank are refused, as above);
-`tests/test_numerics_launch.py` does the same under mpiexec and torchrun (t = 2 and 4; t = 8 in
-`make test-slow`, `tests/test_slow_tp8.py`); `tests/test_numerics_training.py` trains it with AdamW
+`tests/test_numerics_launch.py` does the same under torchrun, and under mpiexec in `make test-slow`
+(t = 2 and 4; t = 8 in `make test-slow` too, `tests/test_slow_tp8.py`); `tests/test_numerics_training.py` trains it with AdamW
 (element-wise: equal gradients, equal updates) and decodes greedily, and every loss and every
 generated id is `torch.equal` at t = 1, 2, 4 and 8 (10 steps in `make test`, Llama's 1,000 in
 `make test-slow`).
