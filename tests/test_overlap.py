@@ -3,12 +3,9 @@
 On simulated ranks: all_reduce_async has collectives.all_reduce's bits and meter counts, also
 with a blocking collective in flight at the same time; the overlapping layer's outputs and
 gradients equal ColumnParallelLinear's bit for bit. Then one launch under torchrun (native
-process group and TorchComm) runs the same checks on real processes (tp_from_scratch.overlap.check);
-the launch under mpiexec (an odd world size) runs in `make test-slow`: make test holds odd world
-sizes on simulated ranks (p = 1 to 8, below) and Lesson 10's printed command, mpiexec at 4, in
-tests/test_commands.py.
+process group and TorchComm) and one under mpiexec (an odd world size) run the same checks
+on real processes (tp_from_scratch.overlap.check).
 """
-import os
 import re
 
 import numpy as np
@@ -108,7 +105,6 @@ def test_overlap_checks_under_torchrun_2_ranks():
     assert "native process group" in result.stdout, result.stdout[-2000:]
 
 
-@pytest.mark.skipif(os.environ.get("TP_TEST_SLOW") != "1", reason="the checks under a second launcher: run `make test-slow`")
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_overlap_checks_under_mpiexec_3_ranks():
