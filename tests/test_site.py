@@ -161,6 +161,25 @@ def test_every_lesson_has_an_api_page_and_every_module_one_place_in_the_api():
     assert by_lesson[4] == ["tp_from_scratch.layers.attention", "tp_from_scratch.layers.block"], by_lesson[4]
 
 
+def test_api_signatures_show_each_default_as_the_source_writes_it():
+    # website/conf.py's defaults_as_written, the hook autodoc calls before it prints a signature:
+    # the name the source writes, not the value (a constant's number, a class's repr, a path of
+    # this clone); the functions' signatures are restored for the rest of the session
+    import inspect
+    pytest.importorskip("sphinx", reason="the site's requirements: .venv/bin/pip install -r requirements-site.txt")
+    from tp_from_scratch.comm.base import timeout_from_env
+    from tp_from_scratch.layers.reference import init_mlp_params
+    from website import conf
+    for func, parameter, written in ((timeout_from_env, "default", "DEFAULT_TIMEOUT"),
+                                     (init_mlp_params, "dtype", "np.float64")):
+        assert repr(inspect.signature(func).parameters[parameter].default) != written
+        try:
+            conf.defaults_as_written(None, func, False)
+            assert repr(inspect.signature(func).parameters[parameter].default) == written, func.__name__
+        finally:
+            func.__dict__.pop("__signature__", None)
+
+
 def test_a_citation_in_the_text_is_linked_to_its_work():
     for text, url in [("Megatron-LM (Shoeybi et al. 2019) reported", "https://arxiv.org/abs/1909.08053"),
                       ("Korthikanti et al.'s formula", "https://arxiv.org/abs/2205.05198"),
