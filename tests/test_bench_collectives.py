@@ -5,10 +5,10 @@ arithmetic (sizes, busbw factors) and that a tiny run produces one row per op an
 with the from-scratch and native results compared inside the run.
 """
 import json
-import os
 
 import pytest
 
+from tests.slow import only_in_test_slow
 from tp_from_scratch.bench.collectives import OPS, bus_factor, element_count
 from tp_from_scratch.bench.common import parse_bytes, sizes
 from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
@@ -69,7 +69,7 @@ def test_bench_under_mpiexec_2_ranks(tmp_path):
 @pytest.mark.timeout(200)
 # the same benchmark runs under mpiexec above; torchrun's collectives are proven in make test by
 # tests/test_collectives_native.py: this smoke test of the torchrun launch is make test-slow's
-@pytest.mark.skipif(os.environ.get("TP_TEST_SLOW") != "1", reason="a second launcher for a smoke test: run `make test-slow`")
+@only_in_test_slow("a second launcher for a smoke test")
 def test_bench_under_torchrun_2_ranks(tmp_path):
     result = run_command(torchrun_command(2, MODULE, *TINY, "--json", tmp_path / "b.json"), timeout=180)
     assert result.returncode == 0, result.stdout[-3000:]

@@ -5,10 +5,10 @@ sending (bare backend calls, the communicator with and without a header) deliver
 left neighbour's array bit for bit inside the run, and the table's arithmetic.
 """
 import json
-import os
 
 import pytest
 
+from tests.slow import only_in_test_slow
 from tp_from_scratch.bench.common import sizes
 from tp_from_scratch.bench.p2p import WAYS, parse_args
 from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
@@ -46,7 +46,7 @@ def test_p2p_bench_under_mpiexec_3_ranks(tmp_path):
 @pytest.mark.timeout(200)
 # the same benchmark runs under mpiexec above; torchrun's collectives are proven in make test by
 # tests/test_collectives_native.py: this smoke test of the torchrun launch is make test-slow's
-@pytest.mark.skipif(os.environ.get("TP_TEST_SLOW") != "1", reason="a second launcher for a smoke test: run `make test-slow`")
+@only_in_test_slow("a second launcher for a smoke test")
 def test_p2p_bench_under_torchrun_2_ranks(tmp_path):
     result = run_command(torchrun_command(2, MODULE, *TINY, "--json", tmp_path / "p.json"), timeout=180)
     assert result.returncode == 0, result.stdout[-3000:]

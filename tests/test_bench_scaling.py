@@ -5,10 +5,10 @@ the JSON it writes is what Lesson 9 reads: every run's step times, and the speed
 from them.
 """
 import json
-import os
 
 import pytest
 
+from tests.slow import only_in_test_slow
 from tp_from_scratch.comm.launchers import mpiexec_command, run_command
 
 
@@ -16,7 +16,7 @@ from tp_from_scratch.comm.launchers import mpiexec_command, run_command
 @pytest.mark.timeout(120)
 # a benchmark's smoke test (`make measurements` runs the benchmark itself); its Comm and trainer
 # are proven under mpiexec in make test (tests/test_parallelisms.py, tests/test_collectives_native.py)
-@pytest.mark.skipif(os.environ.get("TP_TEST_SLOW") != "1", reason="a benchmark's smoke test: run `make test-slow`")
+@only_in_test_slow("a benchmark's smoke test")
 def test_bench_scaling_under_mpiexec_writes_every_run(tmp_path):
     out = tmp_path / "scaling.json"
     cmd = mpiexec_command(2, "tp_from_scratch.bench", "scaling", "--sizes", "32,64", "--layers", 1,

@@ -4,10 +4,9 @@ One job per (launcher, world size) runs every collective (sum and max, integer a
 data, unequal shards) and checks each in-process against numpy and the native collective;
 a mismatch fails its rank and spmd_main turns that into a non-zero exit.
 """
-import os
-
 import pytest
 
+from tests.slow import only_in_test_slow
 from tp_from_scratch.comm.launchers import mpiexec_command, run_command, subprocess_env, torchrun_command
 
 SCRIPT = "tests.spmd_scripts.check_collectives"
@@ -38,7 +37,6 @@ def test_collectives_match_mpi(p):
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 # p = 4 under torchrun in make test-slow: the same collectives run at p = 3 and 4 under mpiexec above
-@pytest.mark.parametrize("p", [2, pytest.param(4, marks=pytest.mark.skipif(
-    os.environ.get("TP_TEST_SLOW") != "1", reason="4 processes under torchrun: run `make test-slow`"))])
+@pytest.mark.parametrize("p", [2, pytest.param(4, marks=only_in_test_slow("4 processes under torchrun"))])
 def test_collectives_match_torch_distributed(p):
     run_job(torchrun_command(p, SCRIPT), p)

@@ -5,7 +5,6 @@ Routing is discrete, so before any comparison the test measures how far the data
 near-tie (router.routing_margin): a margin a million times float64's epsilon means no order
 of additions can pick a different expert, and a failure is then a bug, never a tie.
 """
-import os
 import re
 
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 from tests.hf_models import deepseek_moe, deepseek_v3_config
+from tests.slow import only_in_test_slow
 from tp_from_scratch.comm import SPMDError, run_spmd
 from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
 from tp_from_scratch.compare import assert_matches_reference
@@ -131,8 +131,7 @@ def test_bytes_on_the_wire_equal_the_formula(layout, t):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 # 4 processes under torchrun in make test-slow: 4 ranks run under mpiexec below, 2 under torchrun here
-@pytest.mark.parametrize("nproc", [2, pytest.param(4, marks=pytest.mark.skipif(
-    os.environ.get("TP_TEST_SLOW") != "1", reason="4 processes under torchrun: run `make test-slow`"))])
+@pytest.mark.parametrize("nproc", [2, pytest.param(4, marks=only_in_test_slow("4 processes under torchrun"))])
 def test_every_layout_and_the_model_under_torchrun_native_and_from_scratch(nproc):
     result = run_command(torchrun_command(nproc, "tp_from_scratch.deepseek.check", "--timeout", 90), timeout=200)
     passed = re.findall(r"rank (\d+): deepseek checks passed", result.stdout)

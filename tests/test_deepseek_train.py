@@ -4,11 +4,11 @@ save_pretrained directory equal to transformers'; and Lesson 6's entry points re
 deepseek_v3 model in one line that points to the course map, without naming Lesson 12. The resume on
 4 processes runs in `make test-slow`."""
 import json
-import os
 
 import pytest
 import torch
 
+from tests.slow import only_in_test_slow
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.comm.launchers import run_command, torchrun_command
 from tp_from_scratch.compare import assert_matches_reference, tolerance
@@ -66,7 +66,7 @@ def test_the_command_trains_expert_parallel_equal_to_one_device(ep_run):
 # torchrun at t = 4 (tests/test_deepseek_moe.py)
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.skipif(os.environ.get("TP_TEST_SLOW") != "1", reason="4 processes on 2 cores: run `make test-slow`")
+@only_in_test_slow("4 processes on 2 cores")
 def test_its_checkpoint_resumes_on_four_ranks_in_the_tensor_parallel_layout_as_if_never_stopped(ep_run):
     # saved by 2 expert-parallel ranks, resumed by 4 tensor-parallel ones on the from-scratch ring
     # collectives: every later step's loss equals the uninterrupted single-device run's (weights

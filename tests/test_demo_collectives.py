@@ -4,11 +4,11 @@ The demo checks each from-scratch collective against the native one and numpy on
 rank (a mismatch raises there and spmd_main ends the job non-zero); these tests launch it
 with small arrays and read its report.
 """
-import os
 import re
 
 import pytest
 
+from tests.slow import only_in_test_slow
 from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
 
 MODULE = "tp_from_scratch.demos.collectives"
@@ -41,7 +41,7 @@ def test_demo_under_mpiexec_4_ranks():
 @pytest.mark.timeout(200)
 # the demo runs under mpiexec (4 ranks) above; the same collectives against torch.distributed's
 # under torchrun: tests/test_collectives_native.py
-@pytest.mark.skipif(os.environ.get("TP_TEST_SLOW") != "1", reason="the demo under a second launcher: run `make test-slow`")
+@only_in_test_slow("the demo under a second launcher")
 def test_demo_under_torchrun_2_ranks():   # 4 ranks under mpiexec above
     result = run_command(torchrun_command(2, MODULE, "--rows", "8"), timeout=180)
     assert result.returncode == 0, result.stdout[-3000:]

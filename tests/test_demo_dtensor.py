@@ -3,18 +3,18 @@
 Each rank asserts, bit-exactly, that its DTensor local shard equals our
 shard(x, t, axis)[rank]; the demo exits non-zero if any rank disagrees.
 """
-import os
 import sys
 
 import pytest
 
+from tests.slow import only_in_test_slow
 from tp_from_scratch.comm import launchers
 from tp_from_scratch.demos import dtensor_shard
 
 
 # in make test-slow: make test launches the demo as Lesson 1 shows it (the seed's Shard(0), its
 # notebook runs in make test); here the other axis, on a shape that is not square
-@pytest.mark.skipif(os.environ.get("TP_TEST_SLOW") != "1", reason="the demo's second axis under torchrun: run `make test-slow`")
+@only_in_test_slow("the demo's second axis under torchrun")
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_dtensor_shard_1_equals_our_shard_along_axis_1():

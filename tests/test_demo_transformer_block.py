@@ -4,11 +4,11 @@ It must report every tensor matching the reference, 1/t of the split weights per
 and measured all-reduce bytes equal to the theory; bad sizes must end the job with the
 quantity named.
 """
-import os
 import re
 
 import pytest
 
+from tests.slow import only_in_test_slow
 from tp_from_scratch.demos import transformer_block
 from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
 
@@ -55,7 +55,7 @@ def test_demo_under_mpiexec_names_a_size_tp_does_not_divide():
 @pytest.mark.timeout(200)
 # the demo runs under mpiexec (4 ranks) and on simulated ranks above; torchrun's collectives are
 # proven in make test by tests/test_collectives_native.py
-@pytest.mark.skipif(os.environ.get("TP_TEST_SLOW") != "1", reason="the demo under a second launcher: run `make test-slow`")
+@only_in_test_slow("the demo under a second launcher")
 def test_demo_under_torchrun_2_ranks():
     result = run_command(torchrun_command(2, MODULE, "--kv-heads", "1"), timeout=180)
     assert result.returncode == 0, result.stdout[-3000:]

@@ -5,12 +5,12 @@ Each case launches 3 ranks of tests/spmd_scripts/fail_rank.py with TP_TIMEOUT=3,
 waiting on a peer that is gone gives up after 3 s instead of hanging. TP_DEBUG=1 turns on the
 fingerprint exchange that catches mismatched collectives.
 """
-import os
 import re
 import time
 
 import pytest
 
+from tests.slow import only_in_test_slow
 from tp_from_scratch.comm.launchers import mpiexec_command, run_command, subprocess_env, torchrun_command
 
 SCRIPT = "tests.spmd_scripts.fail_rank"
@@ -45,9 +45,8 @@ SLOW_CASES = {("mismatch", "torchrun")}
 
 
 def slow_case(mode, launcher):
-    return pytest.param(mode, launcher, marks=pytest.mark.skipif(
-        (mode, launcher) in SLOW_CASES and os.environ.get("TP_TEST_SLOW") != "1",
-        reason="the same check under a second launcher: run `make test-slow`"))
+    slow = (mode, launcher) in SLOW_CASES
+    return pytest.param(mode, launcher, marks=[only_in_test_slow("the same check under a second launcher")] if slow else [])
 
 
 @pytest.mark.slow

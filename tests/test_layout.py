@@ -416,3 +416,14 @@ def test_each_role_has_one_file_name():
     assert not wrong, f"{wrong}: checks go in check.py, figures in figures.py, planners in planner.py"
     plans = sorted(n for n in names if "plan" in n.rsplit("/", 1)[-1])
     assert all(n.endswith(("dtensor_plan.py", "planner.py")) for n in plans), plans
+
+
+def test_the_switch_to_make_test_slow_is_read_in_one_place():
+    # tests/slow.py reads TP_TEST_SLOW; every other test file imports SLOW or only_in_test_slow from
+    # it, and the Makefile's test-slow runs the files that import it (so none is left out of both)
+    readers = sorted(p.name for p in (ROOT / "tests").glob("*.py")
+                     if re.search(r"""(environ|getenv)\W*(get\W*)?["']TP_TEST_SLOW""", p.read_text()))
+    assert readers == ["slow.py"], f"{readers} read TP_TEST_SLOW: import SLOW or only_in_test_slow from tests.slow"
+    makefile = (ROOT / "Makefile").read_text()
+    assert "grep -l '^from tests.slow import' tests/test_*.py" in makefile
+    assert "TP_TEST_SLOW=1 $(PY) -m pytest $(SLOW_TESTS)" in makefile

@@ -1,10 +1,9 @@
 """The GPT: its config checks, the state-dict conversion, and the TP model on simulated ranks
 (under torchrun at tp = 4 in `make test-slow`)."""
-import os
-
 import pytest
 import torch
 
+from tests.slow import only_in_test_slow
 from tp_from_scratch.compare import assert_matches_reference, tolerance
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.arch import kv_replicas, shard_axis
@@ -83,7 +82,7 @@ def test_config_errors_name_the_quantity(config, tp, message):
 # and float64: every step's loss and the trained weights equal one device's)
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(os.environ.get("TP_TEST_SLOW") != "1", reason="4 processes on 2 cores: run `make test-slow`")
+@only_in_test_slow("4 processes on 2 cores")
 @pytest.mark.parametrize("nproc", [4])  # t = 2 under torchrun: tests/test_train.py's tp=2 runs
 def test_tp_gpt_equals_single_device_under_torchrun(nproc):
     # logits, loss, every gradient, the parameters after one step, tied and untied, one KV

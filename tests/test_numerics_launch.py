@@ -19,14 +19,13 @@ import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-import os
 
 import pytest
 
+from tests.slow import SLOW, only_in_test_slow
 from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
 
-SLOW_ONLY = pytest.mark.skipif(os.environ.get("TP_TEST_SLOW") != "1",
-                               reason="a series of launches at t = 1, 2, 4: run `make test-slow`")
+SLOW_ONLY = only_in_test_slow("a series of launches at t = 1, 2, 4")
 
 SCRIPT = "tests.spmd_scripts.numerics"
 NPROC = 4
@@ -40,7 +39,7 @@ def verdicts(stdout):
 @pytest.fixture(scope="module")
 def launched():
     commands = {"torchrun": torchrun_command(NPROC, SCRIPT)}
-    if os.environ.get("TP_TEST_SLOW") == "1":
+    if SLOW:
         commands["mpiexec"] = mpiexec_command(NPROC, SCRIPT)
     with ThreadPoolExecutor(2) as pool:
         return dict(zip(commands, pool.map(lambda c: run_command(c, timeout=270), commands.values())))
@@ -48,8 +47,7 @@ def launched():
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("launcher", [pytest.param("mpiexec", marks=pytest.mark.skipif(
-    os.environ.get("TP_TEST_SLOW") != "1", reason="4 processes under mpiexec: run `make test-slow`")), "torchrun"])
+@pytest.mark.parametrize("launcher", [pytest.param("mpiexec", marks=only_in_test_slow("4 processes under mpiexec")), "torchrun"])
 def test_every_numerics_check_passes_on_real_processes(launched, launcher):
     result = launched[launcher]
     errors = [line for line in result.stdout.splitlines() if "Error" in line or " failed" in line]

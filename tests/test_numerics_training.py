@@ -10,19 +10,17 @@ gpt.generate's own loop (prefill, then one token at a time against the KV cache,
 numerics.generate runs it): every step's gathered logits the same bits at every t, where the
 plain TP GPT's differ.
 """
-import os
-
 import pytest
 import torch
 
 from tests.invariant_gpt import CONFIGS, invariant_tp_gpt
+from tests.slow import SLOW
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.model import init_gpt
 from tp_from_scratch.nn.mappings import gather_from_tp_region
 from tp_from_scratch.numerics import check_invariant
 
-SLOW = os.environ.get("TP_TEST_SLOW") == "1"
 STEPS = {"llama": 1000 if SLOW else 10, "gpt2": 10}
 BY_ARCH = {config.arch: config for config in CONFIGS}
 

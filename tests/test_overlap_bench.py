@@ -7,11 +7,11 @@ group and the communicator) and writes its JSON. Both benchmarks compare their r
 (bit for bit, or within the tolerance policy) inside the run before timing.
 """
 import json
-import os
 import re
 
 import pytest
 
+from tests.slow import only_in_test_slow
 from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
 
 MODULE = "tp_from_scratch.bench"
@@ -35,7 +35,7 @@ def test_bench_algorithms_prints_the_table_under_mpiexec(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 # a benchmark's smoke test; Lesson 10's overlap checks run under torchrun in make test (tests/test_overlap.py)
-@pytest.mark.skipif(os.environ.get("TP_TEST_SLOW") != "1", reason="a benchmark's smoke test under a second launcher: run `make test-slow`")
+@only_in_test_slow("a benchmark's smoke test under a second launcher")
 def test_bench_overlap_prints_both_tables_under_torchrun(tmp_path):
     out = tmp_path / "overlap.json"
     result = run_command(torchrun_command(2, MODULE, "overlap", "--tokens", "10", "--hidden", "8", "--out", "4",

@@ -5,10 +5,9 @@ dp=1 x pp=2 x tp=2, each equal to one device and to each other, with every rank'
 bytes equal to the cost model's (parallelisms/check.py mesh checks everything inside it).
 (The pipeline's own tests are the pipeline engineer's: tests/test_pipeline*.py.)
 """
-import os
-
 import pytest
 
+from tests.slow import only_in_test_slow
 from tp_from_scratch.comm import SPMDError, run_spmd
 from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
 from tp_from_scratch.gpt.model import GPTConfig
@@ -27,7 +26,7 @@ def test_zero_equals_unsharded_adamw_every_step_with_a_dp_th_of_the_state(dp):
 # in make test-slow: make test holds ZeRO at dp = 2, 3, 4 on the same from-scratch ring collectives
 # (simulated ranks, above), ZeRO under torchrun in the mesh launch below, and MPIComm under
 # mpiexec at p = 2, 3, 4 (tests/test_collectives_native.py)
-@pytest.mark.skipif(os.environ.get("TP_TEST_SLOW") != "1", reason="ZeRO under a third launcher: run `make test-slow`")
+@only_in_test_slow("ZeRO under a third launcher")
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_zero_under_mpiexec_on_the_from_scratch_ring_collectives():

@@ -10,11 +10,11 @@
   * a checkpoint trained with p < 1 refuses to load at another t.
 """
 import json
-import os
 
 import pytest
 import torch
 
+from tests.slow import only_in_test_slow
 from tp_from_scratch.collectives import ring_all_reduce_bytes
 from tp_from_scratch.comm import run_spmd
 from tp_from_scratch.comm.launchers import run_command, torchrun_command
@@ -135,7 +135,7 @@ def test_checkpoint_trained_below_p_1_refuses_another_t():
 # another t (test_checkpoint_trained_below_p_1_refuses_another_t)
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(os.environ.get("TP_TEST_SLOW") != "1", reason="4 processes on 2 cores: run `make test-slow`")
+@only_in_test_slow("4 processes on 2 cores")
 @pytest.mark.parametrize("ranks", [4])
 def test_torchrun_training_matches_the_t_stream_model(ranks, tmp_path):
     metrics, saved = tmp_path / "metrics.jsonl", tmp_path / "ckpt"

@@ -13,17 +13,15 @@ ViT's pipeline stages run under mpiexec here and on the simulator (tests/test_pi
 TP on simulated ranks (tests/test_vit.py); only the ViT with TP inside pipeline stages waits for
 `make test-slow`.
 """
-import os
-
 import pytest
 
+from tests.slow import only_in_test_slow
 from tp_from_scratch.comm.launchers import mpiexec_command, run_command, torchrun_command
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-@pytest.mark.skipif(os.environ.get("TP_TEST_SLOW") != "1", reason="4 processes, held in make test by "
-                    "tests/test_parallelisms.py's launch: run `make test-slow`")
+@only_in_test_slow("4 processes, held in make test by tests/test_parallelisms.py's launch")
 def test_pipeline_with_tensor_parallel_stages_equals_one_device_under_torchrun():
     cmd = torchrun_command(4, "tp_from_scratch.parallelisms.check", "pipeline", "--tp", 2, "--micro", 4)
     result = run_command(cmd, timeout=180)

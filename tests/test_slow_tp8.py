@@ -4,16 +4,14 @@ test` (minutes); `make test-slow` runs it (TP_TEST_SLOW=1), and it is skipped ot
 The tiny configurations split 8 ways: 8 query heads over 8 ranks, 4 KV heads each replicated on
 2 ranks (GQA with fewer KV heads than ranks), a vocabulary of 67 split unevenly.
 """
-import os
-
 import pytest
 
+from tests.slow import only_in_test_slow
 from tp_from_scratch.comm.launchers import run_command, torchrun_command
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(os.environ.get("TP_TEST_SLOW") != "1",
-                       reason="8 processes on 2 cores take minutes: run `make test-slow`"),
+    only_in_test_slow("8 processes on 2 cores take minutes"),
 ]
 
 

@@ -12,14 +12,13 @@ STEPS is 10 in `make test` (as tests/test_train.py's launch) and 50 in `make tes
 (TP_TEST_SLOW=1): every claim holds from the first step on; the longer run is there to see
 roundoff stay within the policy's growth over more steps.
 """
-import os
-
 import pytest
 
+from tests.slow import SLOW
 from tp_from_scratch.comm.launchers import run_command, torchrun_command
 
 SCRIPT = "tests.spmd_scripts.sp_training"
-STEPS = 50 if os.environ.get("TP_TEST_SLOW") == "1" else 10
+STEPS = 50 if SLOW else 10
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ half-way, the trained weights); `make test-slow` runs this file, and Lesson 7's 
 trainer at tp=4), at 50 steps.
 """
 import json
-import os
 import re
 import threading
 from functools import lru_cache
@@ -25,6 +24,7 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
+from tests.slow import SLOW
 from tp_from_scratch.cost import model as cost
 from tp_from_scratch.gpt import checkpoint as ckpt
 from tp_from_scratch.gpt import train
@@ -32,7 +32,7 @@ from single_device import layers_of, lr_of, single_device_losses, single_device_
 from tp_from_scratch.compare import assert_matches_reference, tolerance
 from tp_from_scratch.comm.launchers import free_port, run_command, torchrun_command
 
-STEPS = 50 if os.environ.get("TP_TEST_SLOW") == "1" else 10
+STEPS = 50 if SLOW else 10
 HALF = STEPS // 2   # the dp=2 x tp=2 run saves here on its way, and two runs resume from it
 LAUNCH_TIMEOUT = 240
 

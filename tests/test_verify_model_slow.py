@@ -14,13 +14,13 @@ skipped otherwise. Minutes on 2 cores:
 """
 import importlib.util
 import json
-import os
 import re
 import sys
 
 import pytest
 import torch
 
+from tests.slow import only_in_test_slow
 from tests.test_verify_model import REPO, launch, named, simulated
 from tests.verify_model_planted_dtensor import PLANTED as PLANTED_DTENSOR
 from tp_from_scratch.comm.launchers import run_command, subprocess_env, torchrun_command
@@ -29,8 +29,7 @@ DTENSOR = REPO / "tests" / "verify_model_planted_dtensor.py"
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(os.environ.get("TP_TEST_SLOW") != "1",
-                       reason="minutes of processes on 2 cores: run `make test-slow`"),
+    only_in_test_slow("minutes of processes on 2 cores"),
 ]
 
 
