@@ -193,8 +193,9 @@ does (it is required: a layer built without one raises a `TypeError` naming it):
   built from send/recv, each message counted by its meter.
 
 `tp_from_scratch/nn/check.py` holds every layer check as a function of `group`; the tests run
-them on simulated ranks and, through `torchrun`, on 2 and 4 real processes, with both
-collective implementations, on the world group and on sub-groups of 2 (a dp × tp mesh):
+them on simulated ranks and, through `torchrun`, on 2 real processes (`make test`) and on 4
+(`make test-slow`), with both collective implementations, on the world group and, at 4, on
+sub-groups of 2 (a dp × tp mesh):
 
     .venv/bin/torchrun --standalone --nproc-per-node 4 -m tp_from_scratch.nn.check          # CPU, gloo
     .venv/bin/torchrun --standalone --nproc-per-node 8 -m tp_from_scratch.nn.check --device cuda
