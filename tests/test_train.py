@@ -6,9 +6,11 @@ The reference is computed here, at test time, by the single-device GPT on the sa
 global batches (tests/single_device.py), and every step's loss is compared through
 compare.assert_matches_reference under the per-dtype tolerance.
 
-The runs on 4 processes share ONE torchrun launch (tests/spmd_scripts/gpt_training.py: tp=4 and
-dp=2 x tp=2 meshes of the same processes, seven runs, resumes included), made once per module by
-the ``runs`` fixture; the two-node rehearsal has its own two launchers. The 2-process,
+The runs on 4 processes share ONE launch (tests/spmd_scripts/gpt_training.py: tp=4 and
+dp=2 x tp=2 meshes of the same processes, eight runs, resumes included), made once per module by
+the ``runs`` fixture as a two-node rehearsal: two torchrun launchers (--nnodes 2, --node-rank 0
+and 1) of 2 processes each, meeting at 127.0.0.1 on a free port, each node one TP group of the
+dp=2 x tp=2 mesh, data parallelism across the nodes. The 2-process,
 dp=1 trainer is launched by tests/test_trainer_options.py. The dp=2 x tp=2 run on the
 from-scratch ring also has its printed bytes held to Lesson 9's traffic model here. `make test` trains 10 steps: every
 claim here holds from the first step on (each step's loss against one device, the resume
@@ -42,37 +44,35 @@ def read_losses(path):
         return {r["step"]: r["loss"] for r in map(json.loads, f)}
 
 
-def launch_two_nodes(args, tmp, name):
-    """Run train under two torchrun launchers (two simulated nodes of 2 processes) and return {step: loss}."""
-    metrics = tmp / f"{name}.jsonl"
-    argv = [*args, "--metrics", metrics, "--no-progress"]
+def launch_two_nodes(module, *args, timeout=LAUNCH_TIMEOUT):
+    """Run ``module`` under two torchrun launchers (two simulated nodes of 2 processes each);
+    return each node's output, node 0's (ranks 0 and 1) first."""
     port, results = free_port(), [None] * 2
 
     def node(i):   # one torchrun launcher per "node", meeting at 127.0.0.1:port
-        cmd = torchrun_command(2, "tp_from_scratch.gpt.train", *argv, nnodes=2, node_rank=i, port=port)
-        results[i] = run_command(cmd, timeout=LAUNCH_TIMEOUT)
+        cmd = torchrun_command(2, module, *args, nnodes=2, node_rank=i, port=port)
+        results[i] = run_command(cmd, timeout=timeout)
 
     threads = [threading.Thread(target=node, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(LAUNCH_TIMEOUT + 10)
+        t.join(timeout + 10)
     for i, out in enumerate(results):
-        assert out is not None and out.returncode == 0, f"{name} node {i} failed:\n{out and out.stdout[-4000:]}"
-    return read_losses(metrics)
+        assert out is not None and out.returncode == 0, f"node {i} failed:\n{out and out.stdout[-4000:]}"
+    return [out.stdout for out in results]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """runs(name) -> {step: loss} of that run of tests/spmd_scripts/gpt_training.py (one launch)."""
+    """runs(name) -> {step: loss} of that run of tests/spmd_scripts/gpt_training.py (one two-node launch)."""
     tmp = tmp_path_factory.mktemp("train")
-    out = run_command(torchrun_command(4, "tests.spmd_scripts.gpt_training", tmp, STEPS), timeout=540)
-    assert out.returncode == 0, f"the training launch failed:\n{out.stdout[-4000:]}"
+    node0, _ = launch_two_nodes("tests.spmd_scripts.gpt_training", tmp, STEPS, timeout=540)
 
     def get(name):
         return read_losses(tmp / f"{name}.jsonl")
 
-    get.dir, get.stdout = tmp, out.stdout
+    get.dir, get.stdout = tmp, node0   # rank 0 prints on node 0
     return get
 
 
@@ -115,18 +115,17 @@ def test_losses_equal_single_device(runs, name):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_two_nodes_dp2_tp2_float64_sgd(tmp_path):
-    # two torchrun launchers, --nnodes 2 --node-rank 0/1, rendezvous on 127.0.0.1:free port:
-    # each "node" holds one TP group (tp=2), data parallelism runs across the nodes.
-    # SGD here, not AdamW: Adam's step ignores a gradient's scale, so only SGD sees a DP
-    # all-reduce that sums the gradients instead of averaging them
+def test_two_nodes_dp2_tp2_float64_sgd(runs):
+    # the runs fixture's launch is two torchrun launchers, --nnodes 2 --node-rank 0/1, meeting
+    # at 127.0.0.1:free port: each "node" holds one TP group (tp=2), data parallelism runs across
+    # the nodes. SGD here, not AdamW: Adam's step ignores a gradient's scale, so only SGD sees a
+    # DP all-reduce that sums the gradients instead of averaging them
     sgd = ("--optimizer", "sgd")
-    losses = launch_two_nodes(["--tp", "2", "--dtype", "float64", "--steps", str(STEPS), *sgd, "--save",
-                               str(tmp_path / "ckpt")], tmp_path, "two-nodes")
+    losses = runs("dp2tp2-sgd-f64")
     assert_losses_match(losses, reference("float64", *sgd), "dp=2 x tp=2 on two nodes", "float64")
     # the trained weights, glued back into one state dict, equal single-device training's
     expected = single_device_weights(["--dtype", "float64", "--steps", str(STEPS), *sgd])
-    got = ckpt.load_full(tmp_path / "ckpt")["model"]
+    got = ckpt.load_full(runs.dir / "ckpt-sgd")["model"]
     assert set(got) == set(expected)
     # SGD's step adds lr x the gradient's error (lr < 1): the plain growth rule after STEPS steps
     bound = tolerance("float64", layers=layers_of([]), steps=STEPS)

@@ -5,7 +5,10 @@
 Each run is tp_from_scratch.gpt.train.run on one of two meshes of the same processes (tp=4,
 and dp=2 x tp=2), STEPS steps (default 50) of the default tiny GPT, its losses written to
 DIR/<name>.jsonl (--metrics); the checks against one device are tests/test_train.py's, in the
-test process. One launch instead of seven: a launch costs more than the steps it runs.
+test process. One launch instead of eight: a launch costs more than the steps it runs.
+tests/test_train.py launches it as two nodes of 2 processes (two torchrun launchers): each TP
+group of the dp=2 x tp=2 mesh is one node, data parallelism runs across the nodes, and tp=4
+spans both.
 """
 import sys
 from pathlib import Path
@@ -24,6 +27,9 @@ RUNS = [
     ("tp4-f64", 4, ["--dtype", "float64", "--save", "{dir}/ckpt-tp4-f64"]),
     ("dp2tp2-f32", 2, ["--dtype", "float32", "--save", "{dir}/ckpt", "--save-every", "{half_steps}"]),
     ("dtensor-dp2tp2-f32", 2, ["--dtype", "float32", "--impl", "dtensor"]),
+    # SGD, not AdamW: Adam's step ignores a gradient's scale, so only SGD sees a data-parallel
+    # all-reduce that sums the gradients instead of averaging them
+    ("dp2tp2-sgd-f64", 2, ["--dtype", "float64", "--optimizer", "sgd", "--save", "{dir}/ckpt-sgd"]),
     # resumed half-way: at the same tp, and resharded to tp=4
     ("resumed-tp2", 2, ["--load", "{half}"]),
     ("resumed-tp4", 4, ["--load", "{half}"]),
