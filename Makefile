@@ -14,6 +14,18 @@ export OMP_NUM_THREADS ?= 1
 # the venv is not byte-compiled whole, only what the commands import, as they first import it
 export PYTHONDONTWRITEBYTECODE :=
 
+# runs pip from the wheel ensurepip bundles (pip runs from a wheel on sys.path) to install pip itself
+define BOOTSTRAP_PIP
+import ensurepip, glob, os, runpy, sys
+wheels = glob.glob(os.path.join(os.path.dirname(ensurepip.__file__), "_bundled", "pip-*.whl"))
+if not wheels:
+    sys.exit("no pip wheel in ensurepip: the standard venv instead")
+sys.path.insert(0, wheels[0])
+sys.argv = ["pip", "install", "--quiet", "--no-compile", "--upgrade", "pip", "setuptools"]
+runpy.run_module("pip", run_name="__main__", alter_sys=True)
+endef
+export BOOTSTRAP_PIP
+
 .PHONY: demo test test-fast lint test-slow grade lessons doctor bench measurements site clean help
 
 help:
@@ -31,8 +43,14 @@ help:
 
 $(STAMP): requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed; set PYTHON=python3.x")'
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	@# pip comes into the venv from the pip wheel Python ships (ensurepip's), unpacked and not byte-compiled,
+	@# with setuptools (torch's cpp_extension imports it, megatron-core that): `python -m venv` byte-compiles
+	@# its own pip and setuptools, and the next pip replaced that pip anyway (16 s, now 5 on 2 cores). A
+	@# Python without that wheel (Debian's python3 without python3-venv) gets the standard venv, which says
+	@# what to install
+	test -x $(PY) || $(PYTHON) -m venv --without-pip $(VENV)
+	$(PY) -m pip --version > /dev/null 2>&1 || $(PY) -c "$$BOOTSTRAP_PIP" \
+		|| { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV) && $(PY) -m pip install --quiet --upgrade pip; }
 	@# --no-compile: byte-compiling all 16,800 files of the venv took 68 s on 2 cores (compileall -j 0);
 	@# importing torch, the trainer and transformers compiles 2,200 of them (14 s), once, when first imported
 	$(PY) -m pip install --quiet --no-compile -r requirements.txt
