@@ -260,7 +260,8 @@ def test_gpt_train_refuses_a_clip_grad_norm_it_cannot_honour(monkeypatch, capsys
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("trainer,arch", [("gpt.train", ["--arch", "llama", "--kv-heads", "1"]),
-                                          pytest.param("sequence_parallel.train", ["--arch", "gpt2"], marks=only_in_test_slow("a second dp x tp launch"))],
+                                          pytest.param("sequence_parallel.train", ["--arch", "gpt2"],
+                                                       marks=only_in_test_slow("a second dp x tp launch"))],
                          ids=["gpt-llama-one-kv-head", "sp-gpt2-layernorms"])
 def test_clip_grad_norm_on_a_dp_x_tp_mesh_under_torchrun_equals_one_device(trainer, arch):
     # dp = 2 x tp = 2, float64: every step's loss equal to the single-device run clipped by

@@ -19,7 +19,6 @@ import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-
 import pytest
 
 from tests.slow import SLOW, only_in_test_slow
@@ -47,7 +46,8 @@ def launched():
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("launcher", [pytest.param("mpiexec", marks=only_in_test_slow("4 processes under mpiexec")), "torchrun"])
+@pytest.mark.parametrize("launcher", [pytest.param("mpiexec", marks=only_in_test_slow("4 processes under mpiexec")),
+                                      "torchrun"])
 def test_every_numerics_check_passes_on_real_processes(launched, launcher):
     result = launched[launcher]
     errors = [line for line in result.stdout.splitlines() if "Error" in line or " failed" in line]
