@@ -64,11 +64,9 @@ def test_loading_a_checkpoint_of_another_model_fails_clearly(tmp_path, monkeypat
     assert "different model config: hidden=64 in the checkpoint, 32 in this run" in capsys.readouterr().err
 
 
-def test_a_dtensor_parameter_counts_its_local_shard():
+def test_a_dtensor_parameter_counts_its_local_shard(monkeypatch):
     """count_parameters counts what this rank holds, not the global shape a DTensor describes:
     a parameter claiming a (6, 4) global shape while this rank holds (3, 4) counts 12."""
-    import os
-
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -76,7 +74,9 @@ def test_a_dtensor_parameter_counts_its_local_shard():
 
     from tp_from_scratch.comm.launchers import free_port
     from tp_from_scratch.gpt.model import count_parameters
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    # monkeypatch: MASTER_ADDR left behind would make later tests of this worker look launched by torchrun
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         local = torch.zeros(3, 4, dtype=torch.float64)
