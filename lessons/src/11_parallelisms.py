@@ -131,10 +131,11 @@ The naive first version of ZeRO-1 all-reduces the whole gradient and then uses a
 and the all-gather adds $\frac{dp-1}{dp}N$, **1.5x** DP's bytes, for an average each rank mostly throws
 away. DeepSpeed first shipped ZeRO-1 that way and later moved to the partition-aware reduce
 ("ZeRO stage 1 with reduced communication": 1.5x -> 1x of data parallelism). Below: ZeRO on 3
-simulated ranks (58 parameters do not split evenly into 3) against unsharded
-`torch.optim.AdamW`, every step, then the bytes each sends, as the Comm's meter counts them
-(the messages our ring collectives really send). The same check from the command line (dp = 1
-to 4 on simulated ranks; under `mpiexec` or `torchrun` on real processes):
+simulated ranks (58 parameters do not split evenly into 3) against unsharded AdamW (the
+trainers', `gpt/optim.py`: `torch.optim.AdamW` bit for bit), every step, then the bytes each
+sends, as the Comm's meter counts them (the messages our ring collectives really send). The
+same check from the command line (dp = 1 to 4 on simulated ranks; under `mpiexec` or `torchrun`
+on real processes):
 
     .venv/bin/python -m tp_from_scratch.parallelisms.check zero
 """),

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from tp_from_scratch.comm.launch import torch_main
 from tp_from_scratch.comm.torch_comm import TorchComm
 from tp_from_scratch.compare import assert_matches_reference
+from tp_from_scratch.gpt import optim
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.arch import shard_axis
 from tp_from_scratch.gpt.model import GPTConfig, init_gpt
@@ -91,7 +92,7 @@ def check_config(group, config, dtype, seed=0):
     # SGD, not Adam: Adam's first step is lr * g / (|g| + eps), about lr * sign(g), which
     # turns the roundoff in a near-zero gradient into a full-size step (see train.py)
     for model in (single, tp_model):
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         opt.step()
     stepped = tp_to_gpt(tp_model).state_dict()
     for name, p in single.state_dict().items():

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from tp_from_scratch.collectives import ring_all_reduce_bytes
 from tp_from_scratch.gpt import checkpoint as ckpt
+from tp_from_scratch.gpt import optim
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.inventory import collective_calls
 from tp_from_scratch.gpt.model import init_gpt
@@ -78,10 +79,11 @@ def all_reduces_of_a_step(config, batch_size, t, rank, itemsize=4):
 # ---------------------------------------------------------------------------------------
 
 def make_optimizer(params, opts):
-    """AdamW (betas 0.9, 0.95, no weight decay) or SGD with momentum; element-wise, so TP-safe."""
+    """AdamW (betas 0.9, 0.95, no weight decay) or SGD with momentum; element-wise, so TP-safe
+    (gpt/optim.py: torch.optim's, bit for bit)."""
     if opts.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=opts.learning_rate, momentum=0.9)
-    return torch.optim.AdamW(params, lr=opts.learning_rate, betas=(0.9, 0.95), weight_decay=0.0, foreach=False)
+        return optim.SGD(params, lr=opts.learning_rate, momentum=0.9)
+    return optim.AdamW(params, lr=opts.learning_rate, betas=(0.9, 0.95), weight_decay=0.0)
 
 
 def average_gradients(params, group, dp):

@@ -46,6 +46,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tp_from_scratch.gpt import optim
 from tp_from_scratch.gpt.model import Block, GPTConfig, init_weights, make_norm
 from tp_from_scratch.gpt.options import divides, first_problem, parse_valid_args, positive
 from tp_from_scratch.gpt.parallelize import gather_state_dict, gpt_to_tp
@@ -151,8 +152,7 @@ def learning_rate(step, steps, lr, warmup=50):
 
 
 def make_optimizer(model, lr=LR, weight_decay=0.0):
-    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay,
-                             foreach=False)
+    return optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
 
 
 def vit_step(model, optimizer, step, steps, data, batch_size=64, lr=LR, seed=0):

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
+from tp_from_scratch.gpt import optim
 from tp_from_scratch.gpt.data import global_batch
 from tp_from_scratch.gpt.model import GPTConfig, init_gpt
 from tp_from_scratch.gpt.step import forward_backward, train_step
@@ -71,8 +72,7 @@ def train(config, plan, t=1, p=1.0, seed=0):
     """A GPT trained on the text's training split: ordinary (p = 1), or CAAT-Net's t streams."""
     torch.manual_seed(seed)
     gpt = init_gpt(config, seed)
-    optimizer = torch.optim.AdamW(gpt.parameters(), lr=plan["lr"], betas=(0.9, 0.95), weight_decay=0.0,
-                                  foreach=False)
+    optimizer = optim.AdamW(gpt.parameters(), lr=plan["lr"], betas=(0.9, 0.95), weight_decay=0.0)
     run_batch = forward_backward
     if p < 1.0:
         run_batch = partial(forward_backward, loss_fn=lambda g, x, y: t_stream_forward(g, x, y, t, p)[1])

@@ -37,6 +37,7 @@ import torch
 
 from tp_from_scratch.comm.launch import torch_main
 from tp_from_scratch.compare import assert_matches_reference, tolerance
+from tp_from_scratch.gpt import optim
 from tp_from_scratch.gpt.mesh import coordinates, setup_mesh
 from tp_from_scratch.gpt.model import GPTConfig, init_gpt
 from tp_from_scratch.gpt.parallelize import gpt_to_tp, shard_tensor
@@ -87,7 +88,7 @@ def new_model(config, kind="gpt"):
 def single_device_training(config, batches, lr=LR, kind="gpt"):
     """Losses and gradients of every step on one device, and the parameters after the last."""
     model = new_model(config, kind)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    optimizer = optim.AdamW(model.parameters(), lr=lr)
     grads = []
 
     def keep_gradients(model):   # between backward and the optimizer step
@@ -113,7 +114,7 @@ def check_pipeline_training(comm, reference, batches, n_micro, schedule, tp_grou
         model = MODELS[kind][2](tp_group, model)
         tp, tp_rank = mappings.tp_world_size(tp_group), mappings.tp_rank(tp_group)
     stage = PipelineStage(comm, model)
-    optimizer = torch.optim.AdamW(stage.parameters(), lr=lr)
+    optimizer = optim.AdamW(stage.parameters(), lr=lr)
     where = f"stage {comm.rank} tp rank {tp_rank} ({schedule}, m={n_micro})"
     steps, final = reference
     for k, (idx, targets) in enumerate(batches):
@@ -203,7 +204,7 @@ def zero_batch(rank, step):
 
 
 def adamw(params):
-    return torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.95), weight_decay=0.1, foreach=False)
+    return optim.AdamW(params, lr=LR, betas=(0.9, 0.95), weight_decay=0.1)
 
 
 def zero_reference(dp, steps=ZERO_STEPS):

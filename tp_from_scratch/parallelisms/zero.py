@@ -37,7 +37,7 @@ rank (its Meter counts the messages). On a torch ProcessGroup, gloo has no nativ
 reduce-scatter and emulates reduce_scatter_single with an all-reduce: it moves twice the
 bytes; count ZeRO's true bytes on a Comm.
 
-The update itself is any element-wise optimizer (``torch.optim.AdamW`` by default) run on the
+The update itself is any element-wise optimizer (gpt/optim.py's AdamW by default) run on the
 rank's chunk as one flat tensor: AdamW treats every element alike, so updating a slice is the
 same arithmetic as updating the whole, and the parameters after every step equal unsharded
 AdamW's (checked in tests/test_parallelisms.py).
@@ -49,6 +49,7 @@ collectives, e.g. run_spmd's simulated ranks).
 import torch
 import torch.nn.functional as F
 
+from tp_from_scratch.gpt import optim
 from tp_from_scratch.nn.mappings import all_gather, all_reduce, tp_rank, tp_world_size
 from tp_from_scratch.sequence_parallel.nn import reduce_scatter
 
@@ -77,7 +78,7 @@ class ZeroOptimizer:
     gradient_reduce: "reduce_scatter" (the paper's, DDP's bytes) or "all_reduce" (the naive
         first version: the full average on every rank, 1.5x DDP's bytes).
     make_inner: builds the element-wise optimizer for one flat tensor, e.g.
-        ``lambda ps: torch.optim.AdamW(ps, lr=3e-3)`` (the default is AdamW with torch's defaults).
+        ``lambda ps: optim.AdamW(ps, lr=3e-3)`` (the default: gpt/optim.py's AdamW, torch's defaults).
 
     Use it like a torch optimizer: ``zero_grad()``, backward, ``step()``. ``step`` is
     collective over ``group``: one reduce-scatter (or, naive, all-reduce) of the gradients, then
@@ -100,7 +101,7 @@ class ZeroOptimizer:
             flat = torch.cat([p.detach().reshape(-1) for p in self.params])
         # this rank's master copy of its chunk: the inner optimizer's only parameter
         self.shard = flat[self.start:self.stop].clone().requires_grad_(True)
-        make_inner = make_inner or (lambda ps: torch.optim.AdamW(ps))
+        make_inner = make_inner or optim.AdamW
         self.inner = make_inner([self.shard])
 
     # ------------------------------------------------------------------ the torch optimizer API

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from tp_from_scratch.gpt import optim
 from tp_from_scratch.gpt.data import entropy_rate, global_batch
 from tp_from_scratch.gpt.model import GPTConfig, init_gpt
 from tp_from_scratch.gpt.step import forward_backward, train_step
@@ -59,7 +60,7 @@ def validation_loss(gpt, config, t, p, batches, batch_size, scale_private=True):
 def train_streams(config, t, p, seed, steps, batch_size, lr=3e-3, scale_private=True):
     """Train the t-stream model from init seed ``seed``; returns (trained GPT, train losses)."""
     gpt = init_gpt(config, seed)
-    optimizer = torch.optim.AdamW(gpt.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0, foreach=False)
+    optimizer = optim.AdamW(gpt.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     streams = partial(forward_backward, loss_fn=lambda gpt, x, y: t_stream_forward(gpt, x, y, t, p, scale_private)[1])
     losses = []
     for step in range(steps):
