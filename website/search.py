@@ -42,6 +42,12 @@ class CourseEnglish(SearchEnglish):
         "query.match(/[\\p{Letter}\\p{Number}_]+(?:-[\\p{Letter}\\p{Number}_]+)*/gu) || [];"
     )
 
+    # one stem per word for the whole build: Sphinx's index and page_facts each memoise per page,
+    # and the same words recur on every page (~70,000 stems computed, 7 of the build's ~65 s of CPU)
+    @functools.lru_cache(maxsize=None)  # noqa: B019 - one language object per build
+    def stem(self, word):
+        return super().stem(word)
+
     def split(self, input):
         found = []
         for word in COMPOUND.findall(input):
