@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tp_from_scratch.gpt import checkpoint as ckpt
+from tp_from_scratch.gpt import optim
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.gpt.model import GPTConfig, init_gpt
 from tp_from_scratch.gpt.parallelize import shard_state_dict, shard_tensor
@@ -17,9 +18,9 @@ CONFIG = GPTConfig(vocab_size=13, seq_len=8, n_layers=1, hidden=16, n_heads=4, n
 
 
 def trained_state(seed):
-    """A model and AdamW state after one step on random gradients: every moment non-trivial."""
+    """A model and the trainers' AdamW state after one step on random gradients: every moment non-trivial."""
     model = init_gpt(CONFIG, seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = optim.AdamW(model.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(seed + 1)
     for p in model.parameters():
         p.grad = torch.randn(p.shape, generator=gen)

@@ -21,7 +21,7 @@ from tests.test_checkpoint import CONFIG, save_sharded
 from tp_from_scratch.comm.launchers import run_command, subprocess_env
 from tp_from_scratch.compare import assert_matches_reference
 from tp_from_scratch.gpt import checkpoint as ckpt
-from tp_from_scratch.gpt import dcp, train
+from tp_from_scratch.gpt import dcp, optim, train
 from tp_from_scratch.gpt.model import GPTConfig, init_gpt
 from tp_from_scratch.gpt.parallelize import shard_tensor
 
@@ -35,9 +35,9 @@ SIZE = ["--vocab-size", "13", "--seq-len", "8", "--layers", "1", "--hidden", "16
 
 
 def trained(config, seed):
-    """A model's state and AdamW state after one step on random gradients (every moment non-zero)."""
+    """A model's state and the trainers' AdamW state after one step on random gradients (every moment non-zero)."""
     model = init_gpt(config, seed, torch.float64)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = optim.AdamW(model.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(seed + 1)
     for p in model.parameters():
         p.grad = torch.randn(p.shape, generator=gen, dtype=p.dtype)
