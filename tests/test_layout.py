@@ -8,7 +8,8 @@ words too: no module of a lesson names a later lesson, its package or its archit
 It also proves that the things the course writes once are defined once: the sharding plans and
 the architecture presets, the ring all-reduce's byte formula, Korthikanti's activation formula,
 the torch <-> numpy bridge, the training step, the mesh, the model-size flags and the start
-and end of a torch process group; and that each role has one file name (check.py, figures.py).
+and end of a torch process group; that each role has one file name (check.py, figures.py); and that
+every file the README, CONTRIBUTING, docs/ and the lessons name in backticks exists.
 """
 import ast
 import functools
@@ -427,3 +428,22 @@ def test_the_switch_to_make_test_slow_is_read_in_one_place():
     makefile = (ROOT / "Makefile").read_text()
     assert "grep -l '^from tests.slow import' tests/test_*.py" in makefile
     assert "TP_TEST_SLOW=1 $(PY) -m pytest $(SLOW_TESTS)" in makefile
+
+
+# a path written in backticks in the prose a reader follows, that is not one of this repository's
+EXTERNAL_PATHS = {"examples/llama/run_llama_130M.sh"}   # CAAT-Net's repository (Lesson 8 cites it)
+REPO_PATH = re.compile(r"`((?:tests|exercises|tp_from_scratch|lessons|docs|website|examples)/[\w./*-]+)`")
+
+
+def test_every_file_the_docs_and_lessons_name_exists():
+    """README, CONTRIBUTING, docs/ and the lessons' sources name files in backticks; each must exist
+    (a glob must match), so a renamed file cannot leave a reader a dead pointer (docs/concepts.md
+    named exercises/test_ex10_training_step.py for Exercise 6's graders)."""
+    texts = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "lessons" / "src").glob("*.py"))]
+    named = {(path.relative_to(ROOT).as_posix(), m.group(1).rstrip(".")) for path in texts
+             for m in REPO_PATH.finditer(path.read_text())}
+    assert len(named) > 100, f"only {len(named)} file names found: the pattern no longer reads the docs"
+    missing = sorted((where, name) for where, name in named
+                     if "NN_" not in name and name not in EXTERNAL_PATHS and not any(ROOT.glob(name.rstrip("/"))))
+    assert not missing, "named but not in the repository:\n" + "\n".join(f"{w}: {n}" for w, n in missing)
