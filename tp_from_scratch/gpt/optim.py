@@ -20,8 +20,8 @@ parameter name, gpt/checkpoint.py).
 Why not torch.optim itself: constructing any torch.optim optimizer imports ``torch._dynamo``
 (``Optimizer.add_param_group`` is wrapped by ``torch._disable_dynamo``, and ``step`` by
 ``_use_grad_for_differentiable``, which imports it: torch 2.13's torch/optim/optimizer.py),
-about 2.7 s of CPU in every process that trains; `make test` starts dozens of such processes
-on 2 cores. Lesson 5's layer checks, the DTensor plans and ``verify model`` keep torch.optim:
+about 2.7 s of CPU in every process that trains (some two dozen of `make test`'s processes
+on 2 cores). Lesson 5's layer checks, the DTensor plans and ``verify model`` keep torch.optim:
 they show that the layers work with the optimizer an engineer uses.
 
     AdamW step k (k = 1, 2, ...), for each element:
