@@ -22,6 +22,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import snowballstemmer
 from docutils import nodes
 from sphinx.search.en import SearchEnglish
 
@@ -30,6 +31,16 @@ from website.course import LESSONS
 DATA_FILE = "course_search_data.js"
 # a run of word characters, optionally joined by hyphens: "all-reduce", "reduce-scatter", "x"
 COMPOUND = re.compile(r"\w+(?:-\w+)*")
+
+
+@functools.cache
+def english_stem(word):
+    """SearchEnglish.stem, one stem per word for the whole build: Sphinx's index and page_facts
+    each memoised per page, and the same words recur on every page (~70,000 stems computed)."""
+    return _ENGLISH.stemWord(word.lower())
+
+
+_ENGLISH = snowballstemmer.stemmer("english")   # SearchEnglish's own (sphinx/search/en.py)
 
 
 class CourseEnglish(SearchEnglish):
@@ -42,11 +53,8 @@ class CourseEnglish(SearchEnglish):
         "query.match(/[\\p{Letter}\\p{Number}_]+(?:-[\\p{Letter}\\p{Number}_]+)*/gu) || [];"
     )
 
-    # one stem per word for the whole build: Sphinx's index and page_facts each memoise per page,
-    # and the same words recur on every page (~70,000 stems computed, 7 of the build's ~65 s of CPU)
-    @functools.lru_cache(maxsize=None)  # noqa: B019 - one language object per build
     def stem(self, word):
-        return super().stem(word)
+        return english_stem(word)
 
     def split(self, input):
         found = []

@@ -64,7 +64,6 @@ def elementwise_workloads(n=2 ** 20, parameters=2 ** 22):
     import torch
     import torch.nn.functional as F
 
-    from tp_from_scratch.gpt import optim
     from tp_from_scratch.gpt.model import apply_rope, rope_tables
     H, T, hs = 256, 128, 64
 
@@ -119,7 +118,7 @@ def elementwise_workloads(n=2 ** 20, parameters=2 ** 22):
     def adamw():
         w = torch.nn.Parameter(torch.randn(parameters))
         w.grad = torch.randn(parameters)
-        return optim.AdamW([w], lr=1e-4).step
+        return torch.optim.AdamW([w], lr=1e-4, foreach=False).step
 
     makers = {f.__name__: f for f in (layernorm, rmsnorm, gelu, swiglu, rope, softmax, copy, add,
                                        bias_grad, cross_entropy, adamw)}
@@ -164,7 +163,6 @@ def measure_step_overhead(depths=(1, 4), repeats=15):
 
     import torch
 
-    from tp_from_scratch.gpt import optim
     from tp_from_scratch.gpt.model import GPTConfig, init_gpt
     from tp_from_scratch.gpt.step import train_step
     before = torch.get_num_threads()
@@ -174,7 +172,7 @@ def measure_step_overhead(depths=(1, 4), repeats=15):
         for layers in depths:
             config = GPTConfig(vocab_size=16, seq_len=4, n_layers=layers, hidden=16, n_heads=4, n_kv_heads=2)
             model = init_gpt(config, 0)
-            optimizer = optim.AdamW(model.parameters(), lr=1e-4)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
             x = torch.zeros(1, 4, dtype=torch.long)
             times = []
             for _ in range(repeats + 2):
