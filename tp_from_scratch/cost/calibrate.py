@@ -154,7 +154,8 @@ def measure_elementwise(threads, repeats=9):
 def measure_step_overhead(depths=(1, 4), repeats=15):
     """{"fixed_s", "per_layer_s"}: a training step's time that is not arithmetic, one thread.
 
-    Times full steps (forward, backward, AdamW without foreach, as bench scaling runs them) of
+    Times full steps (forward, backward, torch.optim's AdamW without foreach, as bench scaling
+    runs them; the trainers' gpt/optim.py AdamW does the same arithmetic with less bookkeeping) of
     GPTs too small for their FLOPs to matter (H=16, T=4, B=1) at two depths, fastest of
     ``repeats`` each, and fits time = fixed + per_layer * L: the Python, autograd and optimizer
     bookkeeping that a FLOP count misses, and what dominates the smallest models.
