@@ -174,7 +174,7 @@ def run_layer(comm, seed, dtype, make_layer, x_of, dy_of):
     grads = (x.grad, layer.weight.grad, layer.bias.grad)
     # one SGD step on the parallel layer only: the single-device layer it was built from
     # must not move (a from_linear that shares storage with it would drag it along)
-    with torch.no_grad():  # SGD by hand, in place as torch.optim.SGD does (whose first step costs seconds)
+    with torch.no_grad():  # SGD by hand, in place as torch.optim.SGD does (building one imports torch._dynamo: seconds)
         for p in layer.parameters():
             p -= 0.1 * p.grad
     for name, p in reference.named_parameters():

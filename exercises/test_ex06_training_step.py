@@ -76,7 +76,7 @@ def block_step(comm, impl):
     mse(y, target).backward()
     backward = collective_calls(comm, reset=True)
     grads = {name: p.grad.clone() for name, p in tp.named_parameters()}
-    with torch.no_grad():  # one SGD step, by hand (torch.optim's first step imports for seconds)
+    with torch.no_grad():  # one SGD step, by hand (building a torch.optim optimizer imports torch._dynamo: seconds)
         for p in tp.parameters():
             p -= LR * p.grad
     # the single-device block was only read: the TP step must not have moved it

@@ -1,28 +1,32 @@
 """AdamW and SGD with momentum, written out: the optimizers the course's trainers run.
 
 Both are element-wise: each number of a parameter is updated from that number's gradient and
-state alone. That is why an optimizer needs no message under TP: a rank holding rows lo..hi of
-W updates them exactly as one device updates rows lo..hi of the whole W (Lesson 6), and a
-replicated parameter, whose gradient every rank holds whole, stays identical on every rank.
+state alone. That is why an optimizer needs no message under TP: a rank holding a slice of W
+(rows of a column-parallel layer, columns of a row-parallel one) updates it exactly as one
+device updates that slice of the whole W (Lesson 6), and a replicated parameter, whose gradient
+every rank holds whole, stays identical on every rank.
 
     AdamW(params, lr, betas, eps, weight_decay)    Loshchilov and Hutter's decoupled weight decay
     SGD(params, lr, momentum, weight_decay)        heavy-ball momentum, as torch.optim.SGD
 
 They are torch.optim's single-tensor path (``foreach=False``, which is also what torch picks for
-CPU tensors) written out, operation for operation, so the results are the same bits:
-tests/test_optim.py holds them to ``torch.optim.AdamW`` and ``torch.optim.SGD`` at float32 and
-float64, with and without weight decay, on plain tensors and on DTensors. The state has
-torch's keys ("step", "exp_avg", "exp_avg_sq"; "momentum_buffer"), so a checkpoint's optimizer
-state is the same either way. What is left out: parameter groups beyond one, amsgrad,
-maximize, nesterov, foreach and fused kernels, ``state_dict()`` (the course keeps the state by
-parameter name, gpt/checkpoint.py).
+tensors on the CPU, DTensors included; on CUDA it picks foreach) written out, operation for
+operation, so the results are the same bits: tests/test_optim.py holds them to
+``torch.optim.AdamW`` and ``torch.optim.SGD`` at float32 and float64, with and without weight
+decay, on plain tensors and on DTensors. The state has torch's keys ("step", "exp_avg",
+"exp_avg_sq"; "momentum_buffer"), so a checkpoint's optimizer state is the same either way.
+What is left out: parameter groups beyond one (a list of dicts is refused), complex parameters
+(refused), amsgrad, maximize, dampening, nesterov, ``step(closure)``, tensor learning rates,
+foreach and fused kernels, ``state_dict()`` (the course keeps the state by parameter name,
+gpt/checkpoint.py).
 
 Why not torch.optim itself: constructing any torch.optim optimizer imports ``torch._dynamo``
-(``Optimizer.add_param_group`` is wrapped by ``torch._disable_dynamo``, and ``step`` by
-``_use_grad_for_differentiable``, which imports it: torch 2.13's torch/optim/optimizer.py),
-about 2.7 s of CPU in every process that trains (some two dozen of `make test`'s processes
-on 2 cores). Lesson 5's layer checks, the DTensor plans and ``verify model`` keep torch.optim:
-they show that the layers work with the optimizer an engineer uses.
+(``Optimizer.add_param_group`` is wrapped by ``torch._disable_dynamo``, which imports it on its
+first call, torch/_compile.py; ``step`` by ``_use_grad_for_differentiable``, which imports it
+too: torch 2.13's torch/optim/optimizer.py), about 2.7 s of CPU in every process that trains
+(some two dozen of `make test`'s processes on 2 cores). Lesson 5's layer checks, the notebook
+cells that build a torch.optim optimizer, the DTensor plans, ``verify model`` and the benchmarks
+(and the calibration that models them) keep torch.optim: the optimizer an engineer uses.
 
     AdamW step k (k = 1, 2, ...), for each element:
         p <- p * (1 - lr * wd)
@@ -42,8 +46,14 @@ class _ElementWise:
         params = list(params)
         if not params:
             raise ValueError("the optimizer got an empty parameter list")
+        if any(not torch.is_tensor(p) for p in params):
+            raise TypeError("params must be tensors (one group: parameter-group dicts are not supported)")
+        if any(p.is_complex() for p in params):
+            raise TypeError("complex parameters are not supported (torch.optim's view_as_real path is left out)")
         if not 0.0 <= defaults["lr"]:
             raise ValueError(f"learning rate lr must be >= 0, got {defaults['lr']}")
+        if not 0.0 <= defaults["weight_decay"]:
+            raise ValueError(f"weight_decay must be >= 0, got {defaults['weight_decay']}")
         self.param_groups = [{"params": params, **defaults}]
         self.state = {}
 
@@ -55,9 +65,11 @@ class _ElementWise:
                     continue
                 if set_to_none:
                     p.grad = None
-                else:
-                    p.grad.detach_()
-                    p.grad.requires_grad_(False)
+                else:                               # as torch's: a view cannot be detached in place
+                    if p.grad.grad_fn is not None:
+                        p.grad.detach_()
+                    else:
+                        p.grad.requires_grad_(False)
                     p.grad.zero_()
 
     @torch.no_grad()
@@ -86,7 +98,7 @@ class AdamW(_ElementWise):
         if not state:
             # torch keeps the step count as a CPU tensor, float64 when that is the default dtype
             scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-            state["step"] = torch.tensor(0.0, dtype=scalar)
+            state["step"] = torch.tensor(0.0, dtype=scalar, device="cpu")
             state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         lr, (beta1, beta2), eps, weight_decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
