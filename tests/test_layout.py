@@ -9,7 +9,7 @@ It also proves that the things the course writes once are defined once: the shar
 the architecture presets, the ring all-reduce's byte formula, Korthikanti's activation formula,
 the torch <-> numpy bridge, the training step, the mesh, the model-size flags and the start
 and end of a torch process group; that each role has one file name (check.py, figures.py); and that
-every file the README, CONTRIBUTING, docs/ and the lessons name in backticks exists.
+every file and module the README, CONTRIBUTING, docs/ and the lessons name in backticks exists.
 """
 import ast
 import functools
@@ -430,20 +430,40 @@ def test_the_switch_to_make_test_slow_is_read_in_one_place():
     assert "TP_TEST_SLOW=1 $(PY) -m pytest $(SLOW_TESTS)" in makefile
 
 
-# a path written in backticks in the prose a reader follows, that is not one of this repository's
-EXTERNAL_PATHS = {"examples/llama/run_llama_130M.sh"}   # CAAT-Net's repository (Lesson 8 cites it)
-REPO_PATH = re.compile(r"`((?:tests|exercises|tp_from_scratch|lessons|docs|website|examples)/[\w./*-]+)`")
+# named in backticks, in another project's repository (Lesson 1, Lesson 8, Lesson 14, docs/running.md cite them)
+EXTERNAL = ("torch/", "torchtitan/", "components/", "megatron/", "blogs/", "examples/llama/")
+NAMED_FILE = re.compile(r"`([\w.-]+/[\w./*-]+\.(?:py|md|json|ipynb|txt|sh|svg|png))`")   # from the root or the package
+NAMED_MODULE = re.compile(r"`(tp_from_scratch(?:\.\w+)+)`")
 
 
-def test_every_file_the_docs_and_lessons_name_exists():
-    """README, CONTRIBUTING, docs/ and the lessons' sources name files in backticks; each must exist
-    (a glob must match), so a renamed file cannot leave a reader a dead pointer (docs/concepts.md
-    named exercises/test_ex10_training_step.py for Exercise 6's graders)."""
+def module_or_attribute_exists(dotted_name):
+    """tp_from_scratch.a.b names a module or package, or a top-level name defined in module tp_from_scratch.a."""
+    path = ROOT.joinpath(*dotted_name.split("."))
+    if path.with_suffix(".py").exists() or (path / "__init__.py").exists() or path.is_dir():
+        return True
+    parent = path.parent.with_suffix(".py")
+    name = path.name
+    return parent.exists() and re.search(rf"^(def|class) {name}\b|^{name}\s*[:=]", source(parent), re.M) is not None
+
+
+def test_every_file_and_module_the_docs_and_lessons_name_exists():
+    """README, CONTRIBUTING, docs/ and the lessons' sources name files (from the repository root,
+    or inside the package: `gpt/optim.py`) and modules (`tp_from_scratch.gpt.data`, or a name
+    in one) in backticks; each must exist (a file name may be a glob), so a renamed file cannot
+    leave a reader a dead pointer (docs/concepts.md named exercises/test_ex10_training_step.py for
+    Exercise 6's graders). Paths in other projects' repositories (EXTERNAL) and the NN_ templates
+    are left out; a path inside a longer backticked command is not read."""
     texts = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md")),
              *sorted((ROOT / "lessons" / "src").glob("*.py"))]
-    named = {(path.relative_to(ROOT).as_posix(), m.group(1).rstrip(".")) for path in texts
-             for m in REPO_PATH.finditer(path.read_text())}
-    assert len(named) > 100, f"only {len(named)} file names found: the pattern no longer reads the docs"
-    missing = sorted((where, name) for where, name in named
-                     if "NN_" not in name and name not in EXTERNAL_PATHS and not any(ROOT.glob(name.rstrip("/"))))
+    files, modules = set(), set()
+    for path in texts:
+        text, where = path.read_text(), path.relative_to(ROOT).as_posix()
+        files |= {(where, m.group(1)) for m in NAMED_FILE.finditer(text)}
+        modules |= {(where, m.group(1)) for m in NAMED_MODULE.finditer(text)}
+    assert len(files) > 100 and len(modules) > 10, (
+        f"only {len(files)} file and {len(modules)} module names found: the patterns no longer read the docs")
+    missing = sorted((where, name) for where, name in files
+                     if "NN_" not in name and not name.startswith(EXTERNAL)
+                     and not any(ROOT.glob(name)) and not any(PACKAGE.glob(name)))
+    missing += sorted((where, name) for where, name in modules if not module_or_attribute_exists(name))
     assert not missing, "named but not in the repository:\n" + "\n".join(f"{w}: {n}" for w, n in missing)

@@ -98,7 +98,7 @@ replicated part is small and each doubling of t nearly halves the memory.
 single-device one and converted to this rank's shard (`parallelize.gpt_to_tp`: the architecture's plan applied to a copy), the same batches
 (a seeded Markov chain, `tp_from_scratch.gpt.data`), AdamW. The optimizer needs no message: AdamW
 is element-wise, each number updated from its own gradient and moments, so a rank updates its
-rows exactly as one device updates those rows of the whole matrix. (The trainers' AdamW is
+slice exactly as one device updates that slice of the whole matrix. (The trainers' AdamW is
 `gpt/optim.py`, torch.optim's single-tensor AdamW written out and held to it bit for bit by
 `tests/test_optim.py`: building a `torch.optim` optimizer imports `torch._dynamo`, seconds of
 CPU in every process.) `run_spmd` runs it on 2 threads
