@@ -118,8 +118,7 @@ def test_losses_equal_single_device(runs, name):
 def test_two_nodes_dp2_tp2_float64_sgd(runs):
     # the runs fixture's launch is two torchrun launchers, --nnodes 2 --node-rank 0/1, meeting
     # at 127.0.0.1:free port: each "node" holds one TP group (tp=2), data parallelism runs across
-    # the nodes. SGD here, not AdamW: Adam's step ignores a gradient's scale, so only SGD sees a
-    # DP all-reduce that sums the gradients instead of averaging them
+    # the nodes. SGD, not AdamW: why, at the run in tests/spmd_scripts/gpt_training.py
     sgd = ("--optimizer", "sgd")
     losses = runs("dp2tp2-sgd-f64")
     assert_losses_match(losses, reference("float64", *sgd), "dp=2 x tp=2 on two nodes", "float64")

@@ -33,14 +33,14 @@ DATA_FILE = "course_search_data.js"
 COMPOUND = re.compile(r"\w+(?:-\w+)*")
 
 
+_ENGLISH = snowballstemmer.stemmer("english")   # SearchEnglish's own (sphinx/search/en.py)
+
+
 @functools.cache
 def english_stem(word):
     """SearchEnglish.stem, one stem per word for the whole build: Sphinx's index and page_facts
     each memoised per page, and the same words recur on every page (~70,000 stems computed)."""
     return _ENGLISH.stemWord(word.lower())
-
-
-_ENGLISH = snowballstemmer.stemmer("english")   # SearchEnglish's own (sphinx/search/en.py)
 
 
 class CourseEnglish(SearchEnglish):
@@ -92,7 +92,7 @@ def teaches(docname):
 
 def page_facts(doctree, docname, lang):
     """What the browser ranks a page by: prose term counts, the title's, headings' and course map's stems."""
-    stem = functools.lru_cache(maxsize=None)(lambda word: lang.stem(word).lower())
+    stem = lang.stem   # cached for the whole build (english_stem), lower case
 
     def stems(text):
         return [stem(w) for w in words(text)]
